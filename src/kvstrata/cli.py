@@ -1,0 +1,97 @@
+"""Command line: ``kvstrata serve | bench NAME | info``. ``main(argv) -> int``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import sys
+
+from kvstrata import __version__
+from kvstrata.config import PARAMS, build_config
+
+_LOGLEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING}
+BENCHMARKS = ("small", "hitrate", "large", "ssd", "chat", "prefetch")
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvstrata serve", description="Run the kvstrata RESP server.")
+    parser.add_argument("--config", metavar="FILE", help="TOML file with parameters (same names as the flags)")
+    for p in PARAMS:
+        names = [f"--{p.name}"]
+        if p.name == "dram-size":
+            names.append("--maxmemory")
+        parser.add_argument(*names, dest=p.attr, default=None, metavar="VALUE",
+                            help=f"{p.help} (default: {p.render(p.default) or 'unset'})")
+    return parser
+
+
+def serve(argv: list[str]) -> int:
+    args = _serve_parser().parse_args(argv)
+    flags = {name: value for name, value in vars(args).items() if name != "config" and value is not None}
+    try:
+        config = build_config({k.replace("_", "-"): v for k, v in flags.items()}, os.environ, args.config)
+    except (ValueError, OSError) as exc:
+        print(f"kvstrata: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=_LOGLEVELS.get(config.get("loglevel"), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from kvstrata.server.app import Server
+
+    try:
+        import uvloop
+
+        runner = uvloop.run
+        use_uvloop = True
+    except ImportError:  # uvloop is optional (e.g. on Windows)
+        runner = asyncio.run
+        use_uvloop = False
+    try:
+        server = Server(config, config_file=args.config)
+    except Exception as exc:
+        print(f"kvstrata: cannot start: {exc}", file=sys.stderr)
+        return 1
+    server.uvloop = use_uvloop
+    try:
+        runner(server.serve_forever())
+    except OSError as exc:
+        print(f"kvstrata: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def bench(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: kvstrata bench {{{','.join(BENCHMARKS)}}} [options]")
+        return 0 if argv else 2
+    name = argv[0]
+    try:
+        module = importlib.import_module(f"kvstrata.bench.{name}")
+    except ModuleNotFoundError:
+        print(f"kvstrata: unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    return int(module.main(argv[1:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: kvstrata {serve,bench,version} ...\n\n"
+              "  serve    run the RESP server (kvstrata serve --help)\n"
+              "  bench    run a benchmark: " + ", ".join(BENCHMARKS) + "\n"
+              "  version  print the version")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "serve":
+        return serve(rest)
+    if cmd == "bench":
+        return bench(rest)
+    if cmd in ("version", "--version"):
+        print(f"kvstrata {__version__}")
+        return 0
+    print(f"kvstrata: unknown command {cmd!r}", file=sys.stderr)
+    return 2

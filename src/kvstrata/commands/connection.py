@@ -1,0 +1,279 @@
+"""Connection commands: PING, ECHO, HELLO, AUTH, QUIT, SELECT, RESET and the CLIENT family."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from kvstrata import __version__
+from kvstrata.commands.args import parse_int
+from kvstrata.commands.context import ClientState, Context
+from kvstrata.commands.registry import command, container
+from kvstrata.errors import CommandError, WrongPassError, syntax_error, wrong_arity
+from kvstrata.protocol.encoder import OK, PONG, Status, Verbatim
+
+# The Redis version whose behaviour we follow; clients use it to pick features.
+REDIS_COMPAT_VERSION = "7.0.15"
+
+
+@command("ping", -1, "fast stale", group="connection", summary="Returns the server's liveliness response.",
+         syntax="PING [message]")
+def ping(ctx: Context, args: list[bytes]) -> Any:
+    if len(args) > 2:
+        raise wrong_arity("ping")
+    return PONG if len(args) == 1 else args[1]
+
+
+@command("echo", 2, "fast", group="connection", summary="Returns the given string.")
+def echo(ctx: Context, args: list[bytes]) -> Any:
+    return args[1]
+
+
+def _check_password(ctx: Context, username: bytes, password: bytes) -> None:
+    required = ctx.config.get("requirepass")
+    if username != b"default":
+        raise WrongPassError()
+    if required is not None and not hmac.compare_digest(password, required.encode()):
+        raise WrongPassError()
+    ctx.client.authenticated = True
+
+
+@command("auth", -2, "no_auth fast stale", group="connection", summary="Authenticates the connection.",
+         syntax="AUTH [username] password")
+def auth(ctx: Context, args: list[bytes]) -> Any:
+    if len(args) > 3:
+        raise syntax_error()
+    if len(args) == 2 and ctx.config.get("requirepass") is None:
+        raise CommandError(
+            "AUTH <password> called without any password configured for the default user. "
+            "Are you sure your configuration is correct?"
+        )
+    username, password = (b"default", args[1]) if len(args) == 2 else (args[1], args[2])
+    _check_password(ctx, username, password)
+    return OK
+
+
+def _valid_name(name: bytes) -> bool:
+    return all(33 <= c <= 126 for c in name)
+
+
+@command("hello", -1, "no_auth fast stale", group="connection", since="6.0.0",
+         summary="Handshakes with the Redis server.",
+         syntax="HELLO [protover [AUTH username password] [SETNAME clientname]]")
+def hello(ctx: Context, args: list[bytes]) -> Any:
+    proto = ctx.client.proto
+    if len(args) > 1:
+        try:
+            proto = parse_int(args[1])
+        except CommandError:
+            raise CommandError("Protocol version is not an integer or out of range") from None
+        if proto not in (2, 3):
+            raise CommandError("NOPROTO unsupported protocol version", raw=True)
+    i = 2
+    name: bytes | None = None
+    while i < len(args):
+        opt = args[i].upper()
+        if opt == b"AUTH" and i + 2 < len(args):
+            _check_password(ctx, args[i + 1], args[i + 2])
+            i += 3
+        elif opt == b"SETNAME" and i + 1 < len(args):
+            name = args[i + 1]
+            if not _valid_name(name):
+                raise CommandError("Client names cannot contain spaces, newlines or special characters.")
+            i += 2
+        else:
+            raise CommandError(f"Syntax error in HELLO option '{args[i].decode(errors='replace')}'")
+    if ctx.config.get("requirepass") is not None and not ctx.client.authenticated:
+        raise CommandError(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> "
+            "AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol "
+            "version at the same time", raw=True)
+    if name is not None:
+        ctx.client.name = name
+    ctx.client.proto = proto
+    return {
+        "server": "redis",
+        "version": REDIS_COMPAT_VERSION,
+        "proto": proto,
+        "id": ctx.client.id,
+        "mode": "standalone",
+        "role": "master",
+        "modules": [],
+        "kvstrata": __version__,
+    }
+
+
+@command("quit", -1, "no_auth fast stale", group="connection", summary="Closes the connection.")
+def quit_(ctx: Context, args: list[bytes]) -> Any:
+    ctx.client.closing = True
+    return OK
+
+
+@command("select", 2, "fast", group="connection", summary="Changes the selected database.")
+def select(ctx: Context, args: list[bytes]) -> Any:
+    index = parse_int(args[1])
+    if index != 0:
+        raise CommandError("DB index is out of range")
+    return OK
+
+
+@command("reset", 1, "no_auth fast stale", group="connection", since="6.2.0", summary="Resets the connection.")
+def reset(ctx: Context, args: list[bytes]) -> Any:
+    client = ctx.client
+    client.proto = 2
+    client.name = b""
+    client.authenticated = ctx.config.get("requirepass") is None
+    return Status("RESET")
+
+
+# ---- CLIENT ----
+container("client", "stale", group="connection", summary="A container for client connection commands.")
+
+
+def client_line(c: ClientState, now_ms: int, qbuf: int = 0, obuf: int = 0) -> str:
+    age = (now_ms - c.created_ms) // 1000
+    idle = (now_ms - c.last_ms) // 1000
+    return (
+        f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
+        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={qbuf} qbuf-free=0 argv-mem=0 "
+        f"multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem={obuf} tot-mem=0 events=r cmd={c.last_cmd} user=default "
+        f"redir=-1 resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
+        f"lib-ver={c.lib_ver.decode(errors='replace')}"
+    )
+
+
+def _connections(ctx: Context) -> list[Any]:
+    return list(ctx.server.clients.values()) if ctx.server is not None else []
+
+
+def _now(ctx: Context) -> int:
+    return ctx.store.clock.now_ms()
+
+
+@command("id", 2, "fast", parent="client", group="connection", since="5.0.0",
+         summary="Returns the unique client ID of the connection.")
+def client_id(ctx: Context, args: list[bytes]) -> Any:
+    return ctx.client.id
+
+
+@command("setname", 3, "fast", parent="client", group="connection", since="2.6.9",
+         summary="Sets the connection name.")
+def client_setname(ctx: Context, args: list[bytes]) -> Any:
+    if not _valid_name(args[2]):
+        raise CommandError("Client names cannot contain spaces, newlines or special characters.")
+    ctx.client.name = args[2]
+    return OK
+
+
+@command("getname", 2, "fast", parent="client", group="connection", since="2.6.9",
+         summary="Returns the name of the connection.")
+def client_getname(ctx: Context, args: list[bytes]) -> Any:
+    return ctx.client.name or None
+
+
+@command("info", 2, "fast", parent="client", group="connection", since="6.2.0",
+         summary="Returns information about the connection.")
+def client_info(ctx: Context, args: list[bytes]) -> Any:
+    return Verbatim(client_line(ctx.client, _now(ctx)) + "\n")
+
+
+@command("list", -2, "", parent="client", group="connection", since="2.4.0",
+         summary="Lists open connections.", syntax="CLIENT LIST [TYPE normal|master|replica|pubsub] [ID id ...]")
+def client_list(ctx: Context, args: list[bytes]) -> Any:
+    conns = _connections(ctx)
+    if len(args) > 2:
+        opt = args[2].upper()
+        if opt == b"TYPE" and len(args) == 4:
+            kind = args[3].lower()
+            if kind not in (b"normal", b"master", b"replica", b"pubsub", b"slave"):
+                raise CommandError(f"Unknown client type '{args[3].decode(errors='replace')}'")
+            if kind != b"normal":
+                conns = []
+        elif opt == b"ID" and len(args) > 3:
+            ids = {parse_int(a, "Invalid client ID") for a in args[3:]}
+            conns = [c for c in conns if c.client.id in ids]
+        else:
+            raise syntax_error()
+    now = _now(ctx)
+    states = [c.client for c in conns] if conns or ctx.server is not None else [ctx.client]
+    return Verbatim("".join(client_line(s, now) + "\n" for s in states))
+
+
+@command("setinfo", 4, "fast", parent="client", group="connection", since="7.2.0",
+         summary="Sets information specific to the client or connection.",
+         syntax="CLIENT SETINFO LIB-NAME libname | LIB-VER libver")
+def client_setinfo(ctx: Context, args: list[bytes]) -> Any:
+    attr = args[2].upper()
+    if not _valid_name(args[3]):
+        raise CommandError(f"{attr.decode().lower()} cannot contain spaces, newlines or special characters.")
+    if attr == b"LIB-NAME":
+        ctx.client.lib_name = args[3]
+    elif attr == b"LIB-VER":
+        ctx.client.lib_ver = args[3]
+    else:
+        raise CommandError(f"Unrecognized option '{args[2].decode(errors='replace')}'")
+    return OK
+
+
+@command("kill", -3, "admin", parent="client", group="connection", since="2.4.0",
+         summary="Terminates open connections.",
+         syntax="CLIENT KILL ip:port | [ID client-id] [ADDR ip:port] [LADDR ip:port] [SKIPME yes|no]")
+def client_kill(ctx: Context, args: list[bytes]) -> Any:
+    conns = _connections(ctx)
+    if len(args) == 3:
+        addr = args[2].decode(errors="replace")
+        for c in conns:
+            if c.client.addr == addr:
+                c.kill()
+                return OK
+        raise CommandError("No such client")
+    if len(args) % 2 != 0:
+        raise syntax_error()
+    skipme = True
+    filters: list[tuple[bytes, bytes]] = []
+    for i in range(2, len(args), 2):
+        opt, val = args[i].upper(), args[i + 1]
+        if opt == b"ID":
+            parse_int(val, "client-id should be greater than 0")
+        elif opt == b"SKIPME":
+            if val.lower() not in (b"yes", b"no"):
+                raise syntax_error()
+            skipme = val.lower() == b"yes"
+            continue
+        elif opt not in (b"ADDR", b"LADDR", b"USER", b"TYPE"):
+            raise syntax_error()
+        filters.append((opt, val))
+    killed = 0
+    for c in conns:
+        s = c.client
+        if skipme and s.id == ctx.client.id:
+            continue
+        ok = True
+        for opt, val in filters:
+            text = val.decode(errors="replace")
+            if (opt == b"ID" and s.id != int(val)) or (opt == b"ADDR" and s.addr != text) or (
+                    opt == b"LADDR" and s.laddr != text) or (opt == b"USER" and text != "default") or (
+                    opt == b"TYPE" and text.lower() != "normal"):
+                ok = False
+                break
+        if ok:
+            c.kill()
+            killed += 1
+    return killed
+
+
+@command("no-evict", 3, "fast", parent="client", group="connection", since="7.0.0",
+         summary="Sets the client eviction mode of the connection.")
+def client_no_evict(ctx: Context, args: list[bytes]) -> Any:
+    if args[2].lower() not in (b"on", b"off"):
+        raise syntax_error()
+    return OK
+
+
+@command("help", 2, "", parent="client", group="connection", summary="Returns helpful text about the "
+         "different subcommands.")
+def client_help(ctx: Context, args: list[bytes]) -> Any:
+    from kvstrata.commands.registry import REGISTRY
+
+    spec = REGISTRY[b"client"]
+    return [f"{s.syntax or s.name.upper()}: {s.summary}" for s in spec.subcommands.values()]

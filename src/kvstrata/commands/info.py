@@ -1,0 +1,174 @@
+"""The INFO report: sections built from the engine's and server's counters."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvstrata import __version__
+from kvstrata.commands.context import Context
+from kvstrata.sizes import format_size
+
+Section = Callable[[Context], list[tuple[str, Any]]]
+
+
+def _server(ctx: Context) -> list[tuple[str, Any]]:
+    srv = ctx.server
+    uptime = int(time.monotonic() - srv.started) if srv is not None else 0
+    from kvstrata.commands.connection import REDIS_COMPAT_VERSION
+
+    return [
+        ("redis_version", REDIS_COMPAT_VERSION),
+        ("kvstrata_version", __version__),
+        ("redis_mode", "standalone"),
+        ("os", f"{platform.system()} {platform.release()} {platform.machine()}"),
+        ("arch_bits", 64 if sys.maxsize > 2**32 else 32),
+        ("multiplexing_api", "uvloop" if srv is not None and srv.uvloop else "asyncio"),
+        ("python_version", platform.python_version()),
+        ("process_id", os.getpid()),
+        ("run_id", srv.run_id if srv is not None else ""),
+        ("tcp_port", ctx.config.get("port")),
+        ("uptime_in_seconds", uptime),
+        ("uptime_in_days", uptime // 86400),
+        ("hz", ctx.config.get("hz")),
+        ("executable", sys.argv[0]),
+        ("config_file", (srv.config_file or "") if srv is not None else ""),
+    ]
+
+
+def _clients(ctx: Context) -> list[tuple[str, Any]]:
+    n = len(ctx.server.clients) if ctx.server is not None else 1
+    return [
+        ("connected_clients", n),
+        ("maxclients", ctx.config.get("maxclients")),
+        ("blocked_clients", 0),
+    ]
+
+
+def _memory(ctx: Context) -> list[tuple[str, Any]]:
+    store = ctx.store
+    dram = store.dram
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rows: list[tuple[str, Any]] = [
+        ("used_memory", dram.used),
+        ("used_memory_human", format_size(dram.used)),
+        ("used_memory_peak_rss", rss),
+        ("maxmemory", dram.budget),
+        ("maxmemory_human", format_size(dram.budget)),
+        ("maxmemory_policy", ctx.config.get("maxmemory-policy")),
+        ("eviction_policy", ctx.config.get("eviction-policy")),
+        ("water_level_pct", _pct(dram.used, dram.budget)),
+    ]
+    for tier in store.tier_info():
+        rows.append((f"{tier['name']}_used", tier["used"]))
+        rows.append((f"{tier['name']}_budget", tier["budget"]))
+        rows.append((f"{tier['name']}_water_level_pct", _pct(tier["used"], tier["budget"])))
+    return rows
+
+
+def _pct(used: int, budget: int) -> str:
+    return f"{100.0 * used / budget:.2f}" if budget else "0.00"
+
+
+def _stats(ctx: Context) -> list[tuple[str, Any]]:
+    store = ctx.store
+    srv = ctx.server
+    rows: list[tuple[str, Any]] = []
+    if srv is not None:
+        s = srv.stats
+        rows += [
+            ("total_connections_received", s.connections),
+            ("total_commands_processed", s.commands),
+            ("total_net_input_bytes", s.net_in),
+            ("total_net_output_bytes", s.net_out),
+            ("rejected_connections", s.rejected),
+            ("total_error_replies", s.errors),
+            ("protocol_errors", s.protocol_errors),
+        ]
+    e = store.stats
+    rows += [
+        ("expired_keys", e.expired_keys),
+        ("evicted_keys", e.evicted_keys),
+        ("keyspace_hits", store.tier_stats["dram"].hits + store.tier_stats["ssd"].hits),
+        ("keyspace_misses", store.tier_stats["ssd"].misses if store.ssd is not None
+         else store.tier_stats["dram"].misses),
+        ("prefetch_queued", e.prefetch_queued),
+        ("prefetch_done", e.prefetch_done),
+        ("pin_rejected", e.pin_rejected),
+        ("ssd_sync_reads", store.sync_reads),
+        ("current_version", store.version),
+    ]
+    return rows
+
+
+def _keyspace(ctx: Context) -> list[tuple[str, Any]]:
+    n = ctx.store.dbsize()
+    if n == 0:
+        return []
+    expires = sum(1 for e in ctx.store.dram.entries.values() if e.expire_at)
+    return [("db0", f"keys={n},expires={expires},avg_ttl=0")]
+
+
+def _tier(name: str) -> Section:
+    def section(ctx: Context) -> list[tuple[str, Any]]:
+        for tier in ctx.store.tier_info():
+            if tier["name"] == name:
+                rows = [(k, v) for k, v in tier.items() if k != "name"]
+                rows.append(("water_level_pct", _pct(tier["used"], tier["budget"])))
+                return rows
+        return []
+
+    return section
+
+
+def _commandstats(ctx: Context) -> list[tuple[str, Any]]:
+    if ctx.server is None:
+        return []
+    rows = []
+    for name, (calls, failed) in sorted(ctx.server.command_counts.items()):
+        if calls or failed:
+            rows.append((f"cmdstat_{name}", f"calls={calls},usec=0,usec_per_call=0.00,rejected_calls=0,"
+                                            f"failed_calls={failed}"))
+    return rows
+
+
+SECTIONS: dict[str, Section] = {
+    "server": _server,
+    "clients": _clients,
+    "memory": _memory,
+    "stats": _stats,
+    "keyspace": _keyspace,
+    "tier_dram": _tier("dram"),
+    "tier_ssd": _tier("ssd"),
+    "commandstats": _commandstats,
+}
+DEFAULT = ["server", "clients", "memory", "stats", "tier_dram", "tier_ssd", "keyspace"]
+
+
+def render(ctx: Context, names: list[str]) -> str:
+    wanted: list[str] = []
+    for name in names or ["default"]:
+        name = name.lower()
+        if name == "default":
+            wanted += DEFAULT
+        elif name in ("all", "everything"):
+            wanted += list(SECTIONS)
+        elif name in SECTIONS:
+            wanted.append(name)
+    parts: list[str] = []
+    seen: set[str] = set()
+    for name in wanted:
+        if name in seen:
+            continue
+        seen.add(name)
+        if name == "tier_ssd" and ctx.store.ssd is None:
+            continue
+        rows = SECTIONS[name](ctx)
+        title = name.capitalize() if not name.startswith("tier_") else "Tier_" + name[5:]
+        parts.append(f"# {title}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in rows))
+    return "\r\n".join(parts)

@@ -1,0 +1,252 @@
+"""Keyspace commands: DEL, EXISTS, EXPIRE and TTL families, TYPE, KEYS, SCAN, RENAME, DBSIZE, FLUSH*."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstrata.commands.args import parse_int
+from kvstrata.commands.context import Context
+from kvstrata.commands.expiry import expire_at_ms
+from kvstrata.commands.registry import command
+from kvstrata.engine.keyspace import SCAN_BUCKETS
+from kvstrata.errors import CommandError, syntax_error
+from kvstrata.protocol.encoder import OK, Status
+
+
+@command("del", -2, "write", keys=(1, -1, 1), group="generic", summary="Deletes one or more keys.",
+         syntax="DEL key [key ...]")
+def del_(ctx: Context, args: list[bytes]) -> Any:
+    delete = ctx.store.delete
+    return sum(1 for key in args[1:] if delete(key))
+
+
+@command("unlink", -2, "write fast", keys=(1, -1, 1), group="generic", since="4.0.0",
+         summary="Asynchronously deletes one or more keys.", syntax="UNLINK key [key ...]")
+def unlink(ctx: Context, args: list[bytes]) -> Any:
+    return del_(ctx, args)
+
+
+@command("exists", -2, "readonly fast", keys=(1, -1, 1), group="generic",
+         summary="Determines whether one or more keys exist.", syntax="EXISTS key [key ...]")
+def exists(ctx: Context, args: list[bytes]) -> Any:
+    get = ctx.store.get
+    return sum(1 for key in args[1:] if get(key, touch=False) is not None)
+
+
+@command("touch", -2, "readonly fast", keys=(1, -1, 1), group="generic", since="3.2.1",
+         summary="Returns the number of existing keys out of those specified after updating the time they were "
+                 "last accessed.", syntax="TOUCH key [key ...]")
+def touch(ctx: Context, args: list[bytes]) -> Any:
+    get = ctx.store.get
+    return sum(1 for key in args[1:] if get(key) is not None)
+
+
+def _expire(ctx: Context, args: list[bytes], kind: bytes, name: str) -> int:
+    store = ctx.store
+    now = store.clock.now_ms()
+    when = expire_at_ms(kind, args[2], now, name, allow_nonpositive=True)
+    flags = {a.upper() for a in args[3:]}
+    for a in args[3:]:
+        if a.upper() not in (b"NX", b"XX", b"GT", b"LT"):
+            raise CommandError(f"Unsupported option {a.decode(errors='replace')}")
+    if b"NX" in flags and flags & {b"XX", b"GT", b"LT"}:
+        raise CommandError("NX and XX, GT or LT options at the same time are not compatible")
+    if b"GT" in flags and b"LT" in flags:
+        raise CommandError("GT and LT options at the same time are not compatible")
+    entry = store.get(args[1], touch=False)
+    if entry is None:
+        return 0
+    current = entry.expire_at
+    if b"NX" in flags and current:
+        return 0
+    if b"XX" in flags and not current:
+        return 0
+    if b"GT" in flags and (not current or when <= current):
+        return 0
+    if b"LT" in flags and current and when >= current:
+        return 0
+    if when <= now:
+        store.delete(args[1])
+        return 1
+    store.set_expire(args[1], when)
+    return 1
+
+
+@command("expire", -3, "write fast", keys=(1, 1, 1), group="generic",
+         summary="Sets the expiration time of a key in seconds.", syntax="EXPIRE key seconds [NX | XX | GT | LT]")
+def expire(ctx: Context, args: list[bytes]) -> Any:
+    return _expire(ctx, args, b"EX", "expire")
+
+
+@command("pexpire", -3, "write fast", keys=(1, 1, 1), group="generic", since="2.6.0",
+         summary="Sets the expiration time of a key in milliseconds.",
+         syntax="PEXPIRE key milliseconds [NX | XX | GT | LT]")
+def pexpire(ctx: Context, args: list[bytes]) -> Any:
+    return _expire(ctx, args, b"PX", "pexpire")
+
+
+@command("expireat", -3, "write fast", keys=(1, 1, 1), group="generic", since="1.2.0",
+         summary="Sets the expiration time of a key to a Unix timestamp.",
+         syntax="EXPIREAT key unix-time-seconds [NX | XX | GT | LT]")
+def expireat(ctx: Context, args: list[bytes]) -> Any:
+    return _expire(ctx, args, b"EXAT", "expireat")
+
+
+@command("pexpireat", -3, "write fast", keys=(1, 1, 1), group="generic", since="2.6.0",
+         summary="Sets the expiration time of a key to a Unix milliseconds timestamp.",
+         syntax="PEXPIREAT key unix-time-milliseconds [NX | XX | GT | LT]")
+def pexpireat(ctx: Context, args: list[bytes]) -> Any:
+    return _expire(ctx, args, b"PXAT", "pexpireat")
+
+
+def _ttl(ctx: Context, key: bytes, unit: int, absolute: bool) -> int:
+    entry = ctx.store.get(key, touch=False)
+    if entry is None:
+        return -2
+    if not entry.expire_at:
+        return -1
+    if absolute:
+        return entry.expire_at // unit
+    remaining = max(entry.expire_at - ctx.store.clock.now_ms(), 0)
+    return (remaining + 500) // 1000 if unit == 1000 else remaining
+
+
+@command("ttl", 2, "readonly fast", keys=(1, 1, 1), group="generic",
+         summary="Returns the expiration time in seconds of a key.")
+def ttl(ctx: Context, args: list[bytes]) -> Any:
+    return _ttl(ctx, args[1], 1000, False)
+
+
+@command("pttl", 2, "readonly fast", keys=(1, 1, 1), group="generic", since="2.6.0",
+         summary="Returns the expiration time in milliseconds of a key.")
+def pttl(ctx: Context, args: list[bytes]) -> Any:
+    return _ttl(ctx, args[1], 1, False)
+
+
+@command("expiretime", 2, "readonly fast", keys=(1, 1, 1), group="generic", since="7.0.0",
+         summary="Returns the expiration time of a key as a Unix timestamp.")
+def expiretime(ctx: Context, args: list[bytes]) -> Any:
+    return _ttl(ctx, args[1], 1000, True)
+
+
+@command("pexpiretime", 2, "readonly fast", keys=(1, 1, 1), group="generic", since="7.0.0",
+         summary="Returns the expiration time of a key as a Unix milliseconds timestamp.")
+def pexpiretime(ctx: Context, args: list[bytes]) -> Any:
+    return _ttl(ctx, args[1], 1, True)
+
+
+@command("persist", 2, "write fast", keys=(1, 1, 1), group="generic", since="2.2.0",
+         summary="Removes the expiration time of a key.")
+def persist(ctx: Context, args: list[bytes]) -> Any:
+    entry = ctx.store.get(args[1], touch=False)
+    if entry is None or not entry.expire_at:
+        return 0
+    ctx.store.set_expire(args[1], 0)
+    return 1
+
+
+@command("type", 2, "readonly fast", keys=(1, 1, 1), group="generic",
+         summary="Determines the type of value stored at a key.")
+def type_(ctx: Context, args: list[bytes]) -> Any:
+    return Status("none" if ctx.store.get(args[1], touch=False) is None else "string")
+
+
+@command("keys", 2, "readonly", group="generic", summary="Returns all key names that match a pattern.",
+         syntax="KEYS pattern")
+def keys(ctx: Context, args: list[bytes]) -> Any:
+    return ctx.store.keys(args[1])
+
+
+@command("scan", -2, "readonly", group="generic", since="2.8.0",
+         summary="Iterates over the key names in the database.",
+         syntax="SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]")
+def scan(ctx: Context, args: list[bytes]) -> Any:
+    raw = args[1]
+    if not raw.isdigit() or int(raw) > 2**64 - 1:
+        raise CommandError("invalid cursor")
+    cursor = int(raw)
+    match: bytes | None = None
+    count = 10
+    type_filter: bytes | None = None
+    i = 2
+    while i < len(args):
+        opt = args[i].upper()
+        if i + 1 >= len(args):
+            raise syntax_error()
+        if opt == b"MATCH":
+            match = args[i + 1]
+        elif opt == b"COUNT":
+            count = parse_int(args[i + 1])
+            if count < 1:
+                raise syntax_error()
+        elif opt == b"TYPE":
+            type_filter = args[i + 1].lower()
+        else:
+            raise syntax_error()
+        i += 2
+    if match == b"*":
+        match = None
+    if cursor >= SCAN_BUCKETS:
+        return [b"0", []]
+    nxt, found = ctx.store.scan(cursor, count, match)
+    if type_filter is not None and type_filter != b"string":
+        found = []
+    return [str(nxt).encode(), found]
+
+
+@command("randomkey", 1, "readonly", group="generic", summary="Returns a random key name from the database.")
+def randomkey(ctx: Context, args: list[bytes]) -> Any:
+    return ctx.store.random_key()
+
+
+def _rename(ctx: Context, args: list[bytes], nx: bool) -> Any:
+    store = ctx.store
+    src, dst = args[1], args[2]
+    entry = store.get(src, touch=False)
+    if entry is None:
+        raise CommandError("no such key")
+    if src == dst:
+        return 0 if nx else OK
+    if nx and store.get(dst, touch=False) is not None:
+        return 0
+    value, expire_at = entry.value, entry.expire_at
+    store.delete(src)
+    store.put(dst, value, expire_at)
+    return 1 if nx else OK
+
+
+@command("rename", 3, "write", keys=(1, 2, 1), group="generic", summary="Renames a key and overwrites the "
+         "destination.", syntax="RENAME key newkey")
+def rename(ctx: Context, args: list[bytes]) -> Any:
+    return _rename(ctx, args, False)
+
+
+@command("renamenx", 3, "write fast", keys=(1, 2, 1), group="generic",
+         summary="Renames a key only when the target key name doesn't exist.", syntax="RENAMENX key newkey")
+def renamenx(ctx: Context, args: list[bytes]) -> Any:
+    return _rename(ctx, args, True)
+
+
+@command("dbsize", 1, "readonly fast", group="server", summary="Returns the number of keys in the database.")
+def dbsize(ctx: Context, args: list[bytes]) -> Any:
+    return ctx.store.dbsize()
+
+
+def _flush(ctx: Context, args: list[bytes]) -> Any:
+    if len(args) > 2 or (len(args) == 2 and args[1].upper() not in (b"ASYNC", b"SYNC")):
+        raise syntax_error()
+    ctx.store.flush()
+    return OK
+
+
+@command("flushdb", -1, "write", group="server", summary="Remove all keys from the current database.",
+         syntax="FLUSHDB [ASYNC | SYNC]")
+def flushdb(ctx: Context, args: list[bytes]) -> Any:
+    return _flush(ctx, args)
+
+
+@command("flushall", -1, "write", group="server", summary="Removes all keys from all databases.",
+         syntax="FLUSHALL [ASYNC | SYNC]")
+def flushall(ctx: Context, args: list[bytes]) -> Any:
+    return _flush(ctx, args)
+

@@ -1,0 +1,126 @@
+"""The declarative command table: name, arity, flags, key positions, handler, docs.
+
+The server dispatches from it; COMMAND, COMMAND DOCS, arity errors, auth checks and docs/commands.md are all
+generated from it. Container commands (CLIENT, CONFIG, ...) keep their subcommands in the same form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstrata.errors import CommandError
+
+Handler = Callable[[Any, list[bytes]], Any]
+
+
+@dataclass(eq=False)
+class CommandSpec:
+    name: str
+    arity: int
+    flags: frozenset[str]
+    first_key: int
+    last_key: int
+    step: int
+    handler: Handler
+    group: str
+    summary: str
+    since: str
+    syntax: str
+    parent: CommandSpec | None = None
+    subcommands: dict[bytes, CommandSpec] = field(default_factory=dict)
+    write: bool = False
+    noauth: bool = False
+    # Whether the handler may read values from lower tiers (the server loads them off the event loop first).
+    reads_values: bool = True
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.parent.name}|{self.name}" if self.parent else self.name
+
+    def keys(self, args: list[bytes]) -> list[bytes]:
+        if self.first_key == 0:
+            return []
+        last = self.last_key if self.last_key >= 0 else len(args) + self.last_key
+        return args[self.first_key : last + 1 : self.step]
+
+    def arity_ok(self, n: int) -> bool:
+        return n == self.arity if self.arity >= 0 else n >= -self.arity
+
+
+REGISTRY: dict[bytes, CommandSpec] = {}
+
+
+def command(
+    name: str,
+    arity: int,
+    flags: str = "",
+    *,
+    keys: tuple[int, int, int] = (0, 0, 0),
+    group: str = "generic",
+    summary: str = "",
+    since: str = "1.0.0",
+    syntax: str = "",
+    parent: str | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register a handler ``fn(ctx, args) -> reply``; ``args[0]`` is the command name as sent."""
+
+    def register(fn: Handler) -> Handler:
+        flagset = frozenset(flags.split())
+        spec = CommandSpec(
+            name=name.lower(),
+            arity=arity,
+            flags=flagset,
+            first_key=keys[0],
+            last_key=keys[1],
+            step=keys[2],
+            handler=fn,
+            group=group,
+            summary=summary or (fn.__doc__ or "").strip().splitlines()[0] if (summary or fn.__doc__) else "",
+            since=since,
+            syntax=syntax or name.upper(),
+            write="write" in flagset,
+            noauth="no_auth" in flagset,
+        )
+        if parent is None:
+            REGISTRY[spec.name.encode()] = spec
+        else:
+            owner = REGISTRY[parent.lower().encode()]
+            spec.parent = owner
+            owner.subcommands[spec.name.encode()] = spec
+        return fn
+
+    return register
+
+
+def container(name: str, flags: str = "", *, group: str = "server", summary: str = "", since: str = "2.0.0") -> None:
+    """A command whose first argument picks a subcommand (CLIENT, CONFIG, ...)."""
+
+    def dispatch(ctx: Any, args: list[bytes]) -> Any:
+        spec = REGISTRY[name.encode()]
+        sub = spec.subcommands.get(args[1].lower())
+        if sub is None:
+            raise CommandError(
+                f"unknown subcommand '{args[1].decode(errors='replace')}'. Try {name.upper()} HELP."
+            )
+        if not sub.arity_ok(len(args)):
+            raise CommandError(f"wrong number of arguments for '{name}|{sub.name}' command")
+        return sub.handler(ctx, args)
+
+    command(name, -2, flags, group=group, summary=summary, since=since)(dispatch)
+
+
+def lookup(name: bytes) -> CommandSpec | None:
+    spec = REGISTRY.get(name)
+    if spec is None:
+        spec = REGISTRY.get(name.lower())
+    return spec
+
+
+def resolve(args: list[bytes]) -> CommandSpec | None:
+    """The spec that will handle ``args`` (the subcommand's for containers, for key positions and flags)."""
+    spec = lookup(args[0])
+    if spec is not None and spec.subcommands and len(args) > 1:
+        return spec.subcommands.get(args[1].lower(), spec)
+    return spec

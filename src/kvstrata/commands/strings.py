@@ -1,0 +1,303 @@
+"""String commands: GET, SET and friends, with Redis's semantics and error texts."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from kvstrata.commands.args import INT64_MAX, INT64_MIN, Option, parse_float, parse_int, parse_options
+from kvstrata.commands.context import Context
+from kvstrata.commands.expiry import expire_at_ms
+from kvstrata.commands.registry import command
+from kvstrata.errors import OVERFLOW, CommandError, wrong_arity
+from kvstrata.protocol.encoder import OK
+
+_EXPIRES = (b"EX", b"PX", b"EXAT", b"PXAT")
+_SET_OPTIONS = {
+    b"NX": Option(b"NX", 0, (b"XX",)),
+    b"XX": Option(b"XX", 0, (b"NX",)),
+    b"GET": Option(b"GET"),
+    b"KEEPTTL": Option(b"KEEPTTL", 0, _EXPIRES),
+    **{e: Option(e, 1, (b"KEEPTTL", *(x for x in _EXPIRES if x != e))) for e in _EXPIRES},
+}
+_GETEX_OPTIONS = {
+    b"PERSIST": Option(b"PERSIST", 0, _EXPIRES),
+    **{e: Option(e, 1, (b"PERSIST", *(x for x in _EXPIRES if x != e))) for e in _EXPIRES},
+}
+
+
+def _max_len(ctx: Context) -> int:
+    return int(ctx.config.get("proto-max-bulk-len"))
+
+
+def _value(ctx: Context, key: bytes) -> bytes | bytearray | None:
+    entry = ctx.store.get(key)
+    return None if entry is None else entry.value
+
+
+@command("get", 2, "readonly fast", keys=(1, 1, 1), group="string", summary="Returns the string value of a key.")
+def get(ctx: Context, args: list[bytes]) -> Any:
+    entry = ctx.store.get(args[1])
+    return None if entry is None else entry.value
+
+
+@command("set", -3, "write denyoom", keys=(1, 1, 1), group="string",
+         summary="Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.",
+         syntax="SET key value [NX | XX] [GET] [EX seconds | PX milliseconds | EXAT unix-time-seconds | "
+                "PXAT unix-time-milliseconds | KEEPTTL]")
+def set_(ctx: Context, args: list[bytes]) -> Any:
+    store = ctx.store
+    key = args[1]
+    if len(args) == 3:
+        store.put(key, args[2])
+        return OK
+    opts = parse_options(args, 3, _SET_OPTIONS)
+    now = store.clock.now_ms()
+    expire_at = 0
+    for kind in _EXPIRES:
+        if kind in opts:
+            expire_at = expire_at_ms(kind, opts[kind][0], now, "set")
+    current = store.get(key, touch=False)
+    if (b"NX" in opts and current is not None) or (b"XX" in opts and current is None):
+        return current.value if (b"GET" in opts and current is not None) else None
+    if b"KEEPTTL" in opts and current is not None:
+        expire_at = current.expire_at
+    store.put(key, args[2], expire_at)
+    if b"GET" in opts:
+        return None if current is None else current.value
+    return OK
+
+
+def _setex(ctx: Context, args: list[bytes], unit: bytes, name: str) -> Any:
+    expire_at = expire_at_ms(unit, args[2], ctx.store.clock.now_ms(), name)
+    ctx.store.put(args[1], args[3], expire_at)
+    return OK
+
+
+@command("setex", 4, "write denyoom", keys=(1, 1, 1), group="string", since="2.0.0",
+         summary="Sets the string value and expiration time of a key.", syntax="SETEX key seconds value")
+def setex(ctx: Context, args: list[bytes]) -> Any:
+    return _setex(ctx, args, b"EX", "setex")
+
+
+@command("psetex", 4, "write denyoom", keys=(1, 1, 1), group="string", since="2.6.0",
+         summary="Sets both string value and expiration time in milliseconds of a key.",
+         syntax="PSETEX key milliseconds value")
+def psetex(ctx: Context, args: list[bytes]) -> Any:
+    return _setex(ctx, args, b"PX", "psetex")
+
+
+@command("setnx", 3, "write denyoom fast", keys=(1, 1, 1), group="string",
+         summary="Set the string value of a key only when the key doesn't exist.")
+def setnx(ctx: Context, args: list[bytes]) -> Any:
+    if ctx.store.get(args[1], touch=False) is not None:
+        return 0
+    ctx.store.put(args[1], args[2])
+    return 1
+
+
+@command("getset", 3, "write denyoom fast", keys=(1, 1, 1), group="string",
+         summary="Returns the previous string value of a key after setting it to a new value.")
+def getset(ctx: Context, args: list[bytes]) -> Any:
+    old = _value(ctx, args[1])
+    ctx.store.put(args[1], args[2])
+    return old
+
+
+@command("getdel", 2, "write fast", keys=(1, 1, 1), group="string", since="6.2.0",
+         summary="Returns the string value of a key after deleting the key.")
+def getdel(ctx: Context, args: list[bytes]) -> Any:
+    old = _value(ctx, args[1])
+    if old is not None:
+        ctx.store.delete(args[1])
+    return old
+
+
+@command("getex", -2, "write fast", keys=(1, 1, 1), group="string", since="6.2.0",
+         summary="Returns the string value of a key after setting its expiration time.",
+         syntax="GETEX key [EX seconds | PX milliseconds | EXAT unix-time-seconds | "
+                "PXAT unix-time-milliseconds | PERSIST]")
+def getex(ctx: Context, args: list[bytes]) -> Any:
+    store = ctx.store
+    opts = parse_options(args, 2, _GETEX_OPTIONS)
+    now = store.clock.now_ms()
+    expire_at: int | None = None
+    for kind in _EXPIRES:
+        if kind in opts:
+            expire_at = expire_at_ms(kind, opts[kind][0], now, "getex")
+    entry = store.get(args[1])
+    if entry is None:
+        return None
+    value = entry.value
+    if b"PERSIST" in opts:
+        store.set_expire(args[1], 0)
+    elif expire_at is not None:
+        store.set_expire(args[1], expire_at)
+    return value
+
+
+@command("mget", -2, "readonly fast", keys=(1, -1, 1), group="string",
+         summary="Atomically returns the string values of one or more keys.", syntax="MGET key [key ...]")
+def mget(ctx: Context, args: list[bytes]) -> Any:
+    get_entry = ctx.store.get
+    out = []
+    for key in args[1:]:
+        entry = get_entry(key)
+        out.append(None if entry is None else entry.value)
+    return out
+
+
+@command("mset", -3, "write denyoom", keys=(1, -1, 2), group="string",
+         summary="Atomically creates or modifies the string values of one or more keys.",
+         syntax="MSET key value [key value ...]")
+def mset(ctx: Context, args: list[bytes]) -> Any:
+    if len(args) % 2 == 0:
+        raise wrong_arity("mset")
+    for i in range(1, len(args), 2):
+        ctx.store.put(args[i], args[i + 1])
+    return OK
+
+
+@command("msetnx", -3, "write denyoom", keys=(1, -1, 2), group="string",
+         summary="Atomically modifies the string values of one or more keys only when all keys don't exist.",
+         syntax="MSETNX key value [key value ...]")
+def msetnx(ctx: Context, args: list[bytes]) -> Any:
+    if len(args) % 2 == 0:
+        raise wrong_arity("msetnx")
+    if any(ctx.store.get(args[i], touch=False) is not None for i in range(1, len(args), 2)):
+        return 0
+    for i in range(1, len(args), 2):
+        ctx.store.put(args[i], args[i + 1])
+    return 1
+
+
+@command("append", 3, "write denyoom", keys=(1, 1, 1), group="string", since="2.0.0",
+         summary="Appends a string to the value of a key. Creates the key if it doesn't exist.")
+def append(ctx: Context, args: list[bytes]) -> Any:
+    old = _value(ctx, args[1])
+    if old is None:
+        ctx.store.put(args[1], args[2])
+        return len(args[2])
+    if len(old) + len(args[2]) > _max_len(ctx):
+        raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
+    value = bytes(old) + args[2]
+    ctx.store.replace_value(args[1], value)
+    return len(value)
+
+
+@command("strlen", 2, "readonly fast", keys=(1, 1, 1), group="string", since="2.2.0",
+         summary="Returns the length of a string value.")
+def strlen(ctx: Context, args: list[bytes]) -> Any:
+    old = _value(ctx, args[1])
+    return 0 if old is None else len(old)
+
+
+@command("getrange", 4, "readonly", keys=(1, 1, 1), group="string", since="2.4.0",
+         summary="Returns a substring of the string stored at a key.", syntax="GETRANGE key start end")
+def getrange(ctx: Context, args: list[bytes]) -> Any:
+    start = parse_int(args[2])
+    end = parse_int(args[3])
+    value = _value(ctx, args[1])
+    if value is None:
+        return b""
+    n = len(value)
+    if start < 0 and end < 0 and start > end:
+        return b""
+    if start < 0:
+        start = max(n + start, 0)
+    if end < 0:
+        end = max(n + end, 0)
+    end = min(end, n - 1)
+    if start > end or n == 0:
+        return b""
+    return bytes(value[start : end + 1])
+
+
+@command("setrange", 4, "write denyoom", keys=(1, 1, 1), group="string", since="2.2.0",
+         summary="Overwrites a part of a string value with another by an offset. Creates the key if it doesn't "
+                 "exist.", syntax="SETRANGE key offset value")
+def setrange(ctx: Context, args: list[bytes]) -> Any:
+    offset = parse_int(args[2])
+    if offset < 0:
+        raise CommandError("offset is out of range")
+    patch = args[3]
+    old = _value(ctx, args[1])
+    if old is None:
+        if not patch:
+            return 0
+        old = b""
+    elif not patch:
+        return len(old)
+    if offset + len(patch) > _max_len(ctx):
+        raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
+    value = bytearray(old)
+    if len(value) < offset:
+        value += b"\x00" * (offset - len(value))
+    value[offset : offset + len(patch)] = patch
+    ctx.store.replace_value(args[1], bytes(value))
+    return len(value)
+
+
+def _incr(ctx: Context, key: bytes, delta: int) -> int:
+    old = _value(ctx, key)
+    current = 0 if old is None else parse_int(bytes(old))
+    result = current + delta
+    if not INT64_MIN <= result <= INT64_MAX:
+        raise CommandError(OVERFLOW)
+    ctx.store.replace_value(key, str(result).encode())
+    return result
+
+
+@command("incr", 2, "write denyoom fast", keys=(1, 1, 1), group="string",
+         summary="Increments the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.")
+def incr(ctx: Context, args: list[bytes]) -> Any:
+    return _incr(ctx, args[1], 1)
+
+
+@command("decr", 2, "write denyoom fast", keys=(1, 1, 1), group="string",
+         summary="Decrements the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.")
+def decr(ctx: Context, args: list[bytes]) -> Any:
+    return _incr(ctx, args[1], -1)
+
+
+@command("incrby", 3, "write denyoom fast", keys=(1, 1, 1), group="string",
+         summary="Increments the integer value of a key by a number. Uses 0 as initial value if the key doesn't "
+                 "exist.", syntax="INCRBY key increment")
+def incrby(ctx: Context, args: list[bytes]) -> Any:
+    return _incr(ctx, args[1], parse_int(args[2]))
+
+
+@command("decrby", 3, "write denyoom fast", keys=(1, 1, 1), group="string",
+         summary="Decrements a number from the integer value of a key. Uses 0 as initial value if the key "
+                 "doesn't exist.", syntax="DECRBY key decrement")
+def decrby(ctx: Context, args: list[bytes]) -> Any:
+    delta = parse_int(args[2])
+    if delta == INT64_MIN:
+        raise CommandError("decrement would overflow")
+    return _incr(ctx, args[1], -delta)
+
+
+def format_float(x: float) -> bytes:
+    """Like Redis's human-friendly long-double formatting: no exponent, no trailing zeros."""
+    if x == int(x) and abs(x) < 1e17:
+        return str(int(x)).encode()
+    text = format(Decimal(repr(x)), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text.encode()
+
+
+@command("incrbyfloat", 3, "write denyoom fast", keys=(1, 1, 1), group="string", since="2.6.0",
+         summary="Increment the floating point value of a key by a number. Uses 0 as initial value if the key "
+                 "doesn't exist.", syntax="INCRBYFLOAT key increment")
+def incrbyfloat(ctx: Context, args: list[bytes]) -> Any:
+    delta = parse_float(args[2])
+    old = _value(ctx, args[1])
+    current = 0.0 if old is None else parse_float(bytes(old))
+    result = current + delta
+    if result != result or result in (float("inf"), float("-inf")):
+        raise CommandError("increment would produce NaN or Infinity")
+    text = format_float(result)
+    ctx.store.replace_value(args[1], text)
+    return text
+

@@ -1,0 +1,214 @@
+"""Server configuration: one table of parameters read from flags > environment > TOML file > defaults.
+
+The same table drives the command-line flags, the environment variables, the file keys, ``CONFIG GET`` and
+``CONFIG SET`` (for the parameters marked mutable), and ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstrata.sizes import parse_size
+
+
+def _default_dram_size() -> int:
+    """A quarter of physical memory, at most 4 GiB: safe beside an inference engine on a shared host."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 4 * 1024**3
+    return max(64 * 1024**2, min(total // 4, 4 * 1024**3))
+
+
+def _yes_no(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("yes", "true", "1", "on"):
+        return True
+    if value in ("no", "false", "0", "off"):
+        return False
+    raise ValueError(f"argument must be 'yes' or 'no', got {text!r}")
+
+
+def _int(text: str | int) -> int:
+    return int(text)
+
+
+def _str(text: str | Any) -> str:
+    return str(text)
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = str(text).strip().lower()
+        if value not in choices:
+            raise ValueError(f"argument must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _float(text: str | float) -> float:
+    return float(text)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One configuration parameter. ``name`` is the Redis-style spelling used by CONFIG and the file."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    mutable: bool = False
+    env: tuple[str, ...] = ()
+    secret: bool = False
+
+    @property
+    def attr(self) -> str:
+        return self.name.replace("-", "_")
+
+    def render(self, value: Any) -> str:
+        """The text CONFIG GET answers with."""
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if value is None:
+            return ""
+        return str(value)
+
+
+PARAMS: tuple[Param, ...] = (
+    Param("bind", _str, "127.0.0.1", "Address to listen on (loopback by default)."),
+    Param("port", _int, 6379, "TCP port for the RESP protocol."),
+    Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True,
+          secret=True),
+    Param("protected-mode", _yes_no, True,
+          "Refuse non-loopback clients when no password is set.", mutable=True),
+    Param("dram-size", parse_size, None,
+          "DRAM tier budget in bytes (e.g. 512mb, 16G); default a quarter of RAM, at most 4 GiB.",
+          mutable=True, env=("DRAM_SIZE",)),
+    Param("maxmemory-policy", _choice("allkeys-lru", "noeviction"), "allkeys-lru",
+          "At the DRAM budget: allkeys-lru demotes (or evicts) by the eviction policy; noeviction answers -OOM.",
+          mutable=True),
+    Param("eviction-policy", _choice("lru", "lru-k"), "lru-k", "How DRAM entries are ranked for demotion."),
+    Param("lru-k", _int, 2, "K of LRU-K: the K-th most recent reference decides the rank."),
+    Param("lru-k-crp", _float, 0.05,
+          "LRU-K correlated-reference period in seconds: references closer than this count once."),
+    Param("essd-path", _str, "", "Directory of the SSD tier (LMDB); empty disables the SSD tier.",
+          env=("ESSD_PATH",)),
+    Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),
+    Param("hbm-size", parse_size, 0, "GPU tier budget (used by the embedded engine; the server has none).",
+          env=("HBM_SIZE",)),
+    Param("durability", _choice("write-back", "write-through"), "write-back",
+          "write-back: values reach SSD when demoted; write-through: every write also goes to SSD."),
+    Param("fsync", _choice("always", "everysec", "no"), "everysec", "When SSD writes are forced to disk."),
+    Param("consistency", _choice("strong", "eventual"), "strong", "Default TAIR.KV.MGET consistency level.",
+          mutable=True),
+    Param("promote-hits", _int, 2,
+          "An SSD entry moves up to DRAM on this many reads within promote-window seconds (1 = every read).",
+          mutable=True),
+    Param("promote-window", _float, 60.0, "Window for promote-hits, in seconds.", mutable=True),
+    Param("hot-max-fraction", _float, 0.5, "Largest share of the DRAM budget that pinned (hot) keys may hold.",
+          mutable=True),
+    Param("ssd-write-queue", parse_size, 64 * 1024**2,
+          "Bytes of demoted values waiting for the SSD writer before writers are made to wait.", mutable=True),
+    Param("proto-max-bulk-len", parse_size, 512 * 1024**2, "Largest bulk string a client may send.",
+          mutable=True),
+    Param("client-query-buffer-limit", parse_size, 1024**3, "Largest pending request of one client.",
+          mutable=True),
+    Param("client-output-buffer-limit", parse_size, 1024**3,
+          "Pending reply bytes after which a client that does not read is disconnected.", mutable=True),
+    Param("large-value-threshold", parse_size, 64 * 1024,
+          "Bulk values at least this large are received straight into their own buffer."),
+    Param("maxclients", _int, 10000, "Most clients connected at once.", mutable=True),
+    Param("timeout", _int, 0, "Close a client idle this many seconds (0: never).", mutable=True),
+    Param("hz", _int, 10, "Background cycles per second (active expiry).", mutable=True),
+    Param("active-expire-keys", _int, 20, "Keys sampled per active-expiry round.", mutable=True),
+    Param("slowlog-log-slower-than", _int, 10000, "Microseconds after which a command is logged as slow.",
+          mutable=True),
+    Param("cluster-enabled", _choice("no"), "no", "Accepted for Tair compatibility; only 'no' is supported."),
+    Param("databases", _int, 1, "Only database 0 exists."),
+    Param("loglevel", _choice("debug", "verbose", "notice", "warning"), "notice", "Log verbosity.",
+          mutable=True),
+)
+PARAMS_BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+# Redis calls the DRAM budget `maxmemory`; accept both names everywhere.
+ALIASES: dict[str, str] = {"maxmemory": "dram-size"}
+
+
+def canonical(name: str) -> str:
+    key = name.strip().lower().replace("_", "-")
+    return ALIASES.get(key, key)
+
+
+@dataclass
+class Config:
+    """Parameter values by Redis-style name; attribute access uses underscores (``cfg.dram_size``)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for p in PARAMS:
+            self.values.setdefault(p.name, p.default)
+        if self.values["dram-size"] is None:
+            self.values["dram-size"] = _default_dram_size()
+
+    def __getattr__(self, attr: str) -> Any:
+        try:
+            return self.__dict__["values"][attr.replace("_", "-")]
+        except KeyError:
+            raise AttributeError(attr) from None
+
+    def set(self, name: str, raw: Any, *, runtime: bool = False) -> None:
+        """Parse and set one parameter; raises ValueError (unknown, immutable at runtime, or bad value)."""
+        key = canonical(name)
+        param = PARAMS_BY_NAME.get(key)
+        if param is None:
+            raise ValueError(f"Unknown option or number of arguments for CONFIG SET - '{name}'")
+        if runtime and not param.mutable:
+            raise ValueError(f"can't set immutable config '{name}'")
+        self.values[key] = param.parse(raw)
+
+    def get(self, name: str) -> Any:
+        return self.values[canonical(name)]
+
+
+def load_file(path: str) -> dict[str, Any]:
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    return {canonical(k): v for k, v in data.items()}
+
+
+def env_values(environ: Mapping[str, str]) -> dict[str, str]:
+    """Parameters from the environment: the documented names (DRAM_SIZE, ...) and KVSTRATA_<NAME> for all."""
+    found: dict[str, str] = {}
+    for p in PARAMS:
+        names = (*p.env, "KVSTRATA_" + p.name.upper().replace("-", "_"))
+        for env_name in names:
+            if env_name in environ:
+                found[p.name] = environ[env_name]
+    return found
+
+
+def build_config(flags: Mapping[str, Any], environ: Mapping[str, str], file: str | None = None) -> Config:
+    """Merge defaults < file < environment < flags. Raises ValueError with the offending name on bad input."""
+    cfg = Config()
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if file:
+        layers.append((f"file {file}", load_file(file)))
+    layers.append(("environment", env_values(environ)))
+    layers.append(("flags", flags))
+    for source, layer in layers:
+        for name, raw in layer.items():
+            if raw is None:
+                continue
+            try:
+                cfg.set(name, raw)
+            except ValueError as exc:
+                raise ValueError(f"{source}: {name}: {exc}") from None
+    return cfg

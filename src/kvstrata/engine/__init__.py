@@ -1,0 +1,1 @@
+"""The storage engine: entries, tiers, eviction policies, TTL and versions. Synchronous and asyncio-free."""

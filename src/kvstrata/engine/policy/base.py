@@ -1,0 +1,31 @@
+"""The interface every eviction policy implements: it only ranks keys, it never moves data."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class EvictionPolicy(Protocol):
+    """Ranks the keys resident in one tier.
+
+    The engine calls ``admit`` when a key enters the tier, ``touch`` on every reference, ``remove`` when the key
+    leaves (deleted, demoted, pinned), and ``victim`` to learn which key it should move out next.
+    """
+
+    name: str
+
+    def admit(self, key: bytes) -> None: ...
+
+    def touch(self, key: bytes) -> None: ...
+
+    def remove(self, key: bytes) -> None: ...
+
+    def victim(self) -> bytes | None:
+        """The lowest-ranked key, or None when the policy tracks no key. The key stays tracked."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def clear(self) -> None: ...

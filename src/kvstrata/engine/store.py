@@ -1,0 +1,507 @@
+"""The engine facade: one keyspace over stacked tiers (DRAM, then SSD), with TTL, versions, pins and policy.
+
+Everything here is synchronous. The server runs it on its event loop and keeps disk reads off that loop by
+loading the keys a command needs beforehand (``missing``/``begin_load``/``finish_load``); any key it did not
+load is read synchronously, so correctness never depends on that optimisation.
+
+Invariants:
+- the DRAM tier never holds more than its budget: room is made before an entry goes in, by demoting the
+  lowest-ranked unpinned entries to the next tier (or dropping them when DRAM is the last tier);
+- a key has one authoritative copy: DRAM if it is there, else the SSD tier (``pending`` first, then LMDB);
+  under write-through the SSD also keeps a durable copy of DRAM entries (``Entry.on_ssd``);
+- an expired entry is never returned, whichever tier holds it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from kvstrata.clock import Clock, SystemClock
+from kvstrata.engine.admission import Admission
+from kvstrata.engine.entry import Entry, Value, entry_size
+from kvstrata.engine.keyspace import SCAN_BUCKETS, bucket_of, glob_match
+from kvstrata.engine.policy import EvictionPolicy, create_policy
+from kvstrata.engine.stats import EngineStats, TierStats
+from kvstrata.engine.tiers.dram import DramTier
+from kvstrata.engine.tiers.ssd import Corrupt, SsdTier
+from kvstrata.errors import OutOfMemoryError, VersionMismatchError
+
+log = logging.getLogger("kvstrata.engine")
+
+VERSION_BLOCK = 100_000
+
+
+class Store:
+    def __init__(
+        self,
+        dram_budget: int,
+        *,
+        policy: EvictionPolicy | None = None,
+        clock: Clock | None = None,
+        ssd: SsdTier | None = None,
+        durability: str = "write-back",
+        noeviction: bool = False,
+        promote_hits: int = 2,
+        promote_window: float = 60.0,
+        hot_max_fraction: float = 0.5,
+    ) -> None:
+        self.clock = clock or SystemClock()
+        self.dram = DramTier(dram_budget)
+        self.policy = policy or create_policy("lru", clock=self.clock)
+        self.ssd = ssd
+        self.write_through = durability == "write-through" and ssd is not None
+        self.noeviction = noeviction
+        self.admission = Admission(promote_hits, promote_window)
+        self.hot_max_fraction = hot_max_fraction
+        self.hot: dict[bytes, int] = {}
+        self.stats = EngineStats()
+        self.tier_stats = {"dram": TierStats(), "ssd": TierStats()}
+        self._ttl_heap: list[tuple[int, bytes]] = []
+        self._overlay: dict[bytes, Any] | None = None
+        self.last_write_seq = 0
+        self.sync_reads = 0
+        self.version = ssd.version_high_water if ssd is not None else 0
+        if ssd is not None:
+            ssd.on_commit = self._ssd_committed
+
+    # ---- versions ----
+    def next_version(self) -> int:
+        self.version += 1
+        if self.ssd is not None and self.version > self.ssd.version_high_water:
+            # Reserve a block ahead, so versions keep increasing after a restart without a write per version.
+            self.ssd.save_version_high_water(self.version + VERSION_BLOCK)
+        return self.version
+
+    # ---- loading lower tiers ahead of a command ----
+    def missing(self, keys: Iterable[bytes]) -> list[bytes]:
+        """Keys whose state is unknown without reading LMDB (not in DRAM nor in the SSD's pending writes)."""
+        ssd = self.ssd
+        if ssd is None:
+            return []
+        entries = self.dram.entries
+        pending = ssd.pending
+        if ssd.flush_pending:
+            return []
+        return [k for k in keys if k not in entries and k not in pending]
+
+    def begin_load(self, keys: list[bytes]) -> list[Any]:
+        assert self.ssd is not None
+        return self.ssd.watch(keys)
+
+    def finish_load(self, ticket: list[Any], found: dict[bytes, Any]) -> bool:
+        """Install loaded records as the overlay for the next command; False if a write raced the load."""
+        assert self.ssd is not None
+        self.ssd.unwatch(ticket)
+        if ticket[0]:
+            return False
+        self._overlay = found
+        return True
+
+    def end_command(self) -> None:
+        self._overlay = None
+
+    # ---- lookups ----
+    def _below(self, key: bytes) -> Entry | None:
+        """The lower tier's entry for a key that is not in DRAM, unexpired, or None."""
+        ssd = self.ssd
+        if ssd is None:
+            return None
+        known, found = ssd.lookup_pending(key)
+        if not known:
+            overlay = self._overlay
+            if overlay is not None and key in overlay:
+                found = overlay[key]
+            else:
+                self.sync_reads += 1
+                found = ssd.read(key)
+            if isinstance(found, Corrupt):
+                self.tier_stats["ssd"].corrupt_reads += 1
+                log.error("corrupt SSD record for key %r (%s): dropped", key[:64], found.reason)
+                ssd.delete(key)
+                if overlay is not None:
+                    overlay[key] = None
+                return None
+        if found is not None and found.expired(self.clock.now_ms()):
+            ssd.delete(key)
+            self.stats.expired_keys += 1
+            return None
+        return found
+
+    def get(self, key: bytes, *, touch: bool = True) -> Entry | None:
+        entry = self.dram.entries.get(key)
+        if entry is not None:
+            if entry.expire_at and entry.expire_at <= self.clock.now_ms():
+                self._expire_dram(key)
+                return None
+            if touch:
+                self.tier_stats["dram"].hits += 1
+                if not entry.pinned:
+                    self.policy.touch(key)
+            return entry
+        if touch:
+            self.tier_stats["dram"].misses += 1
+        entry = self._below(key)
+        if entry is None:
+            if touch and self.ssd is not None:
+                self.tier_stats["ssd"].misses += 1
+            return None
+        if touch:
+            self.tier_stats["ssd"].hits += 1
+            if self.admission.should_promote(key, self.clock.now_ms()) or self._hot_match(key):
+                self._promote(key, entry)
+        return entry
+
+    def tier_of(self, key: bytes) -> str | None:
+        if self.get(key, touch=False) is None:
+            return None
+        return "dram" if key in self.dram.entries else "ssd"
+
+    # ---- writes ----
+    def put(
+        self,
+        key: bytes,
+        value: Value,
+        expire_at: int = 0,
+        *,
+        cold: bool = False,
+        expected_version: int | None = None,
+    ) -> Entry:
+        """Store a new value (replacing any old one in any tier) and give it a fresh version."""
+        if expected_version is not None:
+            current = self.get(key, touch=False)
+            have = current.version if current is not None else 0
+            if have != expected_version:
+                raise VersionMismatchError(f"version mismatch: expected {expected_version}, current {have}")
+        entry = Entry(value, self.next_version(), expire_at)
+        size = entry_size(key, value)
+        if self.ssd is not None and (cold or size > self.dram.budget):
+            self._check_last_tier_room(size)
+            self._drop_dram(key)
+            self.last_write_seq = self.ssd.put(key, entry)
+            return entry
+        old = self.dram.entries.get(key)
+        if self.ssd is not None and not self.write_through:
+            if (old is not None and old.on_ssd) or (old is None and self._below(key) is not None):
+                self.ssd.delete(key)
+        self._insert(key, entry, size - (entry_size(key, old.value) if old is not None else 0))
+        if self.write_through:
+            assert self.ssd is not None
+            self.last_write_seq = self.ssd.put(key, entry)
+            entry.on_ssd = True
+        if expire_at:
+            heapq.heappush(self._ttl_heap, (expire_at, key))
+        return entry
+
+    def _insert(self, key: bytes, entry: Entry, growth: int) -> None:
+        """Put an entry into DRAM after making room for ``growth`` more bytes."""
+        self.make_room(growth, exclude=key)
+        had = self.dram.put(key, entry)
+        if had is not None and had.pinned:
+            self.dram.set_pinned(key, entry, True)
+        elif had is None or not self.policy.__contains__(key):
+            self.policy.admit(key)
+        else:
+            self.policy.touch(key)
+        if self.hot and not entry.pinned and self._hot_match(key):
+            self._pin(key, entry)
+
+    def make_room(self, nbytes: int, *, exclude: bytes | None = None) -> None:
+        """Demote (or, in the last tier, evict) until ``nbytes`` more fit in DRAM; -OOM if they cannot."""
+        dram = self.dram
+        if dram.used + nbytes <= dram.budget:
+            return
+        if self.ssd is None and self.noeviction:
+            raise OutOfMemoryError()
+        while dram.used + nbytes > dram.budget:
+            victim = self.policy.victim()
+            if victim is None or (victim == exclude and len(self.policy) == 1):
+                raise OutOfMemoryError("command not allowed: the DRAM tier is full of pinned keys.")
+            if victim == exclude:
+                # Never demote the key being written; rank it as just used and look again.
+                self.policy.touch(victim)
+                victim = self.policy.victim()
+                if victim == exclude or victim is None:
+                    raise OutOfMemoryError()
+            self._demote(victim)
+
+    def _check_last_tier_room(self, nbytes: int) -> None:
+        if self.noeviction and self.ssd is not None:
+            if self.ssd.used + self.ssd.queued_bytes + nbytes > self.ssd.budget:
+                raise OutOfMemoryError("command not allowed: the SSD tier is full and maxmemory-policy is noeviction.")
+
+    def _demote(self, key: bytes) -> None:
+        entry = self.dram.pop(key)
+        self.policy.remove(key)
+        if entry is None:
+            return
+        if self.ssd is None:
+            self.tier_stats["dram"].evictions += 1
+            self.stats.evicted_keys += 1
+            return
+        self.tier_stats["dram"].demotions += 1
+        if not entry.on_ssd:
+            self._check_last_tier_room(len(entry.value))
+            self.ssd.put(key, entry)
+
+    def _promote(self, key: bytes, entry: Entry) -> bool:
+        size = entry_size(key, entry.value)
+        if size > self.dram.budget or self.ssd is None:
+            return False
+        try:
+            self.make_room(size)
+        except OutOfMemoryError:
+            return False
+        fresh = Entry(entry.value, entry.version, entry.expire_at)
+        self.dram.put(key, fresh)
+        self.policy.admit(key)
+        if self.write_through:
+            fresh.on_ssd = True
+        else:
+            self.ssd.delete(key)
+        if fresh.expire_at:
+            heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
+        if self.hot and self._hot_match(key):
+            self._pin(key, fresh)
+        self.tier_stats["ssd"].promotions += 1
+        self.admission.forget(key)
+        return True
+
+    def promote(self, key: bytes) -> bool:
+        """Move a lower-tier key up now (prefetch); False when it is missing or already in DRAM."""
+        if key in self.dram.entries:
+            return False
+        entry = self._below(key)
+        return entry is not None and self._promote(key, entry)
+
+    def _drop_dram(self, key: bytes) -> None:
+        if self.dram.pop(key) is not None:
+            self.policy.remove(key)
+
+    def delete(self, key: bytes) -> bool:
+        entry = self.dram.pop(key)
+        now = self.clock.now_ms()
+        if entry is not None:
+            self.policy.remove(key)
+            if entry.on_ssd and self.ssd is not None:
+                self.ssd.delete(key)
+                self.last_write_seq = self.ssd.enqueued_seq
+            return not entry.expired(now)
+        below = self._below(key)
+        if below is None:
+            return False
+        assert self.ssd is not None
+        self.ssd.delete(key)
+        self.last_write_seq = self.ssd.enqueued_seq
+        return True
+
+    def set_expire(self, key: bytes, expire_at: int) -> bool:
+        """Set (or with 0, remove) the absolute expiry of an existing key; False if the key is missing."""
+        entry = self.dram.entries.get(key)
+        if entry is not None and not entry.expired(self.clock.now_ms()):
+            entry.expire_at = expire_at
+            if expire_at:
+                heapq.heappush(self._ttl_heap, (expire_at, key))
+            if entry.on_ssd and self.ssd is not None:
+                self.last_write_seq = self.ssd.put(key, entry)
+            return True
+        if entry is not None:
+            self._expire_dram(key)
+            return False
+        below = self._below(key)
+        if below is None:
+            return False
+        assert self.ssd is not None
+        self.last_write_seq = self.ssd.put(key, Entry(below.value, below.version, expire_at))
+        return True
+
+    def replace_value(self, key: bytes, value: Value, *, keep_ttl: bool = True) -> Entry:
+        """A new value for a key, keeping its TTL (APPEND, SETRANGE, INCR...)."""
+        current = self.get(key, touch=False)
+        expire_at = current.expire_at if (current is not None and keep_ttl) else 0
+        return self.put(key, value, expire_at)
+
+    def checkpoint(self) -> int:
+        """Queue a durable copy of every DRAM entry not yet on SSD (clean shutdown, SAVE); returns the last seq."""
+        if self.ssd is None:
+            return 0
+        now = self.clock.now_ms()
+        for key, entry in self.dram.entries.items():
+            if not entry.on_ssd and not entry.expired(now):
+                self.ssd.put(key, entry)
+                entry.on_ssd = True
+        return self.ssd.barrier()
+
+    def flush(self) -> None:
+        self.dram.clear()
+        self.policy.clear()
+        self._ttl_heap.clear()
+        if self.ssd is not None:
+            self.last_write_seq = self.ssd.flush()
+
+    # ---- expiry ----
+    def _expire_dram(self, key: bytes) -> None:
+        entry = self.dram.pop(key)
+        if entry is None:
+            return
+        self.policy.remove(key)
+        self.stats.expired_keys += 1
+        if entry.on_ssd and self.ssd is not None:
+            self.ssd.delete(key)
+
+    def active_expire(self, max_keys: int = 20) -> int:
+        """Expire up to ``max_keys`` due DRAM keys (bounded work per call); returns how many expired."""
+        now = self.clock.now_ms()
+        heap = self._ttl_heap
+        done = 0
+        checked = 0
+        while heap and heap[0][0] <= now and checked < max_keys * 4:
+            expire_at, key = heapq.heappop(heap)
+            checked += 1
+            entry = self.dram.entries.get(key)
+            if entry is not None and entry.expire_at == expire_at:
+                self._expire_dram(key)
+                done += 1
+                if done >= max_keys:
+                    break
+        if len(heap) > 2 * len(self.dram.entries) + 1024:
+            self._ttl_heap = [(e.expire_at, k) for k, e in self.dram.entries.items() if e.expire_at]
+            heapq.heapify(self._ttl_heap)
+        if self.ssd is not None:
+            self._expire_hot(now)
+        return done
+
+    def sweep_ssd(self, limit: int = 1000) -> None:
+        if self.ssd is not None:
+            self.ssd.sweep_expired(self.clock.now_ms(), limit)
+
+    # ---- keyspace ----
+    def dbsize(self) -> int:
+        n = len(self.dram)
+        if self.ssd is not None:
+            n -= sum(1 for e in self.dram.entries.values() if e.on_ssd)
+            n += len(self.ssd)
+        return n
+
+    def _bucket_keys(self, bucket: int) -> set[bytes]:
+        keys = set(self.dram.buckets.get(bucket, ()))
+        if self.ssd is not None:
+            keys.update(self.ssd.bucket_keys(bucket))
+        return keys
+
+    def _live(self, key: bytes) -> bool:
+        return self.get(key, touch=False) is not None
+
+    def scan(self, cursor: int, count: int = 10, match: bytes | None = None) -> tuple[int, list[bytes]]:
+        out: list[bytes] = []
+        bucket = cursor
+        while bucket < SCAN_BUCKETS and len(out) < count:
+            for key in self._bucket_keys(bucket):
+                if (match is None or glob_match(match, key)) and self._live(key):
+                    out.append(key)
+            bucket += 1
+        return (0 if bucket >= SCAN_BUCKETS else bucket), out
+
+    def keys(self, pattern: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        for bucket in range(SCAN_BUCKETS):
+            for key in self._bucket_keys(bucket):
+                if glob_match(pattern, key) and self._live(key):
+                    out.append(key)
+        return out
+
+    def random_key(self) -> bytes | None:
+        buckets = list(self.dram.buckets)
+        for _ in range(16):
+            if buckets:
+                key = random.choice(tuple(self.dram.buckets[random.choice(buckets)]))
+                if self._live(key):
+                    return key
+        if self.ssd is not None:
+            start = random.randrange(SCAN_BUCKETS)
+            for i in range(SCAN_BUCKETS):
+                for key in self.ssd.bucket_keys((start + i) % SCAN_BUCKETS):
+                    if self._live(key):
+                        return key
+        for key in list(self.dram.entries):
+            if self._live(key):
+                return key
+        return None
+
+    # ---- hot keys ----
+    def _hot_match(self, key: bytes) -> bool:
+        now = self.clock.now_ms()
+        return any((until == 0 or until > now) and glob_match(p, key) for p, until in self.hot.items())
+
+    def _pin(self, key: bytes, entry: Entry) -> bool:
+        size = entry_size(key, entry.value)
+        if self.dram.pinned_bytes + size > self.hot_max_fraction * self.dram.budget:
+            self.stats.pin_rejected += 1
+            return False
+        self.dram.set_pinned(key, entry, True)
+        self.policy.remove(key)
+        return True
+
+    def _unpin(self, key: bytes, entry: Entry) -> None:
+        self.dram.set_pinned(key, entry, False)
+        self.policy.admit(key)
+
+    def mark_hot(self, pattern: bytes, until_ms: int = 0) -> tuple[int, list[bytes]]:
+        """Pin matching DRAM keys; returns (pinned now, matching keys still on lower tiers to bring up)."""
+        self.hot[pattern] = until_ms
+        pinned = 0
+        for key, entry in list(self.dram.entries.items()):
+            if not entry.pinned and glob_match(pattern, key) and self._pin(key, entry):
+                pinned += 1
+        below: list[bytes] = []
+        if self.ssd is not None:
+            for bucket in range(SCAN_BUCKETS):
+                below.extend(k for k in self.ssd.bucket_keys(bucket)
+                             if k not in self.dram.entries and glob_match(pattern, k))
+        return pinned, below
+
+    def unmark_hot(self, pattern: bytes) -> int:
+        if self.hot.pop(pattern, None) is None:
+            return 0
+        unpinned = 0
+        for key, entry in list(self.dram.entries.items()):
+            if entry.pinned and not self._hot_match(key):
+                self._unpin(key, entry)
+                unpinned += 1
+        return unpinned
+
+    def _expire_hot(self, now: int) -> None:
+        for pattern, until in list(self.hot.items()):
+            if until and until <= now:
+                self.unmark_hot(pattern)
+
+    # ---- SSD writer callbacks ----
+    def _ssd_committed(self, committed_seq: int, evicted: list[bytes]) -> None:
+        if not evicted:
+            return
+        self.tier_stats["ssd"].evictions += len(evicted)
+        self.stats.evicted_keys += len(evicted)
+        for key in evicted:
+            entry = self.dram.entries.get(key)
+            if entry is not None:
+                entry.on_ssd = False
+
+    def tier_info(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = [
+            {"name": "dram", "used": self.dram.used, "budget": self.dram.budget, "keys": len(self.dram),
+             "pinned_bytes": self.dram.pinned_bytes, **self.tier_stats["dram"].as_dict()}
+        ]
+        if self.ssd is not None:
+            rows.append({"name": "ssd", "used": self.ssd.used, "budget": self.ssd.budget, "keys": len(self.ssd),
+                         "pending": len(self.ssd.pending), "queued_bytes": self.ssd.queued_bytes,
+                         "write_errors": self.ssd.write_errors, "expired": self.ssd.expired,
+                         **self.tier_stats["ssd"].as_dict(),
+                         "evictions": self.ssd.evictions,
+                         "corrupt_reads": self.tier_stats["ssd"].corrupt_reads})
+        return rows
+
+    def bucket_of(self, key: bytes) -> int:
+        return bucket_of(key)

@@ -1,0 +1,1 @@
+"""Storage tiers behind one small interface, ordered fastest first."""

@@ -1,0 +1,90 @@
+"""The DRAM tier: a dict of entries with exact byte accounting and a scan index by key bucket."""
+
+from __future__ import annotations
+
+from kvstrata.engine.entry import Entry, entry_size
+from kvstrata.engine.keyspace import bucket_of
+
+
+class DramTier:
+    """Holds entries in host memory. It counts bytes; the engine keeps ``used <= budget``.
+
+    ``buckets`` groups keys by a stable hash so SCAN can walk the keyspace bucket by bucket with a cursor that
+    stays valid while keys come and go (and move between tiers, which share the bucket function).
+    """
+
+    name = "dram"
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+        self.entries: dict[bytes, Entry] = {}
+        self.buckets: dict[int, set[bytes]] = {}
+        self.pinned_bytes = 0
+
+    def get(self, key: bytes) -> Entry | None:
+        return self.entries.get(key)
+
+    def contains(self, key: bytes) -> bool:
+        return key in self.entries
+
+    def put(self, key: bytes, entry: Entry) -> Entry | None:
+        """Insert or replace; returns the entry it replaced."""
+        old = self.entries.get(key)
+        size = entry_size(key, entry.value)
+        if old is None:
+            b = bucket_of(key)
+            bucket = self.buckets.get(b)
+            if bucket is None:
+                bucket = self.buckets[b] = set()
+            bucket.add(key)
+        else:
+            self.used -= entry_size(key, old.value)
+            if old.pinned:
+                self.pinned_bytes -= entry_size(key, old.value)
+        self.entries[key] = entry
+        self.used += size
+        if entry.pinned:
+            self.pinned_bytes += size
+        return old
+
+    def resize(self, key: bytes, entry: Entry, old_len: int) -> None:
+        """Account for an entry whose value was replaced in place (old value length ``old_len``)."""
+        delta = len(entry.value) - old_len
+        self.used += delta
+        if entry.pinned:
+            self.pinned_bytes += delta
+
+    def delete(self, key: bytes) -> bool:
+        return self.pop(key) is not None
+
+    def pop(self, key: bytes) -> Entry | None:
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            return None
+        size = entry_size(key, entry.value)
+        self.used -= size
+        if entry.pinned:
+            self.pinned_bytes -= size
+        b = bucket_of(key)
+        bucket = self.buckets[b]
+        bucket.discard(key)
+        if not bucket:
+            del self.buckets[b]
+        return entry
+
+    def set_pinned(self, key: bytes, entry: Entry, pinned: bool) -> None:
+        if entry.pinned == pinned:
+            return
+        entry.pinned = pinned
+        size = entry_size(key, entry.value)
+        self.pinned_bytes += size if pinned else -size
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.buckets.clear()
+        self.used = 0
+        self.pinned_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)

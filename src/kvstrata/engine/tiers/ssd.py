@@ -1,0 +1,474 @@
+"""The SSD tier on LMDB: crash-safe, memory-mapped, and its own index, so everything is found after a restart.
+
+Layout (sub-databases of one LMDB environment):
+  data   bucket(2, BE) + tag + key  -> record (header, [full key], value)
+  order  seq(8, BE)                 -> data key      (oldest first: the eviction order of the last tier)
+  exp    expire_at(8, BE) + data key -> b""          (background reclaim of expired records)
+  meta   name                        -> value        (format, used bytes, record count, version high-water)
+
+Writes go through a queue to one writer thread that applies everything waiting in one write transaction (group
+commit) and forces it to disk according to ``fsync``. Until a write is committed it sits in ``pending`` (the
+newest state of each key, or None for a delete) so readers on the event loop never see a half-moved entry and
+never block on the disk for a key that is on its way down. Reads are LMDB read transactions, safe from any
+thread; the server runs them off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import struct
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import lmdb
+import xxhash
+
+from kvstrata.engine.entry import Entry
+from kvstrata.engine.keyspace import bucket_of
+
+log = logging.getLogger("kvstrata.ssd")
+
+MAGIC = b"KS"
+FORMAT = 1
+# magic, format, flags, version, expire_at, seq, checksum, full-key length
+_HEADER = struct.Struct("<2sBBQqQQI")
+_CHECKED = struct.Struct("<2sBBQqQ")
+HEADER_SIZE = _HEADER.size
+_U64 = struct.Struct(">Q")
+_BUCKET = struct.Struct(">H")
+RECORD_OVERHEAD = 64
+MAX_INLINE_KEY = 400  # LMDB keys are limited to 511 bytes; longer keys are stored under their hash.
+
+_PUT, _DEL, _FLUSH, _SWEEP, _META = range(5)
+
+
+class Corrupt:
+    """Marker returned by reads when a record fails its checksum."""
+
+    __slots__ = ("key", "reason")
+
+    def __init__(self, key: bytes, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+
+
+def data_key(key: bytes) -> bytes:
+    prefix = _BUCKET.pack(bucket_of(key))
+    if len(key) <= MAX_INLINE_KEY:
+        return prefix + b"k" + key
+    return prefix + b"h" + xxhash.xxh3_128_digest(key)
+
+
+def _checksum(prefix: bytes, full_key: bytes, value: Any) -> int:
+    h = xxhash.xxh3_64(prefix)
+    if full_key:
+        h.update(full_key)
+    h.update(value)
+    return h.intdigest()
+
+
+def encode_record(key: bytes, value: Any, version: int, expire_at: int, seq: int) -> list[Any]:
+    full_key = key if len(key) > MAX_INLINE_KEY else b""
+    checked = _CHECKED.pack(MAGIC, FORMAT, 0, version, expire_at, seq)
+    header = _HEADER.pack(MAGIC, FORMAT, 0, version, expire_at, seq, _checksum(checked, full_key, value),
+                          len(full_key))
+    return [header, full_key, value]
+
+
+def decode_record(key: bytes, rec: Any) -> Entry | Corrupt | None:
+    """Parse and verify a record (bytes or a memoryview into the map); None when it belongs to another key."""
+    if len(rec) < HEADER_SIZE:
+        return Corrupt(key, "short record")
+    magic, fmt, _flags, version, expire_at, seq, checksum, klen = _HEADER.unpack_from(rec)
+    if magic != MAGIC:
+        return Corrupt(key, "bad magic")
+    if fmt != FORMAT:
+        return Corrupt(key, f"unknown record format {fmt}")
+    mv = memoryview(rec)
+    full_key = bytes(mv[HEADER_SIZE : HEADER_SIZE + klen])
+    value_view = mv[HEADER_SIZE + klen :]
+    checked = _CHECKED.pack(MAGIC, fmt, _flags, version, expire_at, seq)
+    if _checksum(checked, full_key, value_view) != checksum:
+        return Corrupt(key, "checksum mismatch")
+    if klen and full_key != key:
+        return None
+    return Entry(bytes(value_view), version, expire_at)
+
+
+def _record_key(lkey: bytes, rec: Any) -> bytes:
+    if lkey[2:3] == b"k":
+        return bytes(lkey[3:])
+    klen = _HEADER.unpack_from(rec)[7]
+    return bytes(memoryview(rec)[HEADER_SIZE : HEADER_SIZE + klen])
+
+
+class SsdTier:
+    """LMDB-backed last tier with a byte budget; evicts oldest-demoted first when over it."""
+
+    name = "ssd"
+
+    def __init__(
+        self,
+        path: str,
+        budget: int,
+        *,
+        fsync: str = "everysec",
+        threaded: bool = True,
+        on_commit: Callable[[int, list[bytes]], None] | None = None,
+    ) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.budget = budget
+        self.fsync = fsync
+        # Room for LMDB's page and B-tree overhead beyond the data budget.
+        map_size = max(budget * 2, budget + 64 * 1024**2)
+        self.env = lmdb.open(
+            path, map_size=map_size, max_dbs=4, sync=False, metasync=False, max_readers=256, readahead=False
+        )
+        self._data = self.env.open_db(b"data")
+        self._order = self.env.open_db(b"order")
+        self._exp = self.env.open_db(b"exp")
+        self._meta = self.env.open_db(b"meta")
+        with self.env.begin(write=True) as txn:
+            fmt = txn.get(b"format", db=self._meta)
+            if fmt is None:
+                txn.put(b"format", _U64.pack(FORMAT), db=self._meta)
+            elif _U64.unpack(fmt)[0] > FORMAT:
+                raise RuntimeError(f"{path}: SSD tier format {_U64.unpack(fmt)[0]} is newer than this kvstrata")
+            self.used = self._meta_int(txn, b"used")
+            self.count = self._meta_int(txn, b"count")
+            self.version_high_water = self._meta_int(txn, b"version_hw")
+            with txn.cursor(db=self._order) as cur:
+                self._seq = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
+        self.pending: dict[bytes, Entry | None] = {}
+        self.flush_pending = False
+        self.queued_bytes = 0
+        self.enqueued_seq = 0
+        self.committed_seq = 0
+        self.failed: dict[int, str] = {}
+        self.evictions = 0
+        self.corrupt_reads = 0
+        self.expired = 0
+        self.write_errors = 0
+        self.on_commit = on_commit
+        self._watchers: dict[bytes, list[Any]] = {}
+        self._threaded = threaded
+        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._deliver: Callable[[Callable[[], None]], None] = lambda fn: fn()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._flush_seq = 0
+        if threaded:
+            self._thread = threading.Thread(target=self._writer, name="kvstrata-ssd-writer", daemon=True)
+            self._thread.start()
+
+    def _meta_int(self, txn: lmdb.Transaction, name: bytes) -> int:
+        raw = txn.get(name, db=self._meta)
+        return 0 if raw is None else _U64.unpack(raw)[0]
+
+    def set_delivery(self, deliver: Callable[[Callable[[], None]], None]) -> None:
+        """How the writer thread hands completions to the owner's thread (e.g. loop.call_soon_threadsafe)."""
+        self._deliver = deliver
+
+    # ---- reads (any thread) ----
+    def read(self, key: bytes) -> Entry | Corrupt | None:
+        """The committed record of a key, ignoring ``pending`` (callers check that first)."""
+        with self.env.begin(buffers=True) as txn:
+            rec = txn.get(data_key(key), db=self._data)
+            return None if rec is None else decode_record(key, rec)
+
+    def read_many(self, keys: Iterable[bytes]) -> dict[bytes, Entry | Corrupt | None]:
+        out: dict[bytes, Entry | Corrupt | None] = {}
+        with self.env.begin(buffers=True) as txn:
+            for key in keys:
+                rec = txn.get(data_key(key), db=self._data)
+                out[key] = None if rec is None else decode_record(key, rec)
+        return out
+
+    def lookup_pending(self, key: bytes) -> tuple[bool, Entry | None]:
+        """(known, entry): known is true when the answer comes from memory without touching LMDB."""
+        if key in self.pending:
+            return True, self.pending[key]
+        if self.flush_pending:
+            return True, None
+        return False, None
+
+    def get(self, key: bytes) -> Entry | None:
+        known, entry = self.lookup_pending(key)
+        if known:
+            return entry
+        found = self.read(key)
+        return found if isinstance(found, Entry) else None
+
+    def contains(self, key: bytes) -> bool:
+        return self.get(key) is not None
+
+    def bucket_keys(self, bucket: int) -> list[bytes]:
+        """Committed keys of one scan bucket, plus pending puts in it; pending deletes are left out."""
+        prefix = _BUCKET.pack(bucket)
+        keys: set[bytes] = set()
+        if not self.flush_pending:
+            with self.env.begin(buffers=True) as txn, txn.cursor(db=self._data) as cur:
+                if cur.set_range(prefix):
+                    for lkey, rec in cur:
+                        lk = bytes(lkey)
+                        if not lk.startswith(prefix):
+                            break
+                        keys.add(_record_key(lk, rec))
+        for key, entry in self.pending.items():
+            if bucket_of(key) == bucket:
+                if entry is None:
+                    keys.discard(key)
+                else:
+                    keys.add(key)
+        return list(keys)
+
+    # ---- writes (owner's thread) ----
+    def watch(self, keys: Iterable[bytes]) -> list[Any]:
+        """A ticket that turns stale when any of ``keys`` is written or deleted here before ``unwatch``."""
+        ticket: list[Any] = [False, list(keys)]
+        for key in ticket[1]:
+            self._watchers.setdefault(key, []).append(ticket)
+        return ticket
+
+    def unwatch(self, ticket: list[Any]) -> None:
+        for key in ticket[1]:
+            lst = self._watchers.get(key)
+            if lst is not None:
+                lst.remove(ticket)
+                if not lst:
+                    del self._watchers[key]
+
+    def _touched(self, key: bytes) -> None:
+        lst = self._watchers.get(key)
+        if lst:
+            for ticket in lst:
+                ticket[0] = True
+
+    def _enqueue(self, op: tuple[Any, ...], nbytes: int = 0) -> int:
+        self.enqueued_seq += 1
+        self.queued_bytes += nbytes
+        op = (self.enqueued_seq, nbytes, *op)
+        if self._threaded:
+            self._queue.put(op)
+        else:
+            self._process([op])
+        return self.enqueued_seq
+
+    def put(self, key: bytes, entry: Entry) -> int:
+        """Queue a write of a snapshot of ``entry``; returns its sequence number (see ``committed_seq``)."""
+        snap = Entry(entry.value, entry.version, entry.expire_at)
+        self.pending[key] = snap
+        self._touched(key)
+        return self._enqueue((_PUT, key, snap), len(entry.value))
+
+    def delete(self, key: bytes) -> bool:
+        self.pending[key] = None
+        self._touched(key)
+        self._enqueue((_DEL, key, None))
+        return True
+
+    def flush(self) -> int:
+        self.pending.clear()
+        self.flush_pending = True
+        for lst in self._watchers.values():
+            for ticket in lst:
+                ticket[0] = True
+        self._flush_seq = self.enqueued_seq + 1
+        return self._enqueue((_FLUSH, None, None))
+
+    def sweep_expired(self, now_ms: int, limit: int = 1000) -> int:
+        return self._enqueue((_SWEEP, now_ms, limit))
+
+    def save_version_high_water(self, value: int) -> int:
+        self.version_high_water = value
+        return self._enqueue((_META, b"version_hw", value))
+
+    def barrier(self) -> int:
+        """A no-op that commits after everything queued before it."""
+        return self._enqueue((_META, None, None))
+
+    # ---- the writer ----
+    def _writer(self) -> None:
+        while True:
+            op = self._queue.get()
+            if op is None:
+                return
+            batch = [op]
+            stop = False
+            while True:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._process(batch)
+            if stop:
+                return
+
+    def _process(self, batch: list[tuple[Any, ...]]) -> None:
+        error: str | None = None
+        evicted: list[bytes] = []
+        try:
+            evicted = self._apply_with_room(batch)
+            if self.fsync == "always":
+                self.env.sync(True)
+        except Exception as exc:  # disk errors must not kill the writer; the batch is reported as failed
+            error = f"{type(exc).__name__}: {exc}"
+            self.write_errors += 1
+            log.error("SSD write of %d operations failed: %s", len(batch), error)
+        self._deliver(lambda: self._committed(batch, error, evicted))
+
+    def _apply_with_room(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
+        for attempt in range(4):
+            try:
+                with self.env.begin(write=True) as txn:
+                    return self._apply(txn, batch)
+            except lmdb.MapFullError:
+                # The map filled before our own budget did (page overhead): free the oldest tenth and retry.
+                log.warning("SSD map full (attempt %d); evicting the oldest records", attempt + 1)
+                with self.env.begin(write=True) as txn:
+                    self._evict(txn, max(1, self.count // 10 * (attempt + 1)), [])
+                    self._save_meta(txn)
+        # Still no room: apply one by one and drop what cannot fit (this is the last tier).
+        evicted: list[bytes] = []
+        for op in batch:
+            try:
+                with self.env.begin(write=True) as txn:
+                    evicted += self._apply(txn, [op])
+            except lmdb.MapFullError:
+                if op[2] == _PUT:
+                    evicted.append(op[3])
+                    self.evictions += 1
+        return evicted
+
+    def _remove(self, txn: lmdb.Transaction, lkey: bytes) -> bool:
+        old = txn.get(lkey, db=self._data)
+        if old is None:
+            return False
+        try:
+            _, _, _, _, expire_at, seq, _, _ = _HEADER.unpack_from(old)
+            txn.delete(_U64.pack(seq), db=self._order)
+            if expire_at > 0:
+                txn.delete(_U64.pack(expire_at) + lkey, db=self._exp)
+        except struct.error:
+            pass
+        txn.delete(lkey, db=self._data)
+        self.used -= len(lkey) + len(old) + RECORD_OVERHEAD
+        self.count -= 1
+        return True
+
+    def _apply(self, txn: lmdb.Transaction, batch: list[tuple[Any, ...]]) -> list[bytes]:
+        evicted: list[bytes] = []
+        used0, count0, seq0 = self.used, self.count, self._seq
+        try:
+            for _seq, _nbytes, kind, a, b in batch:
+                if kind == _PUT:
+                    self._put(txn, a, b)
+                elif kind == _DEL:
+                    self._remove(txn, data_key(a))
+                elif kind == _FLUSH:
+                    for db in (self._data, self._order, self._exp):
+                        txn.drop(db, delete=False)
+                    self.used = 0
+                    self.count = 0
+                elif kind == _SWEEP:
+                    self._sweep(txn, a, b)
+                elif kind == _META and a is not None:
+                    txn.put(a, _U64.pack(b), db=self._meta)
+            if self.used > self.budget:
+                self._evict(txn, None, evicted)
+            self._save_meta(txn)
+        except BaseException:
+            self.used, self.count, self._seq = used0, count0, seq0
+            raise
+        return evicted
+
+    def _put(self, txn: lmdb.Transaction, key: bytes, entry: Entry) -> None:
+        lkey = data_key(key)
+        self._remove(txn, lkey)
+        seq = self._seq
+        self._seq += 1
+        parts = encode_record(key, entry.value, entry.version, entry.expire_at, seq)
+        size = sum(len(p) for p in parts)
+        txn.put(lkey, b"".join(parts), db=self._data)
+        txn.put(_U64.pack(seq), lkey, db=self._order)
+        if entry.expire_at > 0:
+            txn.put(_U64.pack(entry.expire_at) + lkey, b"", db=self._exp)
+        self.used += len(lkey) + size + RECORD_OVERHEAD
+        self.count += 1
+
+    def _evict(self, txn: lmdb.Transaction, n: int | None, evicted: list[bytes]) -> None:
+        with txn.cursor(db=self._order) as cur:
+            cur.first()
+            while (n is None and self.used > self.budget) or (n is not None and n > 0):
+                if not cur.key():
+                    break
+                lkey = bytes(cur.value())
+                rec = txn.get(lkey, db=self._data)
+                key = _record_key(lkey, rec) if rec is not None else None
+                if not self._remove(txn, lkey):
+                    cur.delete()
+                else:
+                    cur.set_range(b"")
+                    if key is not None:
+                        evicted.append(key)
+                    self.evictions += 1
+                if n is not None:
+                    n -= 1
+                if not cur.first():
+                    break
+
+    def _sweep(self, txn: lmdb.Transaction, now_ms: int, limit: int) -> None:
+        with txn.cursor(db=self._exp) as cur:
+            done = 0
+            while done < limit and cur.first():
+                k = bytes(cur.key())
+                if _U64.unpack(k[:8])[0] > now_ms:
+                    break
+                lkey = k[8:]
+                cur.delete()
+                if self._remove(txn, lkey):
+                    self.expired += 1
+                done += 1
+
+    def _save_meta(self, txn: lmdb.Transaction) -> None:
+        txn.put(b"used", _U64.pack(max(0, self.used)), db=self._meta)
+        txn.put(b"count", _U64.pack(max(0, self.count)), db=self._meta)
+
+    def _committed(self, batch: list[tuple[Any, ...]], error: str | None, evicted: list[bytes]) -> None:
+        for op in batch:
+            seq, nbytes, kind, key, snap = op
+            self.queued_bytes -= nbytes
+            if kind in (_PUT, _DEL) and self.pending.get(key, 0) is snap:
+                del self.pending[key]
+            elif kind == _FLUSH and seq == self._flush_seq:
+                self.flush_pending = False
+            if error is not None:
+                self.failed[seq] = error
+        if len(self.failed) > 10000:
+            for seq in sorted(self.failed)[:5000]:
+                del self.failed[seq]
+        self.committed_seq = batch[-1][0]
+        if self.on_commit is not None:
+            self.on_commit(self.committed_seq, evicted)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+        self.env.sync(True)
+        self.env.close()
+
+    def __len__(self) -> int:
+        """Committed records; exact once ``pending`` is empty (DBSIZE waits for the writer first)."""
+        return self.count

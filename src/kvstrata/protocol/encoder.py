@@ -1,0 +1,124 @@
+"""Reply encoding for RESP2 and RESP3.
+
+Handlers return plain Python values; this module turns them into wire bytes:
+bytes/bytearray/memoryview -> bulk string, str -> bulk string (UTF-8), Status -> simple string, ErrorReply ->
+error, int -> integer, None -> null, float -> double (RESP3) or bulk (RESP2), bool -> boolean (RESP3) or
+integer, list/tuple -> array, dict -> map (RESP3) or flat array, set/frozenset -> set (RESP3) or array.
+
+Large bulk values are emitted as ``[header, value, b"\\r\\n"]`` so the value itself is never copied.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+CRLF = b"\r\n"
+LARGE_REPLY = 64 * 1024
+
+
+class Status(str):
+    """A simple-string reply (``+OK``)."""
+
+
+class ErrorReply(str):
+    """An error reply; the text includes its prefix (``ERR ...``)."""
+
+
+class Verbatim(str):
+    """A verbatim string (RESP3 ``=``, bulk in RESP2), used by INFO and CLIENT INFO in RESP3."""
+
+
+OK = Status("OK")
+PONG = Status("PONG")
+_NULL2 = b"$-1\r\n"
+_NULL_ARRAY2 = b"*-1\r\n"
+_NULL3 = b"_\r\n"
+
+
+class NullArray:
+    """A RESP2 null array (``*-1``), e.g. for aborted transactions; RESP3 null."""
+
+
+NULL_ARRAY = NullArray()
+
+
+def _format_double(x: float) -> bytes:
+    if math.isinf(x):
+        return b"inf" if x > 0 else b"-inf"
+    if math.isnan(x):
+        return b"nan"
+    if x == int(x) and abs(x) < 1e17:
+        return str(int(x)).encode()
+    return repr(x).encode()
+
+
+def encode(value: Any, proto: int, out: list[Any]) -> None:
+    """Append the encoding of ``value`` to ``out`` (a list of bytes-like parts for writelines)."""
+    t = type(value)
+    if t is bytes or t is bytearray or t is memoryview:
+        n = len(value)
+        if n >= LARGE_REPLY:
+            out.append(b"$%d\r\n" % n)
+            out.append(value)
+            out.append(CRLF)
+        else:
+            out.append(b"$%d\r\n%b\r\n" % (n, value))
+    elif t is Status:
+        out.append(b"+" + value.encode() + CRLF)
+    elif t is int:
+        out.append(b":%d\r\n" % value)
+    elif value is None:
+        out.append(_NULL3 if proto == 3 else _NULL2)
+    elif t is ErrorReply:
+        out.append(b"-" + value.encode().replace(b"\r", b" ").replace(b"\n", b" ") + CRLF)
+    elif t is str:
+        data = value.encode()
+        out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    elif t is list or t is tuple:
+        out.append(b"*%d\r\n" % len(value))
+        for item in value:
+            encode(item, proto, out)
+    elif t is bool:
+        if proto == 3:
+            out.append(b"#t\r\n" if value else b"#f\r\n")
+        else:
+            out.append(b":1\r\n" if value else b":0\r\n")
+    elif t is float:
+        text = _format_double(value)
+        if proto == 3:
+            out.append(b"," + text + CRLF)
+        else:
+            out.append(b"$%d\r\n%b\r\n" % (len(text), text))
+    elif isinstance(value, dict):
+        if proto == 3:
+            out.append(b"%%%d\r\n" % len(value))
+        else:
+            out.append(b"*%d\r\n" % (2 * len(value)))
+        for k, v in value.items():
+            encode(k, proto, out)
+            encode(v, proto, out)
+    elif t is set or t is frozenset:
+        out.append((b"~%d\r\n" if proto == 3 else b"*%d\r\n") % len(value))
+        for item in value:
+            encode(item, proto, out)
+    elif t is Verbatim:
+        data = value.encode()
+        if proto == 3:
+            out.append(b"=%d\r\ntxt:%b\r\n" % (len(data) + 4, data))
+        else:
+            out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    elif t is NullArray:
+        out.append(_NULL3 if proto == 3 else _NULL_ARRAY2)
+    elif isinstance(value, str):
+        encode(str(value), proto, out)
+    elif isinstance(value, int):
+        encode(int(value), proto, out)
+    else:
+        raise TypeError(f"cannot encode reply of type {t.__name__}")
+
+
+def encode_bytes(value: Any, proto: int = 2) -> bytes:
+    out: list[Any] = []
+    encode(value, proto, out)
+    return b"".join(out)

@@ -1,0 +1,284 @@
+"""Request parser: hiredis for whole small frames, a Python parser for everything else.
+
+Fast mode feeds each received chunk to ``hiredis.Reader`` while chunks hold only complete multibulk frames (the
+common case for small commands). When a chunk ends inside a frame, starts with something other than ``*``
+(inline commands), or hiredis rejects it, the parser drops to slow mode: a Python parser that checks every
+header before any memory is allocated (Redis's limits and error texts), handles inline commands, and receives
+a large bulk value (>= ``large_threshold``) straight into its own buffer. Once slow mode has consumed all it
+was given it returns to fast mode.
+
+For ``asyncio.BufferedProtocol``: ``get_buffer()`` returns where the next bytes should land (the large value
+itself while one is being received) and ``buffer_updated(n)`` processes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import hiredis
+
+from kvstrata.errors import ProtocolError
+from kvstrata.protocol.inline import split_inline
+
+_STAR = 42
+_DOLLAR = 36
+_MAX_HEADER = 64 * 1024
+_MAX_INLINE = 64 * 1024
+_MAX_MULTIBULK = 1024 * 1024 * 1024
+_UNAUTH_MULTIBULK = 10
+_UNAUTH_BULK = 16384
+_RECV_SIZE = 256 * 1024
+
+
+class _Fallback(Exception):
+    """hiredis produced something that is not a command; the Python parser takes over."""
+
+
+def _skip_frames(data: bytes, count: int) -> int:
+    """Offset just past ``count`` complete multibulk frames at the start of ``data`` (already parsed once)."""
+    pos = 0
+    for _ in range(count):
+        eol = data.find(b"\r\n", pos)
+        n = int(data[pos + 1 : eol])
+        pos = eol + 2
+        for _ in range(max(n, 0)):
+            eol = data.find(b"\r\n", pos)
+            length = int(data[pos + 1 : eol])
+            pos = eol + 2 + length + 2
+    return pos
+
+
+class RequestParser:
+    def __init__(
+        self,
+        *,
+        max_bulk: Callable[[], int] = lambda: 512 * 1024 * 1024,
+        max_query: Callable[[], int] = lambda: 1024 * 1024 * 1024,
+        large_threshold: int = 64 * 1024,
+        authenticated: Callable[[], bool] = lambda: True,
+        allocate: Callable[[int], bytearray] = bytearray,
+    ) -> None:
+        self._max_bulk = max_bulk
+        self._max_query = max_query
+        self._large = large_threshold
+        self._authenticated = authenticated
+        self._allocate = allocate
+        self._reader = hiredis.Reader()
+        self._fast = True
+        self._recv = bytearray(_RECV_SIZE)
+        self._recv_view = memoryview(self._recv)
+        # slow-mode state
+        self._buf = bytearray()
+        self._pos = 0
+        self._args: list[bytes | bytearray] = []
+        self._remaining = 0
+        self._target: bytearray | None = None
+        self._target_view: memoryview | None = None
+        self._filled = 0
+        self._need_crlf = False
+        self._ready: list[list[bytes | bytearray]] = []
+
+    # ---- BufferedProtocol side ----
+    def get_buffer(self) -> memoryview:
+        if self._target_view is not None:
+            return self._target_view[self._filled :]
+        return self._recv_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._target is not None:
+            self._filled += nbytes
+            if self._filled == len(self._target):
+                self._finish_target()
+                self._parse_slow()
+            return
+        self.feed(self._recv_view[:nbytes])
+
+    # ---- plain feeding (tests, data_received) ----
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if self._target is not None:
+            take = min(len(data), len(self._target) - self._filled)
+            self._target[self._filled : self._filled + take] = data[:take]
+            self._filled += take
+            if self._filled < len(self._target):
+                return
+            self._finish_target()
+            data = data[take:]
+            if not data:
+                self._parse_slow()
+                return
+        if self._fast and data[0] == _STAR:
+            self._feed_fast(data)
+        else:
+            self._fast = False
+            self._buf += data
+            self._parse_slow()
+
+    def _feed_fast(self, data: bytes | bytearray | memoryview) -> None:
+        reader = self._reader
+        ready = self._ready
+        reader.feed(data)
+        done = 0
+        try:
+            while True:
+                cmd = reader.gets()
+                if cmd is False:
+                    break
+                if cmd.__class__ is not list:
+                    raise _Fallback
+                for arg in cmd:
+                    if arg.__class__ is not bytes:
+                        raise _Fallback
+                done += 1
+                if cmd:
+                    ready.append(cmd)
+            # A sentinel empty frame comes straight back only if the reader stood at a frame boundary.
+            reader.feed(b"*0\r\n")
+            if reader.gets() == []:
+                return
+        except (hiredis.ProtocolError, _Fallback):
+            pass
+        # Partial frame, a non-command frame or a hiredis error: re-parse the rest in Python.
+        self._reader = hiredis.Reader()
+        self._fast = False
+        rest = bytes(data)
+        self._buf = bytearray(rest[_skip_frames(rest, done) :])
+        self._pos = 0
+        self._parse_slow()
+
+    def _finish_target(self) -> None:
+        assert self._target is not None
+        self._args.append(self._target)
+        self._remaining -= 1
+        self._target = None
+        self._target_view = None
+        self._filled = 0
+        self._need_crlf = True
+
+    def _error(self, text: str) -> ProtocolError:
+        self._buf = bytearray()
+        self._pos = 0
+        return ProtocolError(text)
+
+    def _parse_slow(self) -> None:
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        try:
+            while True:
+                if self._need_crlf:
+                    if end - pos < 2:
+                        break
+                    if buf[pos : pos + 2] != b"\r\n":
+                        raise self._error("expected CRLF after a bulk string")
+                    pos += 2
+                    self._need_crlf = False
+                    if self._remaining == 0:
+                        self._ready.append(self._args)
+                        self._args = []
+                        continue
+                if self._remaining == 0:
+                    if pos >= end:
+                        break
+                    if buf[pos] != _STAR:
+                        eol = buf.find(b"\n", pos)
+                        if eol < 0:
+                            if end - pos > _MAX_INLINE:
+                                raise self._error("too big inline request")
+                            break
+                        line = bytes(buf[pos:eol]).rstrip(b"\r")
+                        pos = eol + 1
+                        args = split_inline(line)
+                        if args is None:
+                            raise self._error("unbalanced quotes in request")
+                        if args:
+                            self._ready.append(list(args))
+                        continue
+                    eol = buf.find(b"\r\n", pos)
+                    if eol < 0:
+                        if end - pos > _MAX_HEADER:
+                            raise self._error("too big mbulk count string")
+                        break
+                    try:
+                        count = int(buf[pos + 1 : eol])
+                    except ValueError:
+                        raise self._error("invalid multibulk length") from None
+                    if count > _MAX_MULTIBULK:
+                        raise self._error("invalid multibulk length")
+                    if count > _UNAUTH_MULTIBULK and not self._authenticated():
+                        raise self._error("unauthenticated multibulk length")
+                    pos = eol + 2
+                    if count <= 0:
+                        continue
+                    self._remaining = count
+                    self._args = []
+                while self._remaining:
+                    if pos >= end:
+                        break
+                    if buf[pos] != _DOLLAR:
+                        raise self._error(f"expected '$', got '{chr(buf[pos])}'")
+                    eol = buf.find(b"\r\n", pos)
+                    if eol < 0:
+                        if end - pos > _MAX_HEADER:
+                            raise self._error("too big bulk count string")
+                        break
+                    try:
+                        length = int(buf[pos + 1 : eol])
+                    except ValueError:
+                        raise self._error("invalid bulk length") from None
+                    if length < 0 or length > self._max_bulk():
+                        raise self._error("invalid bulk length")
+                    if length > _UNAUTH_BULK and not self._authenticated():
+                        raise self._error("unauthenticated bulk length")
+                    start = eol + 2
+                    if end - start >= length + 2:
+                        if buf[start + length : start + length + 2] != b"\r\n":
+                            raise self._error("expected CRLF after a bulk string")
+                        self._args.append(bytes(buf[start : start + length]))
+                        pos = start + length + 2
+                        self._remaining -= 1
+                    elif length >= self._large:
+                        # Receive the value straight into its own buffer: copy what came already, then let
+                        # get_buffer() hand out the rest of it.
+                        target = self._allocate(length)
+                        have = end - start
+                        target[:have] = buf[start:end]
+                        self._target = target
+                        self._target_view = memoryview(target)
+                        self._filled = have
+                        pos = end
+                        self._buf = bytearray()
+                        self._pos = 0
+                        return
+                    else:
+                        if end - pos > self._max_query():
+                            raise self._error("query buffer limit reached")
+                        break
+                else:
+                    self._ready.append(self._args)
+                    self._args = []
+                    continue
+                break
+        finally:
+            if self._buf is buf:
+                self._pos = pos
+        # Compact, and go back to hiredis once nothing is pending.
+        if self._pos >= len(self._buf) and self._remaining == 0 and not self._need_crlf:
+            self._buf = bytearray()
+            self._pos = 0
+            self._fast = True
+        elif self._pos > 64 * 1024:
+            del self._buf[: self._pos]
+            self._pos = 0
+
+    def commands(self) -> list[list[bytes | bytearray]]:
+        """Take every command parsed so far."""
+        ready = self._ready
+        if ready:
+            self._ready = []
+        return ready
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf) - self._pos + self._filled

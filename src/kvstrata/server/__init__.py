@@ -1,0 +1,1 @@
+"""The network server: asyncio connections, background tasks, prefetching and lifecycle."""

@@ -1,0 +1,211 @@
+"""Server lifecycle: build the engine from the config, listen, run background tasks, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import itertools
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from kvstrata.clock import Clock, SystemClock
+from kvstrata.commands import REGISTRY, CommandSpec
+from kvstrata.config import Config
+from kvstrata.engine.policy import create_policy
+from kvstrata.engine.store import Store
+from kvstrata.engine.tiers.ssd import SsdTier
+from kvstrata.server.connection import Connection
+from kvstrata.server.prefetch import Prefetcher
+from kvstrata.server.stats import ServerStats
+
+log = logging.getLogger("kvstrata.server")
+
+
+def build_store(config: Config, clock: Clock | None = None) -> Store:
+    clock = clock or SystemClock()
+    ssd = None
+    if config.get("essd-path"):
+        ssd = SsdTier(config.get("essd-path"), int(config.get("essd-size")), fsync=config.get("fsync"))
+    policy = create_policy(config.get("eviction-policy"), clock=clock, k=int(config.get("lru-k")),
+                           crp=float(config.get("lru-k-crp")))
+    return Store(
+        int(config.get("dram-size")),
+        policy=policy,
+        clock=clock,
+        ssd=ssd,
+        durability=config.get("durability"),
+        noeviction=config.get("maxmemory-policy") == "noeviction",
+        promote_hits=int(config.get("promote-hits")),
+        promote_window=float(config.get("promote-window")),
+        hot_max_fraction=float(config.get("hot-max-fraction")),
+    )
+
+
+class Server:
+    def __init__(self, config: Config, store: Store | None = None, config_file: str | None = None) -> None:
+        self.config = config
+        self.config_file = config_file
+        self.store = store or build_store(config)
+        self.tiered = self.store.ssd is not None
+        self.stats = ServerStats()
+        self.clients: dict[int, Connection] = {}
+        self.command_counts: dict[str, list[int]] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.started = time.monotonic()
+        self.run_id = os.urandom(20).hex()
+        self.uvloop = False
+        self.now_ms = self.store.clock.now_ms()
+        self._ids = itertools.count(1)
+        self._commit_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_seq = itertools.count()
+        self._shutdown = asyncio.Event()
+        self._io = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstrata-io")
+        self._server: asyncio.base_events.Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.port = int(config.get("port"))
+        # Dispatch by the name as sent (upper case from most clients) and in lower case.
+        self.dispatch: dict[bytes, CommandSpec] = {}
+        for name, spec in REGISTRY.items():
+            self.dispatch[name] = spec
+            self.dispatch[name.upper()] = spec
+        self.prefetcher = Prefetcher(self.store, self.load)
+
+    def next_client_id(self) -> int:
+        return next(self._ids)
+
+    # ---- SSD writer coordination ----
+    def _on_ssd_commit(self, committed_seq: int, evicted: list[bytes]) -> None:
+        self.store._ssd_committed(committed_seq, evicted)
+        waiters = self._commit_waiters
+        while waiters and waiters[0][0] <= committed_seq:
+            _, _, fut = heapq.heappop(waiters)
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait_commit(self, seq: int) -> None:
+        ssd = self.store.ssd
+        if ssd is None or ssd.committed_seq >= seq:
+            return
+        assert self.loop is not None
+        fut: asyncio.Future[None] = self.loop.create_future()
+        heapq.heappush(self._commit_waiters, (seq, next(self._waiter_seq), fut))
+        await fut
+
+    async def load(self, keys: list[bytes]) -> bool:
+        """Read lower-tier records of ``keys`` in a thread and install them for the next command."""
+        store = self.store
+        missing = store.missing(keys)
+        if not missing or store.ssd is None:
+            return True
+        ticket = store.begin_load(missing)
+        assert self.loop is not None
+        try:
+            found = await self.loop.run_in_executor(self._io, store.ssd.read_many, missing)
+        except BaseException:
+            store.ssd.unwatch(ticket)
+            raise
+        return store.finish_load(ticket, found)
+
+    # ---- configuration at run time ----
+    def apply_config(self) -> None:
+        store = self.store
+        store.dram.budget = int(self.config.get("dram-size"))
+        store.noeviction = self.config.get("maxmemory-policy") == "noeviction"
+        store.admission.hits = int(self.config.get("promote-hits"))
+        store.admission.window_ms = int(float(self.config.get("promote-window")) * 1000)
+        store.hot_max_fraction = float(self.config.get("hot-max-fraction"))
+        if store.dram.used > store.dram.budget:
+            try:
+                store.make_room(0)
+            except Exception as exc:  # a smaller budget that cannot be met now is met as keys go
+                log.warning("could not shrink DRAM to the new budget yet: %s", exc)
+
+    def reset_stats(self) -> None:
+        self.stats.reset()
+        self.command_counts.clear()
+
+    # ---- background work ----
+    async def _cron(self) -> None:
+        last_second = time.monotonic()
+        while True:
+            hz = max(1, min(500, int(self.config.get("hz"))))
+            await asyncio.sleep(1 / hz)
+            self.now_ms = self.store.clock.now_ms()
+            try:
+                self.store.active_expire(int(self.config.get("active-expire-keys")))
+                now = time.monotonic()
+                if now - last_second >= 1.0:
+                    last_second = now
+                    self._every_second()
+            except Exception:
+                log.exception("background cycle failed")
+
+    def _every_second(self) -> None:
+        store = self.store
+        if store.ssd is not None:
+            store.sweep_ssd()
+            if store.ssd.fsync == "everysec":
+                assert self.loop is not None
+                self.loop.run_in_executor(self._io, store.ssd.env.sync, True)
+        timeout = int(self.config.get("timeout"))
+        if timeout > 0:
+            limit = self.now_ms - timeout * 1000
+            for conn in list(self.clients.values()):
+                if conn.client.last_ms < limit and not conn.busy:
+                    conn.kill()
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        ssd = self.store.ssd
+        if ssd is not None:
+            loop = self.loop
+            ssd.set_delivery(lambda fn: loop.call_soon_threadsafe(fn))
+            ssd.on_commit = self._on_ssd_commit
+        hosts = [h for h in str(self.config.get("bind")).split() if h]
+        self._server = await self.loop.create_server(
+            lambda: Connection(self), host=hosts or None, port=self.port, reuse_address=True, backlog=511
+        )
+        if self.port == 0:
+            self.port = self._server.sockets[0].getsockname()[1]
+        for coro in (self._cron(), self.prefetcher.run()):
+            task = asyncio.ensure_future(coro)
+            self.tasks.add(task)
+        log.info("kvstrata ready to accept connections on %s port %d (DRAM budget %d bytes%s)",
+                 ",".join(hosts), self.port, self.store.dram.budget,
+                 f", SSD tier at {ssd.path}" if ssd is not None else "")
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._shutdown.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await self._shutdown.wait()
+        await self.close()
+
+    async def close(self) -> None:
+        log.info("shutting down")
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.clients.values()):
+            conn.kill()
+        for task in list(self.tasks):
+            task.cancel()
+        store = self.store
+        if store.ssd is not None:
+            # Write-back data that lives only in DRAM goes down to SSD, so a clean restart finds every key.
+            store.checkpoint()
+            await self.wait_commit(store.ssd.barrier())
+            store.ssd.close()
+        self._io.shutdown(wait=False)
+        log.info("bye")

@@ -1,0 +1,20 @@
+"""Server-wide counters (connections, commands, bytes), incremented on the hot path as plain ints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class ServerStats:
+    connections: int = 0
+    commands: int = 0
+    net_in: int = 0
+    net_out: int = 0
+    rejected: int = 0
+    errors: int = 0
+    protocol_errors: int = 0
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, 0)

@@ -1,0 +1,190 @@
+"""Trace generator (determinism, chained chunk keys) and hit-ratio simulator (LRU, LRU-K, Belady)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from kvstrata.bench.hitrate import main, run, simulate_optimal, simulate_policy, write_markdown
+from kvstrata.bench.traces import PRESETS, Request, TraceParams, chunk_chain, generate, preset, trace_stats
+
+SMALL = TraceParams(seed=11, arrivals=150, documents=60, system_prompts=4)
+
+
+def _one_key_requests(keys: list[int]) -> list[Request]:
+    return [Request(float(i), (b"%d" % k,), ()) for i, k in enumerate(keys)]
+
+
+def test_same_seed_same_trace_and_other_seed_differs() -> None:
+    a = generate(SMALL)
+    b = generate(SMALL)
+    assert a == b
+    assert [r.kind for r in a] == [r.kind for r in b]
+    c = generate(TraceParams(seed=12, arrivals=150, documents=60, system_prompts=4))
+    assert a != c
+
+
+def test_trace_sorted_and_every_family_present() -> None:
+    trace = generate(SMALL)
+    times = [r.time for r in trace]
+    assert times == sorted(times)
+    assert {r.kind for r in trace} == {"chat", "single", "rag"}
+
+
+def test_identical_prefixes_give_identical_keys() -> None:
+    c = 256
+    x = chunk_chain([(b"sys:0", 600), (b"u:1", 100)], c)
+    y = chunk_chain([(b"sys:0", 600), (b"u:2", 300)], c)
+    assert len(x) == 2 and len(y) == 3
+    assert x == y[:2]  # the two full chunks lie inside the shared 600-token system prompt
+    # A partial chunk gets no key; filling it with different tokens gives different keys.
+    assert chunk_chain([(b"sys:0", 600), (b"u:1", 200)], c)[2] != y[2]
+
+
+def test_same_content_after_different_prefix_is_a_different_chunk() -> None:
+    x = chunk_chain([(b"sys:0", 256), (b"doc:7", 512)], 256)
+    y = chunk_chain([(b"sys:1", 256), (b"doc:7", 512)], 256)
+    assert x[0] != y[0] and x[1] != y[1] and x[2] != y[2]
+
+
+def test_system_prompt_chunks_shared_across_sessions() -> None:
+    trace = generate(SMALL)
+    first_reads = Counter(r.reads[0] for r in trace if r.reads)
+    key, count = first_reads.most_common(1)[0]
+    assert count >= 20  # the most popular system prompt's first chunk opens many requests
+    opened = [r for r in trace if r.reads and r.reads[0] == key]
+    assert len({r.kind for r in opened}) == 2  # chat sessions and single requests share the prompt
+
+
+def test_chain_property() -> None:
+    """A key always has the same predecessor: chunk i is shared only if chunks 0..i-1 are."""
+    trace = generate(SMALL)
+    parent: dict[bytes, bytes | None] = {}
+    position: dict[bytes, int] = {}
+    for r in trace:
+        chain = r.reads + r.writes
+        assert len(set(chain)) == len(chain)
+        prev: bytes | None = None
+        for i, key in enumerate(chain):
+            assert parent.setdefault(key, prev) == prev
+            assert position.setdefault(key, i) == i
+            prev = key
+
+
+def test_chat_turn_rereads_previous_turn() -> None:
+    trace = generate(TraceParams(seed=5, arrivals=40, weight_chat=1.0, weight_single=0.0, weight_rag=0.0))
+    written: set[bytes] = set()
+    rereads = 0
+    for r in trace:
+        rereads += sum(k in written for k in r.reads)
+        written.update(r.writes)
+    assert rereads > 0
+
+
+def test_default_trace_is_modest() -> None:
+    stats = trace_stats(generate(PRESETS["default"]))
+    accesses = stats["chunk_reads"] + stats["chunk_writes"]
+    assert 50_000 <= accesses <= 200_000
+    assert preset("independent").seed != preset("default").seed
+    assert preset("default", seed_offset=3).seed == preset("default").seed + 3
+    with pytest.raises(ValueError):
+        preset("nope")
+
+
+def test_belady_classic_sequence_capacity_3() -> None:
+    # Silberschatz's reference string: with 3 frames OPT faults 9 times, LRU 12 times (20 references).
+    seq = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1]
+    trace = _one_key_requests(seq)
+    assert simulate_optimal(trace, 3) == 20 - 9
+    assert simulate_policy(trace, 3, "lru") == 20 - 12
+
+
+def _exhaustive_optimal(seq: list[int], capacity: int) -> int:
+    """Fewest misses over every eviction choice (demand paging), by memoised search."""
+    memo: dict[tuple[int, frozenset[int]], int] = {}
+
+    def best(i: int, cache: frozenset[int]) -> int:
+        if i == len(seq):
+            return 0
+        state = (i, cache)
+        if state not in memo:
+            x = seq[i]
+            if x in cache:
+                memo[state] = best(i + 1, cache)
+            elif len(cache) < capacity:
+                memo[state] = 1 + best(i + 1, cache | {x})
+            else:
+                memo[state] = 1 + min(best(i + 1, (cache - {y}) | {x}) for y in cache)
+        return memo[state]
+
+    return best(0, frozenset())
+
+
+def test_belady_matches_exhaustive_search() -> None:
+    rng = random.Random(3)
+    for _ in range(40):
+        seq = [rng.randrange(6) for _ in range(14)]
+        for cap in (1, 2, 3, 4):
+            assert simulate_optimal(_one_key_requests(seq), cap) == len(seq) - _exhaustive_optimal(seq, cap)
+
+
+def test_lru_and_belady_hand_computed_with_writes() -> None:
+    a, b, c = b"a", b"b", b"c"
+    trace = [
+        Request(0.0, (a,), (b,)),  # miss a; write b -> {a, b}
+        Request(1.0, (a, b), (c,)),  # hit a, hit b; write c evicts a (LRU) -> {b, c}
+        Request(2.0, (a, b, c), ()),  # LRU: miss a, miss b, miss c
+    ]
+    assert simulate_policy(trace, 2, "lru") == 2
+    # MIN: writing c evicts b (next used after a); then b's miss evicts a (never used again); c hits.
+    assert simulate_optimal(trace, 2) == 4
+    assert simulate_policy(trace, 3, "lru") == 5
+    assert simulate_optimal(trace, 3) == 5
+
+
+def test_belady_bounds_lru_and_lru_k() -> None:
+    trace = generate(SMALL)
+    distinct = trace_stats(trace)["distinct_chunks"]
+    for cap in (1, 2, 5, distinct // 20, distinct // 10, distinct // 5, distinct // 2, distinct):
+        opt = simulate_optimal(trace, cap)
+        assert opt >= simulate_policy(trace, cap, "lru")
+        assert opt >= simulate_policy(trace, cap, "lru-k")
+        assert opt >= simulate_policy(trace, cap, "lru-k", crp=0.0)
+
+
+def test_full_capacity_only_compulsory_misses() -> None:
+    trace = generate(SMALL)
+    stats = trace_stats(trace)
+    first_reads = set()
+    seen: set[bytes] = set()
+    for r in trace:
+        first_reads.update(k for k in r.reads if k not in seen)
+        seen.update(r.reads)
+        seen.update(r.writes)
+    expected = stats["chunk_reads"] - len(first_reads)
+    for policy in ("lru", "lru-k"):
+        assert simulate_policy(trace, stats["distinct_chunks"], policy) == expected
+    assert simulate_optimal(trace, stats["distinct_chunks"]) == expected
+
+
+def test_run_json_and_markdown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--trace", "multi_turn", "--fractions", "0.2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["benchmark"] == "hitrate"
+    assert set(doc["traces"]) == {"multi_turn"}
+    (row,) = doc["results"]
+    for name in ("trace", "fraction", "capacity", "lru", "lru_k", "optimal", "lru_k_over_optimal"):
+        assert name in row
+    assert row["optimal"] >= max(row["lru"], row["lru_k"])
+    assert set(doc["targets"]) == {"lru_k_at_20pct_ge_90pct_of_optimal", "lru_k_never_below_lru"}
+    md = write_markdown(doc)
+    assert "kvstrata bench hitrate" in md and "| multi_turn | 20% |" in md
+    assert ("PASS" in md) or ("MISS" in md)
+
+
+def test_run_without_target_fraction_reports_target_missed() -> None:
+    doc = run(["multi_turn"], [0.5])
+    assert doc["targets"]["lru_k_at_20pct_ge_90pct_of_optimal"] is False
