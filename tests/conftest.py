@@ -118,7 +118,7 @@ class ServerProc:
         self.host = HOST
         self.port = 0
         self.proc: subprocess.Popen | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix=f"{target}-", suffix=".log", delete=False)  # noqa: SIM115
+        self._log = tempfile.NamedTemporaryFile(prefix=f"{target}-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -128,13 +128,16 @@ class ServerProc:
             self._spawn()
             if self._wait_ready(timeout):
                 return self
-            log = self.log_text()
+            status = self.proc.poll()
             self._reap()
+            log = self.log_text()
             # Another process may have grabbed the port between free_port() and bind(): try a new one.
-            if attempt < 2 and "in use" in log.lower():
+            if attempt < 2 and status is not None and "in use" in log.lower():
                 continue
+            what = (f"exited with status {status} before answering PING" if status is not None
+                    else f"did not answer PING within {timeout:.0f}s")
             pytest.fail(
-                f"{self.target} did not answer PING on port {self.port} within {timeout:.0f}s\n"
+                f"{self.target} on port {self.port} {what}\n"
                 f"command: {self.argv}\n--- server output ---\n{log}",
                 pytrace=False,
             )
@@ -191,7 +194,8 @@ class ServerProc:
             self.log_path.unlink()
 
     def log_text(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:
@@ -222,7 +226,7 @@ def _make_factory():
         for srv in reversed(started):
             try:
                 srv.stop()
-            except BaseException as exc:  # noqa: BLE001 - report every failure, stop every server
+            except BaseException as exc:  # report every failure, but stop every server
                 errors.append(exc)
         if errors:
             raise errors[0]
@@ -298,7 +302,7 @@ def raw(server):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def redis_cli(port: int, *args: str, input: bytes | None = None, timeout: float = 15.0) -> str:  # noqa: A002
+def redis_cli(port: int, *args: str, input: bytes | None = None, timeout: float = 15.0) -> str:
     """Run the real ``redis-cli`` against 127.0.0.1:port and return its stdout (decoded)."""
     proc = subprocess.run(
         ["redis-cli", "-h", HOST, "-p", str(port), *args],

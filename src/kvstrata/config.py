@@ -36,7 +36,10 @@ def _yes_no(text: str | bool) -> bool:
 
 
 def _int(text: str | int) -> int:
-    return int(text)
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("argument couldn't be parsed into an integer") from None
 
 
 def _str(text: str | Any) -> str:
@@ -131,6 +134,8 @@ PARAMS: tuple[Param, ...] = (
     Param("active-expire-keys", _int, 20, "Keys sampled per active-expiry round.", mutable=True),
     Param("slowlog-log-slower-than", _int, 10000, "Microseconds after which a command is logged as slow.",
           mutable=True),
+    Param("save", _str, "", "Accepted for compatibility: kvstrata takes no snapshots (the SSD tier persists)."),
+    Param("appendonly", _choice("no"), "no", "Accepted for compatibility: there is no append-only file."),
     Param("cluster-enabled", _choice("no"), "no", "Accepted for Tair compatibility; only 'no' is supported."),
     Param("databases", _int, 1, "Only database 0 exists."),
     Param("loglevel", _choice("debug", "verbose", "notice", "warning"), "notice", "Log verbosity.",

@@ -30,10 +30,10 @@ def parse_size(text: str | int) -> int:
         return text
     m = _SIZE.match(text.lower())
     if not m:
-        raise ValueError(f"invalid size: {text!r}")
+        raise ValueError("argument must be a memory value")
     number, unit = m.groups()
     if unit not in _UNITS:
-        raise ValueError(f"invalid size unit in {text!r}")
+        raise ValueError("argument must be a memory value")
     scale = _UNITS[unit]
     # An upper-case single letter (16G, 512M) is the shell convention for binary units.
     if len(unit) == 1 and unit != "b" and text.strip()[-1].isupper():

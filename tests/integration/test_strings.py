@@ -645,3 +645,20 @@ def test_incrbyfloat_keeps_ttl_and_arity(r, expect_error):
     assert r.ttl("f") > 0
     with expect_error(arity("incrbyfloat")):
         r.execute_command("INCRBYFLOAT", "f")
+
+
+def test_incrbyfloat_overflow(r, expect_error):
+    # Redis works in long double (80-bit on x86-64): 1e4932 is finite, twice that overflows to infinity.
+    r.set("f", "1e4932")
+    with expect_error(NAN_INF):
+        r.execute_command("INCRBYFLOAT", "f", "1e4932")
+    r.set("g", "-1e4932")
+    with expect_error(NAN_INF):
+        r.execute_command("INCRBYFLOAT", "g", "-1e4932")
+    assert r.get("f") == b"1e4932"
+    # Beyond the long double range the text is not a valid float at all.
+    with expect_error(NOT_FLOAT):
+        r.execute_command("INCRBYFLOAT", "f", "1e5000")
+    r.set("h", "1e5000")
+    with expect_error(NOT_FLOAT):
+        r.execute_command("INCRBYFLOAT", "h", "1")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from kvstrata.errors import NOT_FLOAT, NOT_INTEGER, CommandError
 
-_INT = re.compile(rb"-?(0|[1-9][0-9]*)\Z")
+_INT = re.compile(rb"(0|-?[1-9][0-9]*)\Z")
 _FLOAT = re.compile(rb"[+-]?(([0-9]+\.?[0-9]*)|(\.[0-9]+))([eE][+-]?[0-9]+)?\Z")
 _FLOAT_SPECIAL = {b"inf": math.inf, b"+inf": math.inf, b"-inf": -math.inf, b"infinity": math.inf,
                   b"+infinity": math.inf, b"-infinity": -math.inf}

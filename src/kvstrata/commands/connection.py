@@ -85,7 +85,7 @@ def hello(ctx: Context, args: list[bytes]) -> Any:
             raise CommandError(f"Syntax error in HELLO option '{args[i].decode(errors='replace')}'")
     if ctx.config.get("requirepass") is not None and not ctx.client.authenticated:
         raise CommandError(
-            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> "
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO "
             "AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol "
             "version at the same time", raw=True)
     if name is not None:
@@ -130,13 +130,18 @@ def reset(ctx: Context, args: list[bytes]) -> Any:
 container("client", "stale", group="connection", summary="A container for client connection commands.")
 
 
+def _cmd_name(spec: Any) -> str:
+    return spec if isinstance(spec, str) else spec.full_name
+
+
 def client_line(c: ClientState, now_ms: int, qbuf: int = 0, obuf: int = 0) -> str:
     age = (now_ms - c.created_ms) // 1000
     idle = (now_ms - c.last_ms) // 1000
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
         f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={qbuf} qbuf-free=0 argv-mem=0 "
-        f"multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem={obuf} tot-mem=0 events=r cmd={c.last_cmd} user=default "
+        f"multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem={obuf} tot-mem=0 events=r cmd={_cmd_name(c.last_cmd)} "
+        f"user=default "
         f"redir=-1 resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
         f"lib-ver={c.lib_ver.decode(errors='replace')}"
     )
@@ -234,7 +239,8 @@ def client_kill(ctx: Context, args: list[bytes]) -> Any:
     for i in range(2, len(args), 2):
         opt, val = args[i].upper(), args[i + 1]
         if opt == b"ID":
-            parse_int(val, "client-id should be greater than 0")
+            if parse_int(val, "client-id should be greater than 0") <= 0:
+                raise CommandError("client-id should be greater than 0")
         elif opt == b"SKIPME":
             if val.lower() not in (b"yes", b"no"):
                 raise syntax_error()

@@ -21,7 +21,7 @@ class ClientState:
     authenticated: bool = True
     created_ms: int = 0
     last_ms: int = 0
-    last_cmd: str = "NULL"
+    last_cmd: Any = "NULL"
     closing: bool = False
     fd: int = -1
 

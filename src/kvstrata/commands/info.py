@@ -83,7 +83,7 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
         s = srv.stats
         rows += [
             ("total_connections_received", s.connections),
-            ("total_commands_processed", s.commands),
+            ("total_commands_processed", srv.commands_processed),
             ("total_net_input_bytes", s.net_in),
             ("total_net_output_bytes", s.net_out),
             ("rejected_connections", s.rejected),
@@ -130,9 +130,9 @@ def _commandstats(ctx: Context) -> list[tuple[str, Any]]:
     if ctx.server is None:
         return []
     rows = []
-    for name, (calls, failed) in sorted(ctx.server.command_counts.items()):
+    for spec, (calls, failed) in sorted(ctx.server.command_counts.items(), key=lambda kv: kv[0].name):
         if calls or failed:
-            rows.append((f"cmdstat_{name}", f"calls={calls},usec=0,usec_per_call=0.00,rejected_calls=0,"
+            rows.append((f"cmdstat_{spec.name}", f"calls={calls},usec=0,usec_per_call=0.00,rejected_calls=0,"
                                             f"failed_calls={failed}"))
     return rows
 

@@ -106,7 +106,7 @@ def _ttl(ctx: Context, key: bytes, unit: int, absolute: bool) -> int:
     if not entry.expire_at:
         return -1
     if absolute:
-        return entry.expire_at // unit
+        return (entry.expire_at + 500) // 1000 if unit == 1000 else entry.expire_at
     remaining = max(entry.expire_at - ctx.store.clock.now_ms(), 0)
     return (remaining + 500) // 1000 if unit == 1000 else remaining
 

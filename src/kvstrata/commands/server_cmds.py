@@ -19,8 +19,9 @@ _ACL = {"string": "@string", "generic": "@keyspace", "connection": "@connection"
 
 def _spec_info(spec: CommandSpec) -> list[Any]:
     flags = [Status(f) for f in sorted(spec.flags)]
-    cats = [Status(_ACL.get(spec.group, "@" + spec.group))]
-    cats.append(Status("@write" if spec.write else "@read"))
+    cats = [Status("@write" if spec.write else "@read"), Status(_ACL.get(spec.group, "@" + spec.group))]
+    if "fast" in spec.flags:
+        cats.append(Status("@fast"))
     return [
         spec.full_name,
         spec.arity,
@@ -30,9 +31,21 @@ def _spec_info(spec: CommandSpec) -> list[Any]:
         spec.step,
         cats,
         [],
-        [],
+        _key_specs(spec),
         [_spec_info(s) for s in spec.subcommands.values()],
     ]
+
+
+def _key_specs(spec: CommandSpec) -> list[Any]:
+    if spec.first_key == 0:
+        return []
+    last = spec.last_key - spec.first_key if spec.last_key >= 0 else spec.last_key
+    flags = [Status("RW"), Status("update")] if spec.write else [Status("RO"), Status("access")]
+    return [{
+        "flags": flags,
+        "begin_search": {"type": "index", "spec": {"index": spec.first_key}},
+        "find_keys": {"type": "range", "spec": {"lastkey": last, "keystep": spec.step, "limit": 0}},
+    }]
 
 
 def _spec_docs(spec: CommandSpec) -> dict[str, Any]:
@@ -50,43 +63,82 @@ def _spec_docs(spec: CommandSpec) -> dict[str, Any]:
 def _command(ctx: Context, args: list[bytes]) -> Any:
     if len(args) == 1:
         return [_spec_info(s) for s in REGISTRY.values()]
-    sub = args[1].lower()
-    if sub == b"count" and len(args) == 2:
-        return len(REGISTRY)
-    if sub == b"info":
-        names = args[2:] or list(REGISTRY)
-        return [_spec_info(REGISTRY[n.lower()]) if n.lower() in REGISTRY else None for n in names]
-    if sub == b"docs":
-        names = args[2:] or list(REGISTRY)
-        out: dict[str, Any] = {}
-        for n in names:
-            spec = REGISTRY.get(n.lower())
-            if spec is not None:
-                out[spec.name] = _spec_docs(spec)
-        return out
-    if sub == b"list":
-        names = [s.name for s in REGISTRY.values()]
-        if len(args) == 5 and args[2].upper() == b"FILTERBY" and args[3].upper() == b"PATTERN":
-            pattern = args[4].decode(errors="replace")
-            names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
-        elif len(args) != 2:
-            raise CommandError("syntax error")
-        return names
-    if sub == b"getkeys" and len(args) > 2:
-        spec = REGISTRY.get(args[2].lower())
-        if spec is None:
-            raise CommandError("Invalid command specified")
-        keys = spec.keys(args[2:])
-        if not keys:
-            raise CommandError("The command has no key arguments")
-        return keys
-    if sub == b"help":
-        return ["COMMAND [COUNT|INFO|DOCS|LIST|GETKEYS]"]
-    raise CommandError(f"unknown subcommand '{args[1].decode(errors='replace')}'. Try COMMAND HELP.")
+    spec = REGISTRY[b"command"]
+    sub = spec.subcommands.get(args[1].lower())
+    if sub is None:
+        raise CommandError(f"unknown subcommand '{args[1].decode(errors='replace')}'. Try COMMAND HELP.")
+    if not sub.arity_ok(len(args)):
+        raise CommandError(f"wrong number of arguments for 'command|{sub.name}' command")
+    return sub.handler(ctx, args)
 
 
 command("command", -1, "loading stale", group="server", since="2.8.13",
         summary="Returns detailed information about all commands.")(_command)
+
+
+@command("count", 2, "loading stale", parent="command", group="server", since="2.8.13",
+         summary="Returns a count of commands.")
+def command_count(ctx: Context, args: list[bytes]) -> Any:
+    return len(REGISTRY)
+
+
+@command("info", -2, "loading stale", parent="command", group="server", since="2.8.13",
+         summary="Returns information about one, multiple or all commands.")
+def command_info(ctx: Context, args: list[bytes]) -> Any:
+    names = args[2:] or list(REGISTRY)
+    return [_spec_info(REGISTRY[n.lower()]) if n.lower() in REGISTRY else None for n in names]
+
+
+@command("docs", -2, "loading stale", parent="command", group="server", since="7.0.0",
+         summary="Returns documentary information about one, multiple or all commands.")
+def command_docs(ctx: Context, args: list[bytes]) -> Any:
+    names = args[2:] or list(REGISTRY)
+    out: dict[str, Any] = {}
+    for n in names:
+        spec = REGISTRY.get(n.lower())
+        if spec is not None:
+            out[spec.name] = _spec_docs(spec)
+    return out
+
+
+@command("list", -2, "loading stale", parent="command", group="server", since="7.0.0",
+         summary="Returns a list of command names.", syntax="COMMAND LIST [FILTERBY MODULE name | ACLCAT category "
+                                                            "| PATTERN pattern]")
+def command_list(ctx: Context, args: list[bytes]) -> Any:
+    names = [s.name for s in REGISTRY.values()]
+    if len(args) == 5 and args[2].upper() == b"FILTERBY":
+        kind, value = args[3].upper(), args[4].decode(errors="replace")
+        if kind == b"PATTERN":
+            names = [n for n in names if fnmatch.fnmatchcase(n, value)]
+        elif kind == b"ACLCAT":
+            names = [s.name for s in REGISTRY.values() if ("@" + value) in _spec_info(s)[6]]
+        elif kind == b"MODULE":
+            names = []
+        else:
+            raise CommandError("syntax error")
+    elif len(args) != 2:
+        raise CommandError("syntax error")
+    return names
+
+
+@command("getkeys", -3, "loading stale", parent="command", group="server", since="2.8.13",
+         summary="Extracts the key names from an arbitrary command.")
+def command_getkeys(ctx: Context, args: list[bytes]) -> Any:
+    spec = REGISTRY.get(args[2].lower())
+    if spec is None:
+        raise CommandError("Invalid command specified")
+    if not spec.arity_ok(len(args) - 2):
+        raise CommandError("Invalid number of arguments specified for command")
+    keys = spec.keys(args[2:])
+    if not keys:
+        raise CommandError("The command has no key arguments")
+    return keys
+
+
+@command("help", 2, "loading stale", parent="command", group="server", since="5.0.0",
+         summary="Returns helpful text about the different subcommands.")
+def command_help(ctx: Context, args: list[bytes]) -> Any:
+    return [f"{s.syntax or s.name.upper()}: {s.summary}" for s in REGISTRY[b"command"].subcommands.values()]
 
 
 # ---- CONFIG ----
@@ -120,9 +172,10 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
         for name, value in pairs:
             ctx.config.set(name, value, runtime=True)
     except ValueError as exc:
-        for name, value in old.items():
-            ctx.config.values[name] = value
-        name = next(n for n, _ in pairs)
+        for param, value in old.items():
+            ctx.config.values[param] = value
+        if str(exc).startswith("Unknown option"):
+            raise CommandError(str(exc)) from None
         raise CommandError(f"CONFIG SET failed (possibly related to argument '{name}') - {exc}") from None
     if ctx.server is not None:
         ctx.server.apply_config()
@@ -150,7 +203,7 @@ def config_rewrite(ctx: Context, args: list[bytes]) -> Any:
          "server.", syntax="INFO [section [section ...]]")
 def info(ctx: Context, args: list[bytes]) -> Any:
     text = info_report.render(ctx, [a.decode(errors="replace") for a in args[1:]])
-    return Verbatim(text + "\r\n") if ctx.client.proto == 3 else text + "\r\n"
+    return Verbatim(text) if ctx.client.proto == 3 else text
 
 
 @command("time", 1, "loading stale fast", group="server", since="2.6.0", summary="Returns the server time.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Context as DecimalContext
 from decimal import Decimal
 from typing import Any
 
@@ -9,7 +10,7 @@ from kvstrata.commands.args import INT64_MAX, INT64_MIN, Option, parse_float, pa
 from kvstrata.commands.context import Context
 from kvstrata.commands.expiry import expire_at_ms
 from kvstrata.commands.registry import command
-from kvstrata.errors import OVERFLOW, CommandError, wrong_arity
+from kvstrata.errors import NOT_FLOAT, OVERFLOW, CommandError, wrong_arity
 from kvstrata.protocol.encoder import OK
 
 _EXPIRES = (b"EX", b"PX", b"EXAT", b"PXAT")
@@ -277,13 +278,29 @@ def decrby(ctx: Context, args: list[bytes]) -> Any:
     return _incr(ctx, args[1], -delta)
 
 
-def format_float(x: float) -> bytes:
-    """Like Redis's human-friendly long-double formatting: no exponent, no trailing zeros."""
-    if x == int(x) and abs(x) < 1e17:
-        return str(int(x)).encode()
-    text = format(Decimal(repr(x)), "f")
+# Redis adds in long double and prints "%.17Lf" with trailing zeros removed; decimal arithmetic with more digits
+# than a double reproduces its answers (0.1 + 0.2 is "0.3") and its range (about 1.19e4932).
+_LDBL_MAX = Decimal("1.18973149535723176502e4932")
+_DECIMAL = DecimalContext(prec=60, Emax=6000, Emin=-6000)
+_QUANTUM = Decimal("1e-17")
+
+
+def parse_long_double(raw: bytes) -> Decimal:
+    value = parse_float(raw)
+    if raw.lower().lstrip(b"+-") in (b"inf", b"infinity"):
+        return Decimal(value)
+    number = _DECIMAL.create_decimal(raw.decode())
+    if abs(number) > _LDBL_MAX:
+        raise CommandError(NOT_FLOAT)
+    return number
+
+
+def format_long_double(x: Decimal) -> bytes:
+    text = format(x.quantize(_QUANTUM, context=_DECIMAL) if x.adjusted() < 40 else x, "f")
     if "." in text:
         text = text.rstrip("0").rstrip(".")
+    if text in ("-0", ""):
+        text = "0"
     return text.encode()
 
 
@@ -291,13 +308,14 @@ def format_float(x: float) -> bytes:
          summary="Increment the floating point value of a key by a number. Uses 0 as initial value if the key "
                  "doesn't exist.", syntax="INCRBYFLOAT key increment")
 def incrbyfloat(ctx: Context, args: list[bytes]) -> Any:
-    delta = parse_float(args[2])
+    delta = parse_long_double(args[2])
     old = _value(ctx, args[1])
-    current = 0.0 if old is None else parse_float(bytes(old))
-    result = current + delta
-    if result != result or result in (float("inf"), float("-inf")):
+    current = Decimal(0) if old is None else parse_long_double(bytes(old))
+    if not delta.is_finite() or not current.is_finite():
         raise CommandError("increment would produce NaN or Infinity")
-    text = format_float(result)
+    result = _DECIMAL.add(current, delta)
+    if abs(result) > _LDBL_MAX:
+        raise CommandError("increment would produce NaN or Infinity")
+    text = format_long_double(result)
     ctx.store.replace_value(args[1], text)
     return text
-

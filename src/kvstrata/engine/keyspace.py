@@ -42,7 +42,14 @@ def _compile_glob(pattern: bytes) -> re.Pattern[bytes]:
                     j += 1
                     cls += re.escape(pattern[j : j + 1])
                 elif ch == b"-" and len(cls) > 1 and j + 1 < n and pattern[j + 1 : j + 2] != b"]":
-                    cls += b"-"
+                    # Redis accepts reversed ranges ([c-a] is [a-c]).
+                    lo = cls[-1]
+                    hi = pattern[j + 1]
+                    if lo > hi:
+                        cls[-1] = hi
+                        hi = lo
+                    cls += b"-" + re.escape(bytes([hi]))
+                    j += 1
                 else:
                     cls += re.escape(ch)
                 j += 1

@@ -22,7 +22,7 @@ from typing import Any
 
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.admission import Admission
-from kvstrata.engine.entry import Entry, Value, entry_size
+from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value, entry_size
 from kvstrata.engine.keyspace import SCAN_BUCKETS, bucket_of, glob_match
 from kvstrata.engine.policy import EvictionPolicy, create_policy
 from kvstrata.engine.stats import EngineStats, TierStats
@@ -51,7 +51,7 @@ class Store:
     ) -> None:
         self.clock = clock or SystemClock()
         self.dram = DramTier(dram_budget)
-        self.policy = policy or create_policy("lru", clock=self.clock)
+        self.policy = policy if policy is not None else create_policy("lru", clock=self.clock)
         self.ssd = ssd
         self.write_through = durability == "write-through" and ssd is not None
         self.noeviction = noeviction
@@ -60,6 +60,7 @@ class Store:
         self.hot: dict[bytes, int] = {}
         self.stats = EngineStats()
         self.tier_stats = {"dram": TierStats(), "ssd": TierStats()}
+        self._dram_stats = self.tier_stats["dram"]
         self._ttl_heap: list[tuple[int, bytes]] = []
         self._overlay: dict[bytes, Any] | None = None
         self.last_write_seq = 0
@@ -138,12 +139,12 @@ class Store:
                 self._expire_dram(key)
                 return None
             if touch:
-                self.tier_stats["dram"].hits += 1
+                self._dram_stats.hits += 1
                 if not entry.pinned:
                     self.policy.touch(key)
             return entry
         if touch:
-            self.tier_stats["dram"].misses += 1
+            self._dram_stats.misses += 1
         entry = self._below(key)
         if entry is None:
             if touch and self.ssd is not None:
@@ -176,34 +177,45 @@ class Store:
             have = current.version if current is not None else 0
             if have != expected_version:
                 raise VersionMismatchError(f"version mismatch: expected {expected_version}, current {have}")
-        entry = Entry(value, self.next_version(), expire_at)
-        size = entry_size(key, value)
-        if self.ssd is not None and (cold or size > self.dram.budget):
-            self._check_last_tier_room(size)
-            self._drop_dram(key)
-            self.last_write_seq = self.ssd.put(key, entry)
-            return entry
-        old = self.dram.entries.get(key)
-        if self.ssd is not None and not self.write_through:
-            if (old is not None and old.on_ssd) or (old is None and self._below(key) is not None):
-                self.ssd.delete(key)
-        self._insert(key, entry, size - (entry_size(key, old.value) if old is not None else 0))
+        ssd = self.ssd
+        if ssd is None:
+            self.version += 1
+            entry = Entry(value, self.version, expire_at)
+        else:
+            entry = Entry(value, self.next_version(), expire_at)
+        size = len(key) + len(value) + ENTRY_OVERHEAD
+        dram = self.dram
+        old = dram.entries.get(key)
+        if ssd is not None:
+            if cold or size > dram.budget:
+                self._check_last_tier_room(size)
+                self._drop_dram(key)
+                self.last_write_seq = ssd.put(key, entry)
+                return entry
+            if not self.write_through and (
+                (old is not None and old.on_ssd) or (old is None and self._below(key) is not None)
+            ):
+                ssd.delete(key)
+        self._insert(key, entry, size, old)
         if self.write_through:
-            assert self.ssd is not None
-            self.last_write_seq = self.ssd.put(key, entry)
+            assert ssd is not None
+            self.last_write_seq = ssd.put(key, entry)
             entry.on_ssd = True
         if expire_at:
             heapq.heappush(self._ttl_heap, (expire_at, key))
         return entry
 
-    def _insert(self, key: bytes, entry: Entry, growth: int) -> None:
-        """Put an entry into DRAM after making room for ``growth`` more bytes."""
-        self.make_room(growth, exclude=key)
-        had = self.dram.put(key, entry)
-        if had is not None and had.pinned:
-            self.dram.set_pinned(key, entry, True)
-        elif had is None or not self.policy.__contains__(key):
+    def _insert(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
+        """Put an entry of ``size`` bytes into DRAM, replacing ``old``, after making room for it."""
+        dram = self.dram
+        growth = size if old is None else size - (len(key) + len(old.value) + ENTRY_OVERHEAD)
+        if dram.used + growth > dram.budget:
+            self.make_room(growth, exclude=key)
+        dram.put(key, entry, size, old)
+        if old is None:
             self.policy.admit(key)
+        elif old.pinned:
+            dram.set_pinned(key, entry, True)
         else:
             self.policy.touch(key)
         if self.hot and not entry.pinned and self._hot_match(key):
@@ -256,7 +268,7 @@ class Store:
         except OutOfMemoryError:
             return False
         fresh = Entry(entry.value, entry.version, entry.expire_at)
-        self.dram.put(key, fresh)
+        self.dram.put(key, fresh, size, None)
         self.policy.admit(key)
         if self.write_through:
             fresh.on_ssd = True

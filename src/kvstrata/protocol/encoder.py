@@ -31,6 +31,7 @@ class Verbatim(str):
 
 OK = Status("OK")
 PONG = Status("PONG")
+_STATUS_CACHE: dict[str, bytes] = {}
 _NULL2 = b"$-1\r\n"
 _NULL_ARRAY2 = b"*-1\r\n"
 _NULL3 = b"_\r\n"
@@ -65,13 +66,23 @@ def encode(value: Any, proto: int, out: list[Any]) -> None:
         else:
             out.append(b"$%d\r\n%b\r\n" % (n, value))
     elif t is Status:
-        out.append(b"+" + value.encode() + CRLF)
+        data = _STATUS_CACHE.get(value)
+        if data is None:
+            data = b"+" + value.encode() + CRLF
+            if len(_STATUS_CACHE) < 64:
+                _STATUS_CACHE[value] = data
+        out.append(data)
     elif t is int:
         out.append(b":%d\r\n" % value)
     elif value is None:
         out.append(_NULL3 if proto == 3 else _NULL2)
     elif t is ErrorReply:
-        out.append(b"-" + value.encode().replace(b"\r", b" ").replace(b"\n", b" ") + CRLF)
+        # Error texts may quote raw client bytes, carried as latin-1 so they go back out unchanged.
+        try:
+            data = value.encode("latin-1")
+        except UnicodeEncodeError:
+            data = value.encode()
+        out.append(b"-" + data.replace(b"\r", b" ").replace(b"\n", b" ") + CRLF)
     elif t is str:
         data = value.encode()
         out.append(b"$%d\r\n%b\r\n" % (len(data), data))

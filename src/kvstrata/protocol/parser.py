@@ -13,6 +13,7 @@ itself while one is being received) and ``buffer_updated(n)`` processes them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import hiredis
@@ -34,18 +35,10 @@ class _Fallback(Exception):
     """hiredis produced something that is not a command; the Python parser takes over."""
 
 
-def _skip_frames(data: bytes, count: int) -> int:
-    """Offset just past ``count`` complete multibulk frames at the start of ``data`` (already parsed once)."""
-    pos = 0
-    for _ in range(count):
-        eol = data.find(b"\r\n", pos)
-        n = int(data[pos + 1 : eol])
-        pos = eol + 2
-        for _ in range(max(n, 0)):
-            eol = data.find(b"\r\n", pos)
-            length = int(data[pos + 1 : eol])
-            pos = eol + 2 + length + 2
-    return pos
+_BIG_ARRAY = re.compile(rb"\*[0-9]{6}")
+_HDR_MAX = 1 << 16
+# Bytes of "$<n>\r\n" (or "*<n>\r\n") for n below _HDR_MAX.
+_HDR = [len(b"%d" % i) + 3 for i in range(_HDR_MAX)]
 
 
 class RequestParser:
@@ -115,11 +108,18 @@ class RequestParser:
             self._buf += data
             self._parse_slow()
 
-    def _feed_fast(self, data: bytes | bytearray | memoryview) -> None:
+    def _feed_fast(self, data: bytes | bytearray | memoryview, nbytes: int = -1) -> None:
         reader = self._reader
         ready = self._ready
-        reader.feed(data)
-        done = 0
+        before = len(ready)
+        total = len(data) if nbytes < 0 else nbytes
+        # hiredis allocates a list of the announced size up front: never show it a huge array header.
+        if _BIG_ARRAY.search(data, 0, total) is not None:
+            self._fallback(data, total)
+            return
+        reader.feed(data, 0, total)
+        consumed = 0
+        hdr = _HDR
         try:
             while True:
                 cmd = reader.gets()
@@ -127,23 +127,29 @@ class RequestParser:
                     break
                 if cmd.__class__ is not list:
                     raise _Fallback
+                # What the frame occupies on the wire if every element is a canonical bulk string.
+                size = hdr[len(cmd)]
                 for arg in cmd:
                     if arg.__class__ is not bytes:
                         raise _Fallback
-                done += 1
+                    n = len(arg)
+                    size += (hdr[n] if n < _HDR_MAX else len(str(n)) + 3) + n + 2
+                consumed += size
                 if cmd:
                     ready.append(cmd)
-            # A sentinel empty frame comes straight back only if the reader stood at a frame boundary.
-            reader.feed(b"*0\r\n")
-            if reader.gets() == []:
+            if consumed == total:
                 return
         except (hiredis.ProtocolError, _Fallback):
             pass
-        # Partial frame, a non-command frame or a hiredis error: re-parse the rest in Python.
+        # A partial frame, an inline command, a non-bulk element or a hiredis error: nothing from this chunk
+        # has run yet, so the Python parser takes the whole chunk again and answers exactly as Redis would.
+        del ready[before:]
         self._reader = hiredis.Reader()
+        self._fallback(data, total)
+
+    def _fallback(self, data: bytes | bytearray | memoryview, total: int) -> None:
         self._fast = False
-        rest = bytes(data)
-        self._buf = bytearray(rest[_skip_frames(rest, done) :])
+        self._buf = bytearray(data[:total])
         self._pos = 0
         self._parse_slow()
 

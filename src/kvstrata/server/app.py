@@ -53,7 +53,8 @@ class Server:
         self.tiered = self.store.ssd is not None
         self.stats = ServerStats()
         self.clients: dict[int, Connection] = {}
-        self.command_counts: dict[str, list[int]] = {}
+        # [calls, failed] per command spec; created up front so the hot path is one dict lookup.
+        self.command_counts: dict[CommandSpec, list[int]] = {spec: [0, 0] for spec in REGISTRY.values()}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
@@ -126,7 +127,12 @@ class Server:
 
     def reset_stats(self) -> None:
         self.stats.reset()
-        self.command_counts.clear()
+        for counts in self.command_counts.values():
+            counts[0] = counts[1] = 0
+
+    @property
+    def commands_processed(self) -> int:
+        return self.stats.unknown + sum(c[0] for c in self.command_counts.values())
 
     # ---- background work ----
     async def _cron(self) -> None:

@@ -42,6 +42,8 @@ class Connection(asyncio.BufferedProtocol):
         self.store = server.store
         self.config = server.config
         self.dispatch = server.dispatch
+        self.counts = server.command_counts
+        self.tiered = server.tiered
         now = server.store.clock.now_ms()
         self.client = ClientState(id=server.next_client_id(), created_ms=now, last_ms=now)
         self.client.authenticated = self.config.get("requirepass") is None
@@ -97,7 +99,9 @@ class Connection(asyncio.BufferedProtocol):
         return self.parser.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.server.stats.net_in += nbytes
+        srv = self.server
+        srv.stats.net_in += nbytes
+        self.client.last_ms = srv.now_ms
         try:
             self.parser.buffer_updated(nbytes)
         except ProtocolError as exc:
@@ -124,18 +128,28 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- processing ----
     def _run(self) -> None:
+        cmds = self.parser.commands()
         backlog = self.backlog
-        backlog.extend(self.parser.commands())
         execute = self.execute
-        while backlog:
-            args = backlog.popleft()
-            waiter = execute(args)
-            if waiter is not None:
-                self._suspend(waiter)
-                break
-            if self.client.closing:
-                backlog.clear()
-                break
+        if backlog:
+            backlog.extend(cmds)
+            while backlog:
+                waiter = execute(backlog.popleft())
+                if waiter is not None:
+                    self._suspend(waiter)
+                    break
+                if self.client.closing:
+                    backlog.clear()
+                    break
+        else:
+            for i, args in enumerate(cmds):
+                waiter = execute(args)
+                if waiter is not None:
+                    backlog.extend(cmds[i + 1 :])
+                    self._suspend(waiter)
+                    break
+                if self.client.closing:
+                    break
         self._flush()
         if self._pending_error is not None and not self.busy:
             self._protocol_error(self._pending_error)
@@ -150,7 +164,7 @@ class Connection(asyncio.BufferedProtocol):
             self.server.stats.net_out += len(data)
             self.transport.write(data)
         else:
-            self.server.stats.net_out += sum(len(p) for p in out)
+            self.server.stats.net_out += sum(map(len, out))
             self.transport.writelines(out)
         self.out = []
         if self.client.closing:
@@ -179,32 +193,26 @@ class Connection(asyncio.BufferedProtocol):
 
     def execute(self, args: list[Any]) -> Any:
         """Run one command; returns None when its reply is in ``out``, or a coroutine to await first."""
-        srv = self.server
         spec = self.dispatch.get(args[0])
         if spec is None:
             spec = self.dispatch.get(args[0].lower()) if args[0].__class__ is bytes else None
             if spec is None:
-                srv.stats.commands += 1
+                self.server.stats.unknown += 1
                 self._error(_unknown(args))
                 return None
-        if not spec.arity_ok(len(args)):
-            srv.stats.commands += 1
+        n = len(args)
+        arity = spec.arity
+        if (n != arity) if arity >= 0 else (n < -arity):
             self._error(f"ERR wrong number of arguments for '{spec.name}' command")
             return None
-        client = self.client
-        if not client.authenticated and not spec.noauth:
-            srv.stats.commands += 1
+        if not self.client.authenticated and not spec.noauth:
             self._error(NoAuthError().message)
             return None
-        client.last_ms = srv.now_ms
-        srv.stats.commands += 1
-        counts = srv.command_counts.get(spec.name)
-        if counts is None:
-            counts = srv.command_counts[spec.name] = [0, 0]
+        counts = self.counts[spec]
         counts[0] += 1
-        if srv.tiered:
+        self.client.last_cmd = spec if not spec.subcommands else resolve(args) or spec
+        if self.tiered:
             return self._tiered(spec, args)
-        store = self.store
         try:
             reply = spec.handler(self.ctx, args)
         except CommandError as exc:
@@ -215,9 +223,7 @@ class Connection(asyncio.BufferedProtocol):
             log.error("command %s failed: %s", spec.name, traceback.format_exc())
             self._error(f"ERR internal error: {type(exc).__name__}")
             return None
-        finally:
-            store._overlay = None
-        encode(reply, client.proto, self.out)
+        encode(reply, self.client.proto, self.out)
         return None
 
     def _error(self, message: str) -> None:
@@ -251,7 +257,7 @@ class Connection(asyncio.BufferedProtocol):
             store.end_command()
             return self._slow(spec, args, [], wait_seq=w.seq)
         except CommandError as exc:
-            self.server.command_counts[spec.name][1] += 1
+            self.counts[spec][1] += 1
             self._error(exc.message)
             return None
         except Exception as exc:
@@ -315,6 +321,11 @@ class Connection(asyncio.BufferedProtocol):
 
 
 def _unknown(args: list[Any]) -> str:
-    name = bytes(args[0]).decode(errors="replace")
-    shown = " ".join(f"'{bytes(a)[:128].decode(errors='replace')}'" for a in args[1:])
-    return f"ERR unknown command '{name}', with args beginning with: {shown}" + (" " if shown else "")
+    """Redis's text: the arguments are quoted one by one until 128 characters are shown."""
+    name = bytes(args[0])[:128].decode("latin-1")
+    shown = ""
+    for a in args[1:]:
+        if len(shown) >= 128:
+            break
+        shown += "'" + bytes(a)[: 128 - len(shown)].decode("latin-1") + "' "
+    return f"ERR unknown command '{name}', with args beginning with: {shown}"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 @dataclass
 class ServerStats:
     connections: int = 0
-    commands: int = 0
+    unknown: int = 0
     net_in: int = 0
     net_out: int = 0
     rejected: int = 0

@@ -1,32 +1,18 @@
-"""LRU-K (O'Neil, O'Neil and Weikum, 1993): rank keys by the time of their K-th most recent reference.
-
-A key referenced fewer than K times has an infinite backward K-distance and goes first, oldest last reference
-first (LRU as the subsidiary policy). References closer together than the correlated-reference period (CRP)
-count as one, so a burst of reads of one chunk does not make it look popular. The history of keys that left the
-tier is retained for a while (bounded), so a key that comes back keeps its past.
-
-Victim selection uses a heap with lazy invalidation: each rank change pushes a new item and stale items are
-skipped (and compacted away when they outnumber live ones).
-"""
+"""LRU-K as two segments with adaptive sizing (draft)."""
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 
 from kvstrata.clock import Clock, SystemClock
 
-# Keys with fewer than K references rank below every key with K: shift their rank by this much.
-_COLD_OFFSET = 1e15
 
+class _Rec:
+    __slots__ = ("count", "last")
 
-class _History:
-    __slots__ = ("hist", "last", "seq")
-
-    def __init__(self, k: int, now: float) -> None:
-        self.hist: list[float | None] = [now] + [None] * (k - 1)
-        self.last = now
-        self.seq = 0
+    def __init__(self, count: int, last: float) -> None:
+        self.count = count
+        self.last = last
 
 
 class LRUKPolicy:
@@ -35,101 +21,143 @@ class LRUKPolicy:
     def __init__(
         self,
         k: int = 2,
-        crp: float = 0.0,
+        crp: float = 1.0,
         clock: Clock | None = None,
         retained: int = 100_000,
+        *,
+        p0: float = 0.0,
+        crp_guard: bool = True,
+        adapt: bool = True,
+        ratio: bool = True,
+        sym: bool = False,
     ) -> None:
         if k < 1:
             raise ValueError("LRU-K needs K >= 1")
+        if crp < 0:
+            raise ValueError("the correlated-reference period cannot be negative")
+        if retained < 0:
+            raise ValueError("retained cannot be negative")
         self.k = k
         self.crp = crp
-        self._clock = clock or SystemClock()
-        self._live: dict[bytes, _History] = {}
-        self._ghosts: OrderedDict[bytes, _History] = OrderedDict()
+        self._now = (clock or SystemClock()).monotonic
         self._retained = retained
-        self._heap: list[tuple[float, int, bytes]] = []
-        self._seq = 0
+        self._prob: OrderedDict[bytes, _Rec] = OrderedDict()
+        self._prot: OrderedDict[bytes, _Rec] = OrderedDict()
+        self._gprob: OrderedDict[bytes, _Rec] = OrderedDict()
+        self._gprot: OrderedDict[bytes, _Rec] = OrderedDict()
+        self._p0 = p0
+        self._p = p0
+        self._guard = crp_guard
+        self._adapt = adapt
+        self._ratio = ratio
+        self._sym = sym
 
-    def _rank(self, h: _History) -> float:
-        kth = h.hist[self.k - 1]
-        return h.last - _COLD_OFFSET if kth is None else kth
+    @property
+    def probation_target(self) -> float:
+        return self._p
 
-    def _push(self, key: bytes, h: _History) -> None:
-        self._seq += 1
-        h.seq = self._seq
-        heapq.heappush(self._heap, (self._rank(h), self._seq, key))
-        if len(self._heap) > 2 * len(self._live) + 1024:
-            self._compact()
-
-    def _compact(self) -> None:
-        self._heap = [(self._rank(h), h.seq, key) for key, h in self._live.items()]
-        heapq.heapify(self._heap)
-
-    def _reference(self, h: _History, now: float) -> None:
-        if now - h.last > self.crp:
-            # A new uncorrelated reference: older history moves forward by the length of the last burst,
-            # so the burst counts as one reference at its end (the paper's correlation-period correction).
-            first = h.hist[0]
-            correl = h.last - first if first is not None else 0.0
-            for i in range(self.k - 1, 0, -1):
-                prev = h.hist[i - 1]
-                h.hist[i] = None if prev is None else prev + correl
-            h.hist[0] = now
-        h.last = now
+    def _place(self, key: bytes, rec: _Rec) -> None:
+        if rec.count >= self.k:
+            self._prot[key] = rec
+        else:
+            self._prob[key] = rec
 
     def admit(self, key: bytes) -> None:
-        now = self._clock.monotonic()
-        h = self._ghosts.pop(key, None)
-        if h is None:
-            h = self._live.get(key)
-        if h is None:
-            h = _History(self.k, now)
-        else:
-            self._reference(h, now)
-        self._live[key] = h
-        self._push(key, h)
+        if key in self._prob or key in self._prot:
+            self.touch(key)
+            return
+        now = self._now()
+        rec = self._gprob.pop(key, None)
+        if rec is not None:
+            if self._adapt:
+                n = len(self._prob) + len(self._prot) + 1
+                b1 = len(self._gprob) + 1
+                self._p = min(1.0, self._p + (max(1.0, len(self._gprot) / b1) if self._ratio else 1.0) / n)
+            if now - rec.last > self.crp:
+                rec.count += 1
+            rec.last = now
+            self._place(key, rec)
+            return
+        rec = self._gprot.pop(key, None)
+        if rec is not None:
+            if self._adapt:
+                n = len(self._prob) + len(self._prot) + 1
+                b2 = len(self._gprot) + 1
+                self._p = max(0.0, self._p - (max(1.0, len(self._gprob) / b2) if self._ratio else 1.0) / n)
+            rec.last = now
+            self._prot[key] = rec
+            return
+        self._place(key, _Rec(1, now))
 
     def touch(self, key: bytes) -> None:
-        h = self._live.get(key)
-        if h is None:
+        rec = self._prob.get(key)
+        if rec is not None:
+            now = self._now()
+            if now - rec.last > self.crp:
+                rec.count += 1
+                if rec.count >= self.k:
+                    rec.last = now
+                    del self._prob[key]
+                    self._prot[key] = rec
+                    return
+            rec.last = now
+            self._prob.move_to_end(key)
+            return
+        rec = self._prot.get(key)
+        if rec is None:
             self.admit(key)
             return
-        before = self._rank(h)
-        self._reference(h, self._clock.monotonic())
-        if self._rank(h) != before:
-            self._push(key, h)
+        rec.last = self._now()
+        self._prot.move_to_end(key)
 
     def remove(self, key: bytes) -> None:
-        h = self._live.pop(key, None)
-        if h is None:
-            return
-        self._ghosts[key] = h
-        if len(self._ghosts) > self._retained:
-            self._ghosts.popitem(last=False)
+        rec = self._prob.pop(key, None)
+        if rec is not None:
+            self._gprob[key] = rec
+        else:
+            rec = self._prot.pop(key, None)
+            if rec is None:
+                return
+            self._gprot[key] = rec
+        live = len(self._prob) + len(self._prot) + 1
+        cap = min(live, self._retained)
+        gprob, gprot = self._gprob, self._gprot
+        while gprob and len(gprob) + len(self._prob) > live:
+            gprob.popitem(last=False)
+        if self._sym:
+            while gprot and len(gprot) + len(self._prot) > live:
+                gprot.popitem(last=False)
+        while len(gprob) + len(gprot) > cap:
+            (gprot or gprob).popitem(last=False)
 
     def victim(self) -> bytes | None:
-        heap = self._heap
-        live = self._live
-        while heap:
-            _, seq, key = heap[0]
-            h = live.get(key)
-            if h is not None and h.seq == seq:
-                return key
-            heapq.heappop(heap)
-        return None
+        prob, prot = self._prob, self._prot
+        if not prob:
+            return next(iter(prot), None)
+        if not prot:
+            return next(iter(prob))
+        first, second = (prob, prot) if len(prob) > self._p * (len(prob) + len(prot)) else (prot, prob)
+        key, rec = next(iter(first.items()))
+        if self._guard and self._now() - rec.last <= self.crp:
+            key2, rec2 = next(iter(second.items()))
+            if self._now() - rec2.last > self.crp:
+                return key2
+        return key
 
     def references(self, key: bytes) -> int:
-        """How many uncorrelated references are remembered for a key (resident or retained)."""
-        h = self._live.get(key) or self._ghosts.get(key)
-        return 0 if h is None else sum(t is not None for t in h.hist)
+        """How many uncorrelated references are remembered for a key (resident or retained), at most K."""
+        rec = self._prob.get(key) or self._prot.get(key) or self._gprob.get(key) or self._gprot.get(key)
+        return 0 if rec is None else min(rec.count, self.k)
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self._prob) + len(self._prot)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._live
+        return key in self._prob or key in self._prot
 
     def clear(self) -> None:
-        self._live.clear()
-        self._ghosts.clear()
-        self._heap.clear()
+        self._prob.clear()
+        self._prot.clear()
+        self._gprob.clear()
+        self._gprot.clear()
+        self._p = self._p0

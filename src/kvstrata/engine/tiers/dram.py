@@ -28,10 +28,8 @@ class DramTier:
     def contains(self, key: bytes) -> bool:
         return key in self.entries
 
-    def put(self, key: bytes, entry: Entry) -> Entry | None:
-        """Insert or replace; returns the entry it replaced."""
-        old = self.entries.get(key)
-        size = entry_size(key, entry.value)
+    def put(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
+        """Insert or replace (``old`` is the entry being replaced, ``size`` the new entry's charged bytes)."""
         if old is None:
             b = bucket_of(key)
             bucket = self.buckets.get(b)
@@ -39,14 +37,14 @@ class DramTier:
                 bucket = self.buckets[b] = set()
             bucket.add(key)
         else:
-            self.used -= entry_size(key, old.value)
+            old_size = entry_size(key, old.value)
+            self.used -= old_size
             if old.pinned:
-                self.pinned_bytes -= entry_size(key, old.value)
+                self.pinned_bytes -= old_size
         self.entries[key] = entry
         self.used += size
         if entry.pinned:
             self.pinned_bytes += size
-        return old
 
     def resize(self, key: bytes, entry: Entry, old_len: int) -> None:
         """Account for an entry whose value was replaced in place (old value length ``old_len``)."""
