@@ -52,6 +52,16 @@ class CommandSpec:
 REGISTRY: dict[bytes, CommandSpec] = {}
 
 
+def _default_syntax(name: str, arity: int, keys: tuple[int, int, int]) -> str:
+    """``NAME key`` for single-key commands, ``NAME key value`` for key-value ones; others spell it out."""
+    words = [name.upper()]
+    if keys == (1, 1, 1):
+        words.append("key")
+        if arity == 3:
+            words.append("value")
+    return " ".join(words)
+
+
 def command(
     name: str,
     arity: int,
@@ -79,7 +89,7 @@ def command(
             group=group,
             summary=summary or (fn.__doc__ or "").strip().splitlines()[0] if (summary or fn.__doc__) else "",
             since=since,
-            syntax=syntax or name.upper(),
+            syntax=syntax or _default_syntax(name, arity, keys),
             write="write" in flagset,
             noauth="no_auth" in flagset,
         )

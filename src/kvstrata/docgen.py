@@ -1,0 +1,138 @@
+"""Generates docs/commands.md and docs/configuration.md from the command table and the parameter table.
+
+Run ``python -m kvstrata.docgen`` after changing either table; a test fails while the files are stale.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kvstrata.commands import REGISTRY, CommandSpec
+from kvstrata.config import PARAMS
+
+_GROUP_TITLES = {
+    "tairkv": "KV-cache commands (TAIR.KV.*)",
+    "string": "String commands",
+    "generic": "Keyspace commands",
+    "connection": "Connection commands",
+    "server": "Server commands",
+}
+
+_TAIRKV_NOTES = """
+### KV-cache command details
+
+- **Versions.** Every write (any command that changes a value) gets the next value of a per-node counter that
+  survives restarts when the SSD tier is on. `TAIR.KV.SETEX` replies with it; `TAIR.KV.VERSION` and
+  `TAIR.KV.MGET ... WITHVERSIONS` read it. `VER expected` makes `TAIR.KV.SETEX` a compare-and-set: when the
+  key's current version (0 for a missing key) differs, the reply is `-VERMISMATCH version mismatch: expected E,
+  current C` and nothing is written.
+- **TTL.** `TAIR.KV.SETEX` takes milliseconds; 0 means no expiry. An entry expires in whichever tier holds it.
+- **COLD_STORAGE** writes the value straight to the SSD tier (it needs `--essd-path`); DRAM is untouched.
+- **CONSISTENCY_LEVEL.** `STRONG` (the default unless `--consistency eventual`) answers only with acknowledged
+  data: under write-through it waits for in-flight writes of the requested keys to be committed to SSD.
+  `EVENTUAL` answers from whatever copy is at hand, including writes not yet acknowledged to their writers.
+  Options are read from the end of the argument list, so a key may not be named `WITHVERSIONS`.
+- **PREFETCH** queues keys (highest `PRIORITY` first; a bounded queue, duplicates and keys already in DRAM are
+  skipped) and replies with how many were queued; a background task promotes them to DRAM.
+- **MARKHOT pattern [PX ms]** pins keys matching a glob in DRAM (they are never demoted while pinned) and brings
+  matching SSD keys up; pinned bytes are capped at `hot-max-fraction` of the DRAM budget. Replies with how many
+  DRAM keys were pinned at once. `UNMARKHOT` removes the pattern and unpins.
+- **TIER key** replies `dram`, `ssd` or nil.
+"""
+
+
+def commands_markdown() -> str:
+    lines = [
+        "# Commands",
+        "",
+        "Generated from the command table (`python -m kvstrata.docgen`). Arity follows Redis: a positive number",
+        "is the exact argument count including the command name, a negative one the minimum. Errors use Redis's",
+        "texts. Only database 0 exists and every value is a string.",
+        "",
+    ]
+    groups: dict[str, list[CommandSpec]] = {}
+    for spec in REGISTRY.values():
+        groups.setdefault(spec.group, []).append(spec)
+    for group in sorted(groups, key=lambda g: list(_GROUP_TITLES).index(g) if g in _GROUP_TITLES else 99):
+        lines += [f"## {_GROUP_TITLES.get(group, group)}", "", "| command | arity | flags | summary |",
+                  "|---|---|---|---|"]
+        for spec in sorted(groups[group], key=lambda s: s.name):
+            lines.append(_row(spec))
+            for sub in sorted(spec.subcommands.values(), key=lambda s: s.name):
+                lines.append(_row(sub))
+        lines.append("")
+        if group == "tairkv":
+            lines += _TAIRKV_NOTES.strip("\n").splitlines() + [""]
+    return "\n".join(lines)
+
+
+def _row(spec: CommandSpec) -> str:
+    syntax = spec.syntax if spec.parent is None else f"{spec.parent.name.upper()} {spec.syntax}"
+    syntax = syntax.replace("|", "\\|")
+    return f"| `{syntax}` | {spec.arity} | {' '.join(sorted(spec.flags))} | {spec.summary} |"
+
+
+def configuration_markdown() -> str:
+    lines = [
+        "# Configuration",
+        "",
+        "Generated from the parameter table (`python -m kvstrata.docgen`).",
+        "",
+        "Every parameter can be given four ways; the first that is set wins:",
+        "",
+        "1. a flag: `kvstrata serve --dram-size 16G` (also `--dram-size=16G`, and the Tair-style "
+        "`--port=6379 --cluster-enabled=no`);",
+        "2. the environment: `KVSTRATA_<NAME>` with dashes as underscores (`KVSTRATA_DRAM_SIZE=16G`), and the "
+        "documented short names `DRAM_SIZE`, `ESSD_PATH`, `ESSD_SIZE`, `HBM_SIZE`;",
+        "3. a TOML file: `kvstrata serve --config kvstrata.toml` with `dram-size = \"16G\"` (dashes or "
+        "underscores);",
+        "4. the default below.",
+        "",
+        "Sizes accept Redis's units (`k`/`m`/`g` are powers of 1000, `kb`/`mb`/`gb` powers of 1024; a single "
+        "upper-case letter as in `16G` means GiB). `maxmemory` is an alias of `dram-size`. Parameters marked "
+        "*runtime* can be changed with `CONFIG SET` while the server runs; `CONFIG GET pattern` reads any.",
+        "",
+        "| parameter | default | runtime | environment | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for p in PARAMS:
+        default = "¼ of RAM, at most 4 GiB" if p.name == "dram-size" else (p.render(p.default) or "(unset)")
+        env = ", ".join(f"`{e}`" for e in (*p.env, "KVSTRATA_" + p.name.upper().replace("-", "_")))
+        lines.append(f"| `{p.name}` | `{default}` | {'yes' if p.mutable else ''} | {env} | {p.help} |")
+    lines += [
+        "",
+        "## Durability modes",
+        "",
+        "| `--durability` | `--fsync` | a write is acknowledged | lost on kill -9 / power loss |",
+        "|---|---|---|---|",
+        "| `write-back` (default) | any | at once, in DRAM | data only in DRAM (it reaches SSD when demoted, on "
+        "`SAVE`, and on clean shutdown) |",
+        "| `write-through` | `always` | after the LMDB transaction holding it is committed and fsynced "
+        "(group commit) | nothing acknowledged |",
+        "| `write-through` | `everysec` | after the LMDB commit; fsync within about a second | nothing on kill -9; "
+        "up to ~1 s of writes on power loss |",
+        "| `write-through` | `no` | after the LMDB commit; the OS flushes when it likes | nothing on kill -9; "
+        "unflushed writes on power loss |",
+        "",
+        "The SSD tier is LMDB: a crash never leaves it half-written (a transaction commits whole or not at all), "
+        "and every record carries an xxh3 checksum that is verified on read.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(root: Path) -> list[Path]:
+    docs = root / "docs"
+    docs.mkdir(exist_ok=True)
+    written = []
+    for name, text in (("commands.md", commands_markdown()), ("configuration.md", configuration_markdown())):
+        path = docs / name
+        path.write_text(text)
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in write(Path(sys.argv[1] if len(sys.argv) > 1 else ".")):
+        print(f"wrote {path}")
