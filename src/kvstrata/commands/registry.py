@@ -116,6 +116,7 @@ def container(name: str, flags: str = "", *, group: str = "server", summary: str
             )
         if not sub.arity_ok(len(args)):
             raise CommandError(f"wrong number of arguments for '{name}|{sub.name}' command")
+        ctx.client.last_cmd = sub
         return sub.handler(ctx, args)
 
     command(name, -2, flags, group=group, summary=summary, since=since)(dispatch)

@@ -69,6 +69,7 @@ def _command(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError(f"unknown subcommand '{args[1].decode(errors='replace')}'. Try COMMAND HELP.")
     if not sub.arity_ok(len(args)):
         raise CommandError(f"wrong number of arguments for 'command|{sub.name}' command")
+    ctx.client.last_cmd = sub
     return sub.handler(ctx, args)
 
 

@@ -61,6 +61,8 @@ class Store:
         self.stats = EngineStats()
         self.tier_stats = {"dram": TierStats(), "ssd": TierStats()}
         self._dram_stats = self.tier_stats["dram"]
+        # The DRAM dict is never replaced (only cleared), so the hot path may hold it directly.
+        self._entries = self.dram.entries
         self._ttl_heap: list[tuple[int, bytes]] = []
         self._overlay: dict[bytes, Any] | None = None
         self.last_write_seq = 0
@@ -133,7 +135,7 @@ class Store:
         return found
 
     def get(self, key: bytes, *, touch: bool = True) -> Entry | None:
-        entry = self.dram.entries.get(key)
+        entry = self._entries.get(key)
         if entry is not None:
             if entry.expire_at and entry.expire_at <= self.clock.now_ms():
                 self._expire_dram(key)

@@ -39,6 +39,8 @@ _BIG_ARRAY = re.compile(rb"\*[0-9]{6}")
 _HDR_MAX = 1 << 16
 # Bytes of "$<n>\r\n" (or "*<n>\r\n") for n below _HDR_MAX.
 _HDR = [len(b"%d" % i) + 3 for i in range(_HDR_MAX)]
+# Bytes of a whole bulk string "$<n>\r\n<n bytes>\r\n", by n.
+_FRAME = [h + n + 2 for n, h in enumerate(_HDR)].__getitem__
 
 
 class RequestParser:
@@ -120,6 +122,7 @@ class RequestParser:
         reader.feed(data, 0, total)
         consumed = 0
         hdr = _HDR
+        frame = _FRAME
         try:
             while True:
                 cmd = reader.gets()
@@ -127,19 +130,14 @@ class RequestParser:
                     break
                 if cmd.__class__ is not list:
                     raise _Fallback
-                # What the frame occupies on the wire if every element is a canonical bulk string.
-                size = hdr[len(cmd)]
-                for arg in cmd:
-                    if arg.__class__ is not bytes:
-                        raise _Fallback
-                    n = len(arg)
-                    size += (hdr[n] if n < _HDR_MAX else len(str(n)) + 3) + n + 2
-                consumed += size
+                # What the frame occupies on the wire if every element is a canonical bulk string; anything
+                # else (an integer, an error, a long argument) raises and goes to the Python parser.
+                consumed += hdr[len(cmd)] + sum(map(frame, map(len, cmd)))
                 if cmd:
                     ready.append(cmd)
             if consumed == total:
                 return
-        except (hiredis.ProtocolError, _Fallback):
+        except (hiredis.ProtocolError, _Fallback, TypeError, IndexError):
             pass
         # A partial frame, an inline command, a non-bulk element or a hiredis error: nothing from this chunk
         # has run yet, so the Python parser takes the whole chunk again and answers exactly as Redis would.

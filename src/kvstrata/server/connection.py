@@ -202,15 +202,16 @@ class Connection(asyncio.BufferedProtocol):
                 return None
         n = len(args)
         arity = spec.arity
-        if (n != arity) if arity >= 0 else (n < -arity):
+        if arity != n and (arity >= 0 or n < -arity):
             self._error(f"ERR wrong number of arguments for '{spec.name}' command")
             return None
-        if not self.client.authenticated and not spec.noauth:
+        client = self.client
+        if not client.authenticated and not spec.noauth:
             self._error(NoAuthError().message)
             return None
         counts = self.counts[spec]
         counts[0] += 1
-        self.client.last_cmd = spec if not spec.subcommands else resolve(args) or spec
+        client.last_cmd = spec
         if self.tiered:
             return self._tiered(spec, args)
         try:
