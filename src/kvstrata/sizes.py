@@ -38,7 +38,7 @@ def parse_size(text: str | int) -> int:
     # An upper-case single letter (16G, 512M) is the shell convention for binary units.
     if len(unit) == 1 and unit != "b" and text.strip()[-1].isupper():
         scale = _UNITS[unit + "b"]
-    return int(float(number) * scale)
+    return int(number) * scale if "." not in number else int(float(number) * scale)
 
 
 def format_size(n: int) -> str:

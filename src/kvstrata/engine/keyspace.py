@@ -16,54 +16,55 @@ def bucket_of(key: bytes) -> int:
     return zlib.crc32(key) & (SCAN_BUCKETS - 1)
 
 
+def _class_regex(items: list[tuple[int, int]], negated: bool) -> bytes:
+    if not items:
+        # "[]" matches nothing; "[^]" is a negated empty class, i.e. any one character (as in Redis).
+        return b"." if negated else b"(?!)"
+    parts = [re.escape(bytes([lo])) if lo == hi else re.escape(bytes([lo])) + b"-" + re.escape(bytes([hi]))
+             for lo, hi in items]
+    return b"[" + (b"^" if negated else b"") + b"".join(parts) + b"]"
+
+
 @lru_cache(maxsize=256)
 def _compile_glob(pattern: bytes) -> re.Pattern[bytes]:
-    """Translate a Redis glob (``*``, ``?``, ``[a-z]``, ``[^x]``, backslash escapes) to a regex."""
+    """Translate a Redis glob (``*``, ``?``, ``[a-z]``, ``[^x]``, backslash escapes) to a regex.
+
+    Follows Redis's stringmatchlen: a reversed range is swapped, an unterminated class runs to the end of the
+    pattern, and a backslash escapes the next character inside and outside classes.
+    """
     out = bytearray()
     i, n = 0, len(pattern)
     while i < n:
-        c = pattern[i : i + 1]
-        if c == b"*":
+        c = pattern[i]
+        if c == 42:  # *
             out += b".*"
-        elif c == b"?":
+        elif c == 63:  # ?
             out += b"."
-        elif c == b"\\" and i + 1 < n:
+        elif c == 92 and i + 1 < n:  # backslash
             i += 1
             out += re.escape(pattern[i : i + 1])
-        elif c == b"[":
+        elif c == 91:  # [
             j = i + 1
-            cls = bytearray(b"[")
-            if j < n and pattern[j : j + 1] == b"^":
-                cls += b"^"
+            negated = j < n and pattern[j] == 94
+            if negated:
                 j += 1
-            while j < n and pattern[j : j + 1] != b"]":
-                ch = pattern[j : j + 1]
-                if ch == b"\\" and j + 1 < n:
+            items: list[tuple[int, int]] = []
+            while j < n and pattern[j] != 93:
+                ch = pattern[j]
+                if ch == 92 and j + 1 < n:
                     j += 1
-                    cls += re.escape(pattern[j : j + 1])
-                elif ch == b"-" and len(cls) > 1 and j + 1 < n and pattern[j + 1 : j + 2] != b"]":
-                    # Redis accepts reversed ranges ([c-a] is [a-c]).
-                    lo = cls[-1]
-                    hi = pattern[j + 1]
-                    if lo > hi:
-                        cls[-1] = hi
-                        hi = lo
-                    cls += b"-" + re.escape(bytes([hi]))
-                    j += 1
+                    items.append((pattern[j], pattern[j]))
+                elif j + 2 < n and pattern[j + 1] == 45:  # a-z
+                    lo, hi = ch, pattern[j + 2]
+                    items.append((min(lo, hi), max(lo, hi)))
+                    j += 2
                 else:
-                    cls += re.escape(ch)
+                    items.append((ch, ch))
                 j += 1
-            if j >= n:
-                # Redis treats an unterminated class as matching up to the end of the pattern.
-                cls += b"]"
-                out += cls
-                i = n
-                continue
-            cls += b"]"
-            out += cls if len(cls) > 2 else b"(?!)"
+            out += _class_regex(items, negated)
             i = j
         else:
-            out += re.escape(c)
+            out += re.escape(pattern[i : i + 1])
         i += 1
     return re.compile(bytes(out) + b"\\Z", re.DOTALL)
 

@@ -65,7 +65,9 @@ class Store:
         self._entries = self.dram.entries
         self._ttl_heap: list[tuple[int, bytes]] = []
         self._overlay: dict[bytes, Any] | None = None
-        self.last_write_seq = 0
+        # The SSD writer sequence number the current command's reply must wait for (0: none). Set by writes
+        # under write-through and by checkpoints; the server resets it before each command.
+        self.ack_seq = 0
         self.sync_reads = 0
         self.version = ssd.version_high_water if ssd is not None else 0
         if ssd is not None:
@@ -189,23 +191,34 @@ class Store:
         dram = self.dram
         old = dram.entries.get(key)
         if ssd is not None:
-            if cold or size > dram.budget:
+            if size > ssd.budget:
+                raise OutOfMemoryError("command not allowed: the value is larger than the SSD tier's budget.")
+            if cold or size > dram.budget - dram.pinned_bytes:
+                # Straight to SSD: asked for, or it cannot fit in DRAM beside the pinned keys.
                 self._check_last_tier_room(size)
                 self._drop_dram(key)
-                self.last_write_seq = ssd.put(key, entry)
+                self._ack(ssd.put(key, entry))
                 return entry
-            if not self.write_through and (
+            stale_below = not self.write_through and (
                 (old is not None and old.on_ssd) or (old is None and self._below(key) is not None)
-            ):
+            )
+            self._insert(key, entry, size, old)
+            # Only once the new value is in: a write refused for room must not lose the old one.
+            if stale_below:
                 ssd.delete(key)
-        self._insert(key, entry, size, old)
+        else:
+            self._insert(key, entry, size, old)
         if self.write_through:
             assert ssd is not None
-            self.last_write_seq = ssd.put(key, entry)
+            self._ack(ssd.put(key, entry))
             entry.on_ssd = True
         if expire_at:
             heapq.heappush(self._ttl_heap, (expire_at, key))
         return entry
+
+    def _ack(self, seq: int) -> None:
+        if self.write_through:
+            self.ack_seq = seq
 
     def _insert(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
         """Put an entry of ``size`` bytes into DRAM, replacing ``old``, after making room for it."""
@@ -217,29 +230,46 @@ class Store:
         if old is None:
             self.policy.admit(key)
         elif old.pinned:
-            dram.set_pinned(key, entry, True)
+            # Still hot, but the grown value must fit under the pin cap again, or it goes back to the policy.
+            if not self._pin(key, entry):
+                self.policy.admit(key)
         else:
             self.policy.touch(key)
         if self.hot and not entry.pinned and self._hot_match(key):
             self._pin(key, entry)
 
     def make_room(self, nbytes: int, *, exclude: bytes | None = None) -> None:
-        """Demote (or, in the last tier, evict) until ``nbytes`` more fit in DRAM; -OOM if they cannot."""
+        """Demote (or, in the last tier, evict) until ``nbytes`` more fit in DRAM; -OOM if they cannot.
+
+        ``exclude`` is the key being written: it is never moved out to make room for itself. Nothing moves
+        unless enough can be freed.
+        """
         dram = self.dram
         if dram.used + nbytes <= dram.budget:
             return
         if self.ssd is None and self.noeviction:
             raise OutOfMemoryError()
-        while dram.used + nbytes > dram.budget:
-            victim = self.policy.victim()
-            if victim is None or (victim == exclude and len(self.policy) == 1):
-                raise OutOfMemoryError("command not allowed: the DRAM tier is full of pinned keys.")
+        kept = dram.pinned_bytes
+        current = dram.entries.get(exclude) if exclude is not None else None
+        if current is not None and not current.pinned:
+            kept += entry_size(exclude, current.value)  # type: ignore[arg-type]
+        if kept + nbytes > dram.budget:
+            raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
+                                   "pinned keys.")
+        need = dram.used + nbytes - dram.budget
+        chosen: list[bytes] = []
+        entries = dram.entries
+        for victim in self.policy.victims():
             if victim == exclude:
-                # Never demote the key being written; rank it as just used and look again.
-                self.policy.touch(victim)
-                victim = self.policy.victim()
-                if victim == exclude or victim is None:
-                    raise OutOfMemoryError()
+                continue
+            chosen.append(victim)
+            need -= entry_size(victim, entries[victim].value)
+            if need <= 0:
+                break
+        if self.noeviction and self.ssd is not None:
+            # Check the last tier can take them all before anything moves: a refused write loses nothing.
+            self._check_last_tier_room(sum(len(entries[k].value) for k in chosen if not entries[k].on_ssd))
+        for victim in chosen:
             self._demote(victim)
 
     def _check_last_tier_room(self, nbytes: int) -> None:
@@ -258,7 +288,6 @@ class Store:
             return
         self.tier_stats["dram"].demotions += 1
         if not entry.on_ssd:
-            self._check_last_tier_room(len(entry.value))
             self.ssd.put(key, entry)
 
     def _promote(self, key: bytes, entry: Entry) -> bool:
@@ -302,14 +331,14 @@ class Store:
             self.policy.remove(key)
             if entry.on_ssd and self.ssd is not None:
                 self.ssd.delete(key)
-                self.last_write_seq = self.ssd.enqueued_seq
+                self._ack(self.ssd.enqueued_seq)
             return not entry.expired(now)
         below = self._below(key)
         if below is None:
             return False
         assert self.ssd is not None
         self.ssd.delete(key)
-        self.last_write_seq = self.ssd.enqueued_seq
+        self._ack(self.ssd.enqueued_seq)
         return True
 
     def set_expire(self, key: bytes, expire_at: int) -> bool:
@@ -320,7 +349,7 @@ class Store:
             if expire_at:
                 heapq.heappush(self._ttl_heap, (expire_at, key))
             if entry.on_ssd and self.ssd is not None:
-                self.last_write_seq = self.ssd.put(key, entry)
+                self._ack(self.ssd.put(key, entry))
             return True
         if entry is not None:
             self._expire_dram(key)
@@ -329,7 +358,7 @@ class Store:
         if below is None:
             return False
         assert self.ssd is not None
-        self.last_write_seq = self.ssd.put(key, Entry(below.value, below.version, expire_at))
+        self._ack(self.ssd.put(key, Entry(below.value, below.version, expire_at)))
         return True
 
     def replace_value(self, key: bytes, value: Value, *, keep_ttl: bool = True) -> Entry:
@@ -347,14 +376,15 @@ class Store:
             if not entry.on_ssd and not entry.expired(now):
                 self.ssd.put(key, entry)
                 entry.on_ssd = True
-        return self.ssd.barrier()
+        self.ack_seq = self.ssd.barrier(sync=True)
+        return self.ack_seq
 
     def flush(self) -> None:
         self.dram.clear()
         self.policy.clear()
         self._ttl_heap.clear()
         if self.ssd is not None:
-            self.last_write_seq = self.ssd.flush()
+            self._ack(self.ssd.flush())
 
     # ---- expiry ----
     def _expire_dram(self, key: bytes) -> None:
@@ -384,7 +414,7 @@ class Store:
         if len(heap) > 2 * len(self.dram.entries) + 1024:
             self._ttl_heap = [(e.expire_at, k) for k, e in self.dram.entries.items() if e.expire_at]
             heapq.heapify(self._ttl_heap)
-        if self.ssd is not None:
+        if self.hot:
             self._expire_hot(now)
         return done
 
@@ -428,10 +458,13 @@ class Store:
         return out
 
     def random_key(self) -> bytes | None:
-        buckets = list(self.dram.buckets)
         for _ in range(16):
-            if buckets:
-                key = random.choice(tuple(self.dram.buckets[random.choice(buckets)]))
+            buckets = self.dram.buckets
+            if not buckets:
+                break
+            keys = buckets.get(random.choice(list(buckets)))
+            if keys:
+                key = random.choice(tuple(keys))
                 if self._live(key):
                     return key
         if self.ssd is not None:

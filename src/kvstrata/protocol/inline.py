@@ -5,6 +5,7 @@ from __future__ import annotations
 _ESCAPES = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
 _HEX = b"0123456789abcdefABCDEF"
 _SPACE = b" \n\r\t\v\f"
+_WORD_END = b" \n\r\t\x00"
 
 
 def split_inline(line: bytes) -> list[bytes] | None:
@@ -57,7 +58,7 @@ def split_inline(line: bytes) -> list[bytes] | None:
                 if i >= n:
                     break
                 c = line[i]
-                if c in _SPACE:
+                if c in _WORD_END:
                     break
                 if c == 34:
                     in_dq = True

@@ -25,7 +25,7 @@ _STAR = 42
 _DOLLAR = 36
 _MAX_HEADER = 64 * 1024
 _MAX_INLINE = 64 * 1024
-_MAX_MULTIBULK = 1024 * 1024 * 1024
+_MAX_MULTIBULK = 2**31 - 1
 _UNAUTH_MULTIBULK = 10
 _UNAUTH_BULK = 16384
 _RECV_SIZE = 256 * 1024
@@ -41,6 +41,15 @@ _HDR_MAX = 1 << 16
 _HDR = [len(b"%d" % i) + 3 for i in range(_HDR_MAX)]
 # Bytes of a whole bulk string "$<n>\r\n<n bytes>\r\n", by n.
 _FRAME = [h + n + 2 for n, h in enumerate(_HDR)].__getitem__
+
+
+_LEN = re.compile(rb"(0|-?[1-9][0-9]{0,18})\Z")
+
+
+def _parse_len(buf: bytearray, start: int, end: int) -> int | None:
+    """A length spelled as Redis's string2ll accepts it (no '+', spaces or leading zeros), else None."""
+    text = bytes(buf[start:end])
+    return int(text) if _LEN.match(text) else None
 
 
 class RequestParser:
@@ -111,16 +120,18 @@ class RequestParser:
             self._parse_slow()
 
     def _feed_fast(self, data: bytes | bytearray | memoryview, nbytes: int = -1) -> None:
+        total = len(data) if nbytes < 0 else nbytes
+        # hiredis allocates a list of the announced size up front: never show it a huge array header. It also
+        # does not know the unauthenticated or proto-max-bulk-len limits, so those cases take the slow path.
+        if (_BIG_ARRAY.search(data, 0, total) is not None or total > _RECV_SIZE
+                or self._max_bulk() < _RECV_SIZE or not self._authenticated()):
+            self._fallback(data, total)
+            return
         reader = self._reader
         ready = self._ready
         before = len(ready)
-        total = len(data) if nbytes < 0 else nbytes
-        # hiredis allocates a list of the announced size up front: never show it a huge array header.
-        if _BIG_ARRAY.search(data, 0, total) is not None:
-            self._fallback(data, total)
-            return
         reader.feed(data, 0, total)
-        consumed = 0
+        pos = 0
         hdr = _HDR
         frame = _FRAME
         try:
@@ -128,14 +139,18 @@ class RequestParser:
                 cmd = reader.gets()
                 if cmd is False:
                     break
-                if cmd.__class__ is not list:
+                # Only a multibulk of bulk strings is a command: check each element's type byte where it must
+                # be on the wire (a RESP3 aggregate or a simple string would otherwise pass as an argument).
+                if data[pos] != _STAR:
                     raise _Fallback
-                # What the frame occupies on the wire if every element is a canonical bulk string; anything
-                # else (an integer, an error, a long argument) raises and goes to the Python parser.
-                consumed += hdr[len(cmd)] + sum(map(frame, map(len, cmd)))
+                pos += hdr[len(cmd)]
+                for arg in cmd:
+                    if data[pos] != _DOLLAR:
+                        raise _Fallback
+                    pos += frame(len(arg))
                 if cmd:
                     ready.append(cmd)
-            if consumed == total:
+            if pos == total:
                 return
         except (hiredis.ProtocolError, _Fallback, TypeError, IndexError):
             pass
@@ -172,10 +187,9 @@ class RequestParser:
         try:
             while True:
                 if self._need_crlf:
+                    # Like Redis, the two bytes after a bulk string are skipped, not checked.
                     if end - pos < 2:
                         break
-                    if buf[pos : pos + 2] != b"\r\n":
-                        raise self._error("expected CRLF after a bulk string")
                     pos += 2
                     self._need_crlf = False
                     if self._remaining == 0:
@@ -204,11 +218,8 @@ class RequestParser:
                         if end - pos > _MAX_HEADER:
                             raise self._error("too big mbulk count string")
                         break
-                    try:
-                        count = int(buf[pos + 1 : eol])
-                    except ValueError:
-                        raise self._error("invalid multibulk length") from None
-                    if count > _MAX_MULTIBULK:
+                    count = _parse_len(buf, pos + 1, eol)
+                    if count is None or count > _MAX_MULTIBULK:
                         raise self._error("invalid multibulk length")
                     if count > _UNAUTH_MULTIBULK and not self._authenticated():
                         raise self._error("unauthenticated multibulk length")
@@ -227,18 +238,14 @@ class RequestParser:
                         if end - pos > _MAX_HEADER:
                             raise self._error("too big bulk count string")
                         break
-                    try:
-                        length = int(buf[pos + 1 : eol])
-                    except ValueError:
-                        raise self._error("invalid bulk length") from None
-                    if length < 0 or length > self._max_bulk():
+                    length = _parse_len(buf, pos + 1, eol)
+                    if length is None or length < 0 or length > self._max_bulk():
                         raise self._error("invalid bulk length")
                     if length > _UNAUTH_BULK and not self._authenticated():
                         raise self._error("unauthenticated bulk length")
                     start = eol + 2
-                    if end - start >= length + 2:
-                        if buf[start + length : start + length + 2] != b"\r\n":
-                            raise self._error("expected CRLF after a bulk string")
+                    have = end - start
+                    if have >= length + 2:
                         self._args.append(bytes(buf[start : start + length]))
                         pos = start + length + 2
                         self._remaining -= 1
@@ -246,12 +253,15 @@ class RequestParser:
                         # Receive the value straight into its own buffer: copy what came already, then let
                         # get_buffer() hand out the rest of it.
                         target = self._allocate(length)
-                        have = end - start
-                        target[:have] = buf[start:end]
+                        have = min(have, length)
+                        target[:have] = buf[start : start + have]
                         self._target = target
                         self._target_view = memoryview(target)
                         self._filled = have
-                        pos = end
+                        pos = start + have
+                        if have == length:
+                            self._finish_target()
+                            break
                         self._buf = bytearray()
                         self._pos = 0
                         return
@@ -262,6 +272,8 @@ class RequestParser:
                 else:
                     self._ready.append(self._args)
                     self._args = []
+                    continue
+                if self._need_crlf:
                     continue
                 break
         finally:

@@ -241,7 +241,7 @@ class Connection(asyncio.BufferedProtocol):
         needs_io = bool(keys and store.missing(keys))
         if spec.write and ssd.queued_bytes > int(self.config.get("ssd-write-queue")):
             needs_io = True
-        if spec.name == "dbsize" and ssd.pending:
+        if spec.name == "dbsize" and not ssd.settled:
             needs_io = True
         if needs_io:
             return self._slow(spec, args, keys)
@@ -251,7 +251,7 @@ class Connection(asyncio.BufferedProtocol):
         store = self.store
         ssd = store.ssd
         assert ssd is not None
-        store.last_write_seq = 0
+        store.ack_seq = 0
         try:
             reply = spec.handler(self.ctx, args)
         except WaitForCommit as w:
@@ -267,8 +267,8 @@ class Connection(asyncio.BufferedProtocol):
             return None
         finally:
             store.end_command()
-        seq = store.last_write_seq
-        if store.write_through and seq and seq > ssd.committed_seq:
+        seq = store.ack_seq
+        if seq and seq > ssd.committed_seq:
             return self._ack_after(seq, reply)
         encode(reply, self.client.proto, self.out)
         return None
@@ -290,7 +290,7 @@ class Connection(asyncio.BufferedProtocol):
             await srv.wait_commit(wait_seq)
         if spec.write and ssd.queued_bytes > int(self.config.get("ssd-write-queue")):
             await srv.wait_commit(ssd.enqueued_seq)
-        if spec.name == "dbsize" and ssd.pending:
+        if spec.name == "dbsize" and not ssd.settled:
             await srv.wait_commit(ssd.enqueued_seq)
         for _ in range(3):
             if await srv.load(keys):

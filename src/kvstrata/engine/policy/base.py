@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol
 
 
@@ -22,6 +23,10 @@ class EvictionPolicy(Protocol):
 
     def victim(self) -> bytes | None:
         """The lowest-ranked key, or None when the policy tracks no key. The key stays tracked."""
+        ...
+
+    def victims(self) -> Iterator[bytes]:
+        """Tracked keys from the lowest rank up, lazily; the caller must not change the policy while iterating."""
         ...
 
     def __len__(self) -> int: ...

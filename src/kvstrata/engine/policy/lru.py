@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 
 
 class LRUPolicy:
@@ -26,6 +27,9 @@ class LRUPolicy:
 
     def victim(self) -> bytes | None:
         return next(iter(self._order), None)
+
+    def victims(self) -> Iterator[bytes]:
+        return iter(self._order)
 
     def __len__(self) -> int:
         return len(self._order)

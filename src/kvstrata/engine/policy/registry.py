@@ -30,4 +30,10 @@ def create_policy(name: str, *, clock: Clock | None = None, **options: Any) -> E
 
 
 register("lru", lambda clock=None, **_: LRUPolicy())
-register("lru-k", lambda clock=None, k=2, crp=0.0, **_: LRUKPolicy(k=k, crp=crp, clock=clock))
+register(
+    "lru-k",
+    # Only the options given are passed on, so LRUKPolicy's own defaults (K=2, CRP 0, 100k retained) apply.
+    lambda clock=None, **options: LRUKPolicy(
+        clock=clock, **{name: value for name, value in options.items() if name in ("k", "crp", "retained")}
+    ),
+)

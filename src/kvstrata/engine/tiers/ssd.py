@@ -42,7 +42,13 @@ _BUCKET = struct.Struct(">H")
 RECORD_OVERHEAD = 64
 MAX_INLINE_KEY = 400  # LMDB keys are limited to 511 bytes; longer keys are stored under their hash.
 
-_PUT, _DEL, _FLUSH, _SWEEP, _META = range(5)
+_PUT, _DEL, _FLUSH, _SWEEP, _META, _SYNC = range(6)
+
+
+class Tombstone:
+    """A pending delete. Each delete gets its own, so a commit only clears the pending state it wrote."""
+
+    __slots__ = ()
 
 
 class Corrupt:
@@ -128,6 +134,7 @@ class SsdTier:
         self.env = lmdb.open(
             path, map_size=map_size, max_dbs=4, sync=False, metasync=False, max_readers=256, readahead=False
         )
+        # Not writemap: with a memory-mapped writable file a full disk is a SIGBUS; with pwrite it is an error.
         self._data = self.env.open_db(b"data")
         self._order = self.env.open_db(b"order")
         self._exp = self.env.open_db(b"exp")
@@ -143,7 +150,7 @@ class SsdTier:
             self.version_high_water = self._meta_int(txn, b"version_hw")
             with txn.cursor(db=self._order) as cur:
                 self._seq = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
-        self.pending: dict[bytes, Entry | None] = {}
+        self.pending: dict[bytes, Entry | Tombstone] = {}
         self.flush_pending = False
         self.queued_bytes = 0
         self.enqueued_seq = 0
@@ -190,11 +197,17 @@ class SsdTier:
 
     def lookup_pending(self, key: bytes) -> tuple[bool, Entry | None]:
         """(known, entry): known is true when the answer comes from memory without touching LMDB."""
-        if key in self.pending:
-            return True, self.pending[key]
+        found = self.pending.get(key)
+        if found is not None:
+            return True, (None if found.__class__ is Tombstone else found)  # type: ignore[return-value]
         if self.flush_pending:
             return True, None
         return False, None
+
+    @property
+    def settled(self) -> bool:
+        """True when nothing is waiting for the writer, so LMDB's counters are exact."""
+        return not self.pending and not self.flush_pending
 
     def get(self, key: bytes) -> Entry | None:
         known, entry = self.lookup_pending(key)
@@ -220,7 +233,7 @@ class SsdTier:
                         keys.add(_record_key(lk, rec))
         for key, entry in self.pending.items():
             if bucket_of(key) == bucket:
-                if entry is None:
+                if entry.__class__ is Tombstone:
                     keys.discard(key)
                 else:
                     keys.add(key)
@@ -266,9 +279,10 @@ class SsdTier:
         return self._enqueue((_PUT, key, snap), len(entry.value))
 
     def delete(self, key: bytes) -> bool:
-        self.pending[key] = None
+        tomb = Tombstone()
+        self.pending[key] = tomb
         self._touched(key)
-        self._enqueue((_DEL, key, None))
+        self._enqueue((_DEL, key, tomb))
         return True
 
     def flush(self) -> int:
@@ -287,9 +301,9 @@ class SsdTier:
         self.version_high_water = value
         return self._enqueue((_META, b"version_hw", value))
 
-    def barrier(self) -> int:
-        """A no-op that commits after everything queued before it."""
-        return self._enqueue((_META, None, None))
+    def barrier(self, sync: bool = False) -> int:
+        """A no-op that commits after everything queued before it; with ``sync``, fsynced whatever ``fsync`` says."""
+        return self._enqueue((_SYNC if sync else _META, None, None))
 
     # ---- the writer ----
     def _writer(self) -> None:
@@ -317,7 +331,7 @@ class SsdTier:
         evicted: list[bytes] = []
         try:
             evicted = self._apply_with_room(batch)
-            if self.fsync == "always":
+            if self.fsync == "always" or any(op[2] == _SYNC for op in batch):
                 self.env.sync(True)
         except Exception as exc:  # disk errors must not kill the writer; the batch is reported as failed
             error = f"{type(exc).__name__}: {exc}"
@@ -326,18 +340,25 @@ class SsdTier:
         self._deliver(lambda: self._committed(batch, error, evicted))
 
     def _apply_with_room(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
+        evicted: list[bytes] = []
         for attempt in range(4):
             try:
                 with self.env.begin(write=True) as txn:
-                    return self._apply(txn, batch)
+                    return evicted + self._apply(txn, batch)
             except lmdb.MapFullError:
                 # The map filled before our own budget did (page overhead): free the oldest tenth and retry.
                 log.warning("SSD map full (attempt %d); evicting the oldest records", attempt + 1)
-                with self.env.begin(write=True) as txn:
-                    self._evict(txn, max(1, self.count // 10 * (attempt + 1)), [])
-                    self._save_meta(txn)
+                freed: list[bytes] = []
+                used0, count0 = self.used, self.count
+                try:
+                    with self.env.begin(write=True) as txn:
+                        self._evict(txn, max(1, self.count // 10 * (attempt + 1)), freed)
+                        self._save_meta(txn)
+                except BaseException:
+                    self.used, self.count = used0, count0
+                    raise
+                evicted += freed
         # Still no room: apply one by one and drop what cannot fit (this is the last tier).
-        evicted: list[bytes] = []
         for op in batch:
             try:
                 with self.env.begin(write=True) as txn:
@@ -354,7 +375,9 @@ class SsdTier:
             return False
         try:
             _, _, _, _, expire_at, seq, _, _ = _HEADER.unpack_from(old)
-            txn.delete(_U64.pack(seq), db=self._order)
+            # A damaged header may name another record's index entries: only delete ones that point here.
+            if txn.get(_U64.pack(seq), db=self._order) == lkey:
+                txn.delete(_U64.pack(seq), db=self._order)
             if expire_at > 0:
                 txn.delete(_U64.pack(expire_at) + lkey, db=self._exp)
         except struct.error:
@@ -405,38 +428,42 @@ class SsdTier:
         self.count += 1
 
     def _evict(self, txn: lmdb.Transaction, n: int | None, evicted: list[bytes]) -> None:
+        """Remove the oldest records until under budget (``n`` None) or ``n`` of them; their keys go to ``evicted``."""
         with txn.cursor(db=self._order) as cur:
-            cur.first()
-            while (n is None and self.used > self.budget) or (n is not None and n > 0):
-                if not cur.key():
-                    break
+            while ((n is None and self.used > self.budget) or (n is not None and n > 0)) and cur.first():
+                seq_key = bytes(cur.key())
                 lkey = bytes(cur.value())
                 rec = txn.get(lkey, db=self._data)
-                key = _record_key(lkey, rec) if rec is not None else None
-                if not self._remove(txn, lkey):
+                if rec is None or len(rec) < HEADER_SIZE or _U64.pack(_HEADER.unpack_from(rec)[5]) != seq_key:
+                    # A stale index entry (the key was rewritten since), or a record whose header is damaged.
                     cur.delete()
-                else:
-                    cur.set_range(b"")
-                    if key is not None:
-                        evicted.append(key)
-                    self.evictions += 1
+                    if rec is not None and isinstance(decode_record(b"", rec), Corrupt):
+                        self._remove(txn, lkey)
+                    continue
+                key = _record_key(lkey, rec)
+                self._remove(txn, lkey)
+                evicted.append(key)
+                self.evictions += 1
                 if n is not None:
                     n -= 1
-                if not cur.first():
-                    break
 
     def _sweep(self, txn: lmdb.Transaction, now_ms: int, limit: int) -> None:
         with txn.cursor(db=self._exp) as cur:
             done = 0
             while done < limit and cur.first():
                 k = bytes(cur.key())
-                if _U64.unpack(k[:8])[0] > now_ms:
+                expire_at = _U64.unpack(k[:8])[0]
+                if expire_at > now_ms:
                     break
                 lkey = k[8:]
                 cur.delete()
-                if self._remove(txn, lkey):
-                    self.expired += 1
                 done += 1
+                # The index entry may be stale (the key was rewritten, or its header was damaged): only a
+                # record that itself says it expired then is removed.
+                rec = txn.get(lkey, db=self._data)
+                if rec is not None and len(rec) >= HEADER_SIZE and _HEADER.unpack_from(rec)[4] == expire_at:
+                    if self._remove(txn, lkey):
+                        self.expired += 1
 
     def _save_meta(self, txn: lmdb.Transaction) -> None:
         txn.put(b"used", _U64.pack(max(0, self.used)), db=self._meta)
@@ -470,5 +497,5 @@ class SsdTier:
         self.env.close()
 
     def __len__(self) -> int:
-        """Committed records; exact once ``pending`` is empty (DBSIZE waits for the writer first)."""
+        """Committed records; exact once ``settled`` (DBSIZE waits for the writer first)."""
         return self.count
