@@ -100,8 +100,9 @@ PARAMS: tuple[Param, ...] = (
           mutable=True),
     Param("eviction-policy", _choice("lru", "lru-k"), "lru-k", "How DRAM entries are ranked for demotion."),
     Param("lru-k", _int, 2, "K of LRU-K: the K-th most recent reference decides the rank."),
-    Param("lru-k-crp", _float, 0.05,
-          "LRU-K correlated-reference period in seconds: references closer than this count once."),
+    Param("lru-k-crp", _float, 1.0,
+          "LRU-K correlated-reference period in seconds: references closer than this count once (one request's "
+          "reads and retries; a chat's next turn is further apart)."),
     Param("essd-path", _str, "", "Directory of the SSD tier (LMDB); empty disables the SSD tier.",
           env=("ESSD_PATH",)),
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),

@@ -201,7 +201,7 @@ def test_delete_of_demoted_key(tiered):
 
 
 def test_shrinking_dram_budget_at_runtime_demotes(tiered):
-    r = tiered({"dram-size": "256kb"}).client()
+    r = tiered({"dram-size": "512kb"}).client()
     written = write_many(r, [f"k{i}" for i in range(200)], 1000)
     assert tier_info(r, "dram")["keys"] == 200
     assert r.config_set("maxmemory", "32kb")

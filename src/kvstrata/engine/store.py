@@ -22,7 +22,7 @@ from typing import Any
 
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.admission import Admission
-from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value, entry_size
+from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value
 from kvstrata.engine.keyspace import SCAN_BUCKETS, bucket_of, glob_match
 from kvstrata.engine.policy import EvictionPolicy, create_policy
 from kvstrata.engine.stats import EngineStats, TierStats
@@ -48,9 +48,10 @@ class Store:
         promote_hits: int = 2,
         promote_window: float = 60.0,
         hot_max_fraction: float = 0.5,
+        entry_overhead: int = ENTRY_OVERHEAD,
     ) -> None:
         self.clock = clock or SystemClock()
-        self.dram = DramTier(dram_budget)
+        self.dram = DramTier(dram_budget, entry_overhead)
         self.policy = policy if policy is not None else create_policy("lru", clock=self.clock)
         self.ssd = ssd
         self.write_through = durability == "write-through" and ssd is not None
@@ -187,7 +188,7 @@ class Store:
             entry = Entry(value, self.version, expire_at)
         else:
             entry = Entry(value, self.next_version(), expire_at)
-        size = len(key) + len(value) + ENTRY_OVERHEAD
+        size = len(key) + len(value) + self.dram.overhead
         dram = self.dram
         old = dram.entries.get(key)
         if ssd is not None:
@@ -223,7 +224,7 @@ class Store:
     def _insert(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
         """Put an entry of ``size`` bytes into DRAM, replacing ``old``, after making room for it."""
         dram = self.dram
-        growth = size if old is None else size - (len(key) + len(old.value) + ENTRY_OVERHEAD)
+        growth = size if old is None else size - (len(key) + len(old.value) + dram.overhead)
         if dram.used + growth > dram.budget:
             self.make_room(growth, exclude=key)
         dram.put(key, entry, size, old)
@@ -252,7 +253,7 @@ class Store:
         kept = dram.pinned_bytes
         current = dram.entries.get(exclude) if exclude is not None else None
         if current is not None and not current.pinned:
-            kept += entry_size(exclude, current.value)  # type: ignore[arg-type]
+            kept += self.dram.size(exclude, current.value)  # type: ignore[arg-type]
         if kept + nbytes > dram.budget:
             raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
                                    "pinned keys.")
@@ -263,7 +264,7 @@ class Store:
             if victim == exclude:
                 continue
             chosen.append(victim)
-            need -= entry_size(victim, entries[victim].value)
+            need -= self.dram.size(victim, entries[victim].value)
             if need <= 0:
                 break
         if self.noeviction and self.ssd is not None:
@@ -291,7 +292,7 @@ class Store:
             self.ssd.put(key, entry)
 
     def _promote(self, key: bytes, entry: Entry) -> bool:
-        size = entry_size(key, entry.value)
+        size = self.dram.size(key, entry.value)
         if size > self.dram.budget or self.ssd is None:
             return False
         try:
@@ -484,7 +485,7 @@ class Store:
         return any((until == 0 or until > now) and glob_match(p, key) for p, until in self.hot.items())
 
     def _pin(self, key: bytes, entry: Entry) -> bool:
-        size = entry_size(key, entry.value)
+        size = self.dram.size(key, entry.value)
         if self.dram.pinned_bytes + size > self.hot_max_fraction * self.dram.budget:
             self.stats.pin_rejected += 1
             return False

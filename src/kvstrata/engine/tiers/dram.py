@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvstrata.engine.entry import Entry, entry_size
+from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry
 from kvstrata.engine.keyspace import bucket_of
 
 
@@ -15,12 +15,17 @@ class DramTier:
 
     name = "dram"
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, entry_overhead: int = ENTRY_OVERHEAD) -> None:
         self.budget = budget
+        self.overhead = entry_overhead
         self.used = 0
         self.entries: dict[bytes, Entry] = {}
         self.buckets: dict[int, set[bytes]] = {}
         self.pinned_bytes = 0
+
+    def size(self, key: bytes, value: bytes | bytearray) -> int:
+        """Bytes charged for an entry: key, value and the fixed per-entry overhead."""
+        return len(key) + len(value) + self.overhead
 
     def get(self, key: bytes) -> Entry | None:
         return self.entries.get(key)
@@ -37,7 +42,7 @@ class DramTier:
                 bucket = self.buckets[b] = set()
             bucket.add(key)
         else:
-            old_size = entry_size(key, old.value)
+            old_size = self.size(key, old.value)
             self.used -= old_size
             if old.pinned:
                 self.pinned_bytes -= old_size
@@ -60,7 +65,7 @@ class DramTier:
         entry = self.entries.pop(key, None)
         if entry is None:
             return None
-        size = entry_size(key, entry.value)
+        size = self.size(key, entry.value)
         self.used -= size
         if entry.pinned:
             self.pinned_bytes -= size
@@ -75,7 +80,7 @@ class DramTier:
         if entry.pinned == pinned:
             return
         entry.pinned = pinned
-        size = entry_size(key, entry.value)
+        size = self.size(key, entry.value)
         self.pinned_bytes += size if pinned else -size
 
     def clear(self) -> None:
