@@ -130,10 +130,11 @@ def _commandstats(ctx: Context) -> list[tuple[str, Any]]:
     if ctx.server is None:
         return []
     rows = []
-    for spec, (calls, failed) in sorted(ctx.server.command_counts.items(), key=lambda kv: kv[0].name):
-        if calls or failed:
-            rows.append((f"cmdstat_{spec.name}", f"calls={calls},usec=0,usec_per_call=0.00,rejected_calls=0,"
-                                            f"failed_calls={failed}"))
+    for spec, st in sorted(ctx.server.command_counts.items(), key=lambda kv: kv[0].full_name):
+        if st.calls or st.failed:
+            per_call = st.usec / st.calls if st.calls else 0.0
+            rows.append((f"cmdstat_{spec.full_name}", f"calls={st.calls},usec={st.usec},usec_per_call={per_call:.2f},"
+                                                     f"rejected_calls=0,failed_calls={st.failed}"))
     return rows
 
 

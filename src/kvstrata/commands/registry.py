@@ -104,10 +104,20 @@ def command(
     return register
 
 
-def container(name: str, flags: str = "", *, group: str = "server", summary: str = "", since: str = "2.0.0") -> None:
-    """A command whose first argument picks a subcommand (CLIENT, CONFIG, ...)."""
+def container(
+    name: str,
+    flags: str = "",
+    *,
+    group: str = "server",
+    summary: str = "",
+    since: str = "2.0.0",
+    bare: Handler | None = None,
+) -> None:
+    """A command whose first argument picks a subcommand (CLIENT, CONFIG, ...); ``bare`` answers it alone."""
 
     def dispatch(ctx: Any, args: list[bytes]) -> Any:
+        if len(args) == 1 and bare is not None:
+            return bare(ctx, args)
         spec = REGISTRY[name.encode()]
         sub = spec.subcommands.get(args[1].lower())
         if sub is None:
@@ -117,9 +127,11 @@ def container(name: str, flags: str = "", *, group: str = "server", summary: str
         if not sub.arity_ok(len(args)):
             raise CommandError(f"wrong number of arguments for '{name}|{sub.name}' command")
         ctx.client.last_cmd = sub
+        if ctx.server is not None:
+            ctx.server.command_counts[sub].calls += 1
         return sub.handler(ctx, args)
 
-    command(name, -2, flags, group=group, summary=summary, since=since)(dispatch)
+    command(name, -1 if bare is not None else -2, flags, group=group, summary=summary, since=since)(dispatch)
 
 
 def lookup(name: bytes) -> CommandSpec | None:

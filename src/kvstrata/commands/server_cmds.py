@@ -60,21 +60,12 @@ def _spec_docs(spec: CommandSpec) -> dict[str, Any]:
     return docs
 
 
-def _command(ctx: Context, args: list[bytes]) -> Any:
-    if len(args) == 1:
-        return [_spec_info(s) for s in REGISTRY.values()]
-    spec = REGISTRY[b"command"]
-    sub = spec.subcommands.get(args[1].lower())
-    if sub is None:
-        raise CommandError(f"unknown subcommand '{args[1].decode(errors='replace')}'. Try COMMAND HELP.")
-    if not sub.arity_ok(len(args)):
-        raise CommandError(f"wrong number of arguments for 'command|{sub.name}' command")
-    ctx.client.last_cmd = sub
-    return sub.handler(ctx, args)
+def _all_commands(ctx: Context, args: list[bytes]) -> Any:
+    return [_spec_info(s) for s in REGISTRY.values()]
 
 
-command("command", -1, "loading stale", group="server", since="2.8.13",
-        summary="Returns detailed information about all commands.")(_command)
+container("command", "loading stale", group="server", since="2.8.13",
+          summary="Returns detailed information about all commands.", bare=_all_commands)
 
 
 @command("count", 2, "loading stale", parent="command", group="server", since="2.8.13",

@@ -18,6 +18,7 @@ from kvstrata.config import Config
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.store import Store
 from kvstrata.engine.tiers.ssd import SsdTier
+from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.prefetch import Prefetcher
 from kvstrata.server.stats import ServerStats
@@ -53,8 +54,14 @@ class Server:
         self.tiered = self.store.ssd is not None
         self.stats = ServerStats()
         self.clients: dict[int, Connection] = {}
-        # [calls, failed] per command spec; created up front so the hot path is one dict lookup.
-        self.command_counts: dict[CommandSpec, list[int]] = {spec: [0, 0] for spec in REGISTRY.values()}
+        # Per command spec; created up front so the hot path is one dict lookup.
+        self.command_counts: dict[CommandSpec, CommandStats] = {}
+        for spec in REGISTRY.values():
+            self.command_counts[spec] = CommandStats()
+            for sub in spec.subcommands.values():
+                self.command_counts[sub] = CommandStats()
+        self.slowlog = SlowLog()
+        self.slow_usec = int(config.get("slowlog-log-slower-than"))
         self.tasks: set[asyncio.Task[Any]] = set()
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
@@ -119,6 +126,8 @@ class Server:
         store.admission.hits = int(self.config.get("promote-hits"))
         store.admission.window_ms = int(float(self.config.get("promote-window")) * 1000)
         store.hot_max_fraction = float(self.config.get("hot-max-fraction"))
+        self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
+        self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
         if store.dram.used > store.dram.budget:
             try:
                 store.make_room(0)
@@ -128,11 +137,11 @@ class Server:
     def reset_stats(self) -> None:
         self.stats.reset()
         for counts in self.command_counts.values():
-            counts[0] = counts[1] = 0
+            counts.reset()
 
     @property
     def commands_processed(self) -> int:
-        return self.stats.unknown + sum(c[0] for c in self.command_counts.values())
+        return self.stats.unknown + sum(c.calls for spec, c in self.command_counts.items() if spec.parent is None)
 
     # ---- background work ----
     async def _cron(self) -> None:

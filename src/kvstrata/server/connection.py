@@ -12,6 +12,7 @@ import asyncio
 import logging
 import traceback
 from collections import deque
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kvstrata.commands.context import ClientState, Context
@@ -20,6 +21,7 @@ from kvstrata.commands.tairkv import WaitForCommit
 from kvstrata.errors import CommandError, NoAuthError, ProtocolError
 from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import RequestParser
+from kvstrata.server.cmdstats import CommandStats
 
 if TYPE_CHECKING:
     from kvstrata.server.app import Server
@@ -210,21 +212,29 @@ class Connection(asyncio.BufferedProtocol):
             self._error(NoAuthError().message)
             return None
         counts = self.counts[spec]
-        counts[0] += 1
+        counts.calls += 1
         client.last_cmd = spec
         if self.tiered:
-            return self._tiered(spec, args)
+            return self._tiered(spec, args, counts)
+        t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args)
         except CommandError as exc:
-            counts[1] += 1
+            counts.failed += 1
             self._error(exc.message)
             return None
         except Exception as exc:  # a bug in one handler must not take the connection down
+            counts.failed += 1
             log.error("command %s failed: %s", spec.name, traceback.format_exc())
             self._error(f"ERR internal error: {type(exc).__name__}")
             return None
-        encode(reply, self.client.proto, self.out)
+        finally:
+            usec = (perf_counter_ns() - t0) // 1000
+            counts.usec += usec
+            counts.hist[usec.bit_length()] += 1
+            if usec >= self.server.slow_usec >= 0:
+                self.server.slowlog.add(usec, args, client.addr, client.name)
+        encode(reply, client.proto, self.out)
         return None
 
     def _error(self, message: str) -> None:
@@ -232,7 +242,7 @@ class Connection(asyncio.BufferedProtocol):
         encode(ErrorReply(message), self.client.proto, self.out)
 
     # ---- the tiered path: may need I/O before or after the handler ----
-    def _tiered(self, spec: CommandSpec, args: list[Any]) -> Any:
+    def _tiered(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         store = self.store
         ssd = store.ssd
         assert ssd is not None
@@ -244,29 +254,36 @@ class Connection(asyncio.BufferedProtocol):
         if spec.name == "dbsize" and not ssd.settled:
             needs_io = True
         if needs_io:
-            return self._slow(spec, args, keys)
-        return self._invoke_sync(spec, args)
+            return self._slow(spec, args, keys, counts)
+        return self._invoke_sync(spec, args, counts)
 
-    def _invoke_sync(self, spec: CommandSpec, args: list[Any]) -> Any:
+    def _invoke_sync(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         store = self.store
         ssd = store.ssd
         assert ssd is not None
         store.ack_seq = 0
+        t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args)
         except WaitForCommit as w:
             store.end_command()
-            return self._slow(spec, args, [], wait_seq=w.seq)
+            return self._slow(spec, args, [], counts, wait_seq=w.seq)
         except CommandError as exc:
-            self.counts[spec][1] += 1
+            counts.failed += 1
             self._error(exc.message)
             return None
         except Exception as exc:
+            counts.failed += 1
             log.error("command %s failed: %s", spec.name, traceback.format_exc())
             self._error(f"ERR internal error: {type(exc).__name__}")
             return None
         finally:
             store.end_command()
+            usec = (perf_counter_ns() - t0) // 1000
+            counts.usec += usec
+            counts.hist[usec.bit_length()] += 1
+            if usec >= self.server.slow_usec >= 0:
+                self.server.slowlog.add(usec, args, self.client.addr, self.client.name)
         seq = store.ack_seq
         if seq and seq > ssd.committed_seq:
             return self._ack_after(seq, reply)
@@ -281,7 +298,8 @@ class Connection(asyncio.BufferedProtocol):
         else:
             encode(reply, self.client.proto, self.out)
 
-    async def _slow(self, spec: CommandSpec, args: list[Any], keys: list[bytes], wait_seq: int = 0) -> None:
+    async def _slow(self, spec: CommandSpec, args: list[Any], keys: list[bytes], counts: CommandStats,
+                    wait_seq: int = 0) -> None:
         store = self.store
         ssd = store.ssd
         assert ssd is not None
@@ -295,7 +313,7 @@ class Connection(asyncio.BufferedProtocol):
         for _ in range(3):
             if await srv.load(keys):
                 break
-        waiter = self._invoke_sync(spec, args)
+        waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:
             await waiter
 
