@@ -136,6 +136,16 @@ PARAMS: tuple[Param, ...] = (
     Param("slowlog-log-slower-than", _int, 10000,
           "Microseconds after which a command is logged as slow (0: every command, -1: none).", mutable=True),
     Param("slowlog-max-len", _int, 128, "Entries kept in the slow log.", mutable=True),
+    Param("latency-monitor-threshold", _int, 0,
+          "LATENCY LATEST/HISTORY record a command's slowest latency of each second when it reaches this many "
+          "milliseconds (0: off, as in Redis).", mutable=True),
+    Param("http-port", _int, 9379,
+          "Port of the HTTP endpoint: /metrics (Prometheus), /stats.json, /healthz and the dashboard at /; 0 "
+          "disables it. If the default port is taken the server runs without it (with a warning); a port given "
+          "explicitly must be free."),
+    Param("http-bind", _str, "127.0.0.1",
+          "Address(es) of the HTTP endpoint. A non-loopback address requires requirepass: clients send it as a "
+          "Bearer token or as the basic-auth password."),
     Param("save", _str, "", "Accepted for compatibility: kvstrata takes no snapshots (the SSD tier persists)."),
     Param("appendonly", _choice("no"), "no", "Accepted for compatibility: there is no append-only file."),
     Param("cluster-enabled", _choice("no"), "no", "Accepted for Tair compatibility; only 'no' is supported."),
@@ -158,6 +168,8 @@ class Config:
     """Parameter values by Redis-style name; attribute access uses underscores (``cfg.dram_size``)."""
 
     values: dict[str, Any] = field(default_factory=dict)
+    # Parameters given by a flag, the environment or a file (not left at their defaults).
+    explicit: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         for p in PARAMS:
@@ -182,7 +194,9 @@ class Config:
         self.values[key] = param.parse(raw)
 
     def get(self, name: str) -> Any:
-        return self.values[canonical(name)]
+        values = self.values
+        # Callers almost always use the canonical spelling: one dict lookup, no string work.
+        return values[name] if name in values else values[canonical(name)]
 
 
 def load_file(path: str) -> dict[str, Any]:
@@ -218,4 +232,5 @@ def build_config(flags: Mapping[str, Any], environ: Mapping[str, str], file: str
                 cfg.set(name, raw)
             except ValueError as exc:
                 raise ValueError(f"{source}: {name}: {exc}") from None
+            cfg.explicit.add(canonical(name))
     return cfg

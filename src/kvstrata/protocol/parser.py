@@ -64,6 +64,10 @@ class RequestParser:
     ) -> None:
         self._max_bulk = max_bulk
         self._max_query = max_query
+        # Whether whole frames may go through hiredis: only for authenticated clients (hiredis knows none of the
+        # unauthenticated limits) and when no complete frame can exceed proto-max-bulk-len. The owner calls
+        # refresh() when either changes; checking per chunk would cost more than the rest of the fast path.
+        self.fast_allowed = True
         self._large = large_threshold
         self._authenticated = authenticated
         self._allocate = allocate
@@ -81,6 +85,10 @@ class RequestParser:
         self._filled = 0
         self._need_crlf = False
         self._ready: list[list[bytes | bytearray]] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.fast_allowed = self._authenticated() and self._max_bulk() >= _RECV_SIZE
 
     # ---- BufferedProtocol side ----
     def get_buffer(self) -> memoryview:
@@ -95,7 +103,10 @@ class RequestParser:
                 self._finish_target()
                 self._parse_slow()
             return
-        self.feed(self._recv_view[:nbytes])
+        if self._fast and self._recv[0] == _STAR:
+            self._feed_fast(self._recv, nbytes)
+        else:
+            self.feed(self._recv_view[:nbytes])
 
     # ---- plain feeding (tests, data_received) ----
     def feed(self, data: bytes | bytearray | memoryview) -> None:
@@ -120,11 +131,12 @@ class RequestParser:
             self._parse_slow()
 
     def _feed_fast(self, data: bytes | bytearray | memoryview, nbytes: int = -1) -> None:
+        if data.__class__ is memoryview:
+            data = data.tobytes()  # type: ignore[union-attr]
         total = len(data) if nbytes < 0 else nbytes
-        # hiredis allocates a list of the announced size up front: never show it a huge array header. It also
-        # does not know the unauthenticated or proto-max-bulk-len limits, so those cases take the slow path.
-        if (_BIG_ARRAY.search(data, 0, total) is not None or total > _RECV_SIZE
-                or self._max_bulk() < _RECV_SIZE or not self._authenticated()):
+        # hiredis allocates a list of the announced size up front: never show it a huge array header.
+        if (not self.fast_allowed or total > _RECV_SIZE
+                or (data.find(b"*", 1, total) >= 0 and _BIG_ARRAY.search(data, 0, total) is not None)):
             self._fallback(data, total)
             return
         reader = self._reader

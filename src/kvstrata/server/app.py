@@ -128,6 +128,8 @@ class Server:
         store.hot_max_fraction = float(self.config.get("hot-max-fraction"))
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
+        for conn in self.clients.values():
+            conn.parser.refresh()
         if store.dram.used > store.dram.budget:
             try:
                 store.make_room(0)

@@ -234,6 +234,8 @@ class Connection(asyncio.BufferedProtocol):
             counts.hist[usec.bit_length()] += 1
             if usec >= self.server.slow_usec >= 0:
                 self.server.slowlog.add(usec, args, client.addr, client.name)
+            if spec.noauth:  # AUTH, HELLO, RESET may change what the parser must check
+                self.parser.refresh()
         encode(reply, client.proto, self.out)
         return None
 
@@ -284,6 +286,8 @@ class Connection(asyncio.BufferedProtocol):
             counts.hist[usec.bit_length()] += 1
             if usec >= self.server.slow_usec >= 0:
                 self.server.slowlog.add(usec, args, self.client.addr, self.client.name)
+            if spec.noauth:
+                self.parser.refresh()
         seq = store.ack_seq
         if seq and seq > ssd.committed_seq:
             return self._ack_after(seq, reply)
