@@ -12,6 +12,7 @@ from typing import Any
 
 from kvstrata import __version__
 from kvstrata.commands.context import Context
+from kvstrata.observability.latency import latencystats_line
 from kvstrata.sizes import format_size
 
 Section = Callable[[Context], list[tuple[str, Any]]]
@@ -99,6 +100,8 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
          else store.tier_stats["dram"].misses),
         ("prefetch_queued", e.prefetch_queued),
         ("prefetch_done", e.prefetch_done),
+        ("prefetch_dropped", srv.prefetcher.dropped if srv is not None else 0),
+        ("prefetch_queue_depth", len(srv.prefetcher) if srv is not None else 0),
         ("pin_rejected", e.pin_rejected),
         ("ssd_sync_reads", store.sync_reads),
         ("current_version", store.version),
@@ -138,6 +141,18 @@ def _commandstats(ctx: Context) -> list[tuple[str, Any]]:
     return rows
 
 
+def _latencystats(ctx: Context) -> list[tuple[str, Any]]:
+    """Redis 7's format: ``latency_percentiles_usec_<cmd>:p50=...,p99=...,p99.9=...`` (µs, interpolated within
+    the power-of-two histogram buckets; see kvstrata.observability.latency)."""
+    if ctx.server is None:
+        return []
+    rows = []
+    for spec, st in sorted(ctx.server.command_counts.items(), key=lambda kv: kv[0].full_name):
+        if any(st.hist):
+            rows.append((f"latency_percentiles_usec_{spec.full_name}", latencystats_line(st.hist)))
+    return rows
+
+
 SECTIONS: dict[str, Section] = {
     "server": _server,
     "clients": _clients,
@@ -147,6 +162,7 @@ SECTIONS: dict[str, Section] = {
     "tier_dram": _tier("dram"),
     "tier_ssd": _tier("ssd"),
     "commandstats": _commandstats,
+    "latencystats": _latencystats,
 }
 DEFAULT = ["server", "clients", "memory", "stats", "tier_dram", "tier_ssd", "keyspace"]
 

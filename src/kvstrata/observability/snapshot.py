@@ -87,7 +87,7 @@ def top_prefixes(dram: Any, sample: Sequence[bytes], top: int = TOP_PREFIXES) ->
     }
 
 
-def _count_keys(store: Any, sample: Sequence[bytes]) -> tuple[int, bool]:
+def count_keys(store: Any, sample: Sequence[bytes]) -> tuple[int, bool]:
     """(number of keys over all tiers, estimated?). DRAM copies of SSD records count once."""
     dram = store.dram
     ssd = store.ssd
@@ -174,7 +174,7 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
     store = server.store
     config = server.config
     sample = sample_dram(store.dram, rng=rng)
-    keys, keys_estimated = _count_keys(store, sample)
+    keys, keys_estimated = count_keys(store, sample)
     hits, misses = hits_misses(store)
     stats = server.stats
     commands = command_rows(server.command_counts)

@@ -135,7 +135,9 @@ class RequestParser:
             data = data.tobytes()  # type: ignore[union-attr]
         total = len(data) if nbytes < 0 else nbytes
         # hiredis allocates a list of the announced size up front: never show it a huge array header.
-        if (not self.fast_allowed or total > _RECV_SIZE
+        # The first frame's count must end within 7 bytes (under 100000 arguments); any other '*' in the chunk
+        # (a later frame, or a nested array) gets the full search.
+        if (not self.fast_allowed or total > _RECV_SIZE or data.find(b"\r\n", 0, 8) < 0
                 or (data.find(b"*", 1, total) >= 0 and _BIG_ARRAY.search(data, 0, total) is not None)):
             self._fallback(data, total)
             return

@@ -18,6 +18,7 @@ from kvstrata.config import Config
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.store import Store
 from kvstrata.engine.tiers.ssd import SsdTier
+from kvstrata.observability.service import Observability
 from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.prefetch import Prefetcher
@@ -81,6 +82,8 @@ class Server:
             self.dispatch[name] = spec
             self.dispatch[name.upper()] = spec
         self.prefetcher = Prefetcher(self.store, self.load)
+        # Metrics, dashboard, LATENCY monitor; checks the HTTP endpoint's configuration (raises if unsafe).
+        self.observability = Observability(self)
 
     def next_client_id(self) -> int:
         return next(self._ids)
@@ -141,6 +144,10 @@ class Server:
         for counts in self.command_counts.values():
             counts.reset()
 
+    def snapshot(self) -> dict[str, Any]:
+        """Every counter, tier and command statistic as one JSON-ready dict (the schema of /stats.json)."""
+        return self.observability.snapshot_json()
+
     @property
     def commands_processed(self) -> int:
         return self.stats.unknown + sum(c.calls for spec, c in self.command_counts.items() if spec.parent is None)
@@ -187,6 +194,8 @@ class Server:
             ssd.set_delivery(lambda fn: loop.call_soon_threadsafe(fn))
             ssd.on_commit = self._on_ssd_commit
         hosts = [h for h in str(self.config.get("bind")).split() if h]
+        # The HTTP endpoint first: once the RESP port answers, /metrics does too.
+        await self.observability.start()
         self._server = await self.loop.create_server(
             lambda: Connection(self), host=hosts or None, port=self.port, reuse_address=True, backlog=511
         )
@@ -214,6 +223,7 @@ class Server:
         log.info("shutting down")
         if self._server is not None:
             self._server.close()
+        await self.observability.close()
         for conn in list(self.clients.values()):
             conn.kill()
         for task in list(self.tasks):

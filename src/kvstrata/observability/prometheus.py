@@ -1,0 +1,203 @@
+"""Prometheus metrics: a custom ``prometheus_client`` collector that turns one snapshot into metric families.
+
+Nothing is registered with ``prometheus_client``'s global registry and no client-library metric object is
+touched on the hot path: at scrape time ``collect()`` asks for a snapshot (``snapshot.build``) and yields
+families from it. Names follow the Prometheus conventions: the ``kvstrata_`` prefix, base units (bytes,
+seconds) in the name, ``_total`` on counters (the client library adds it).
+
+Per-command latency comes from the power-of-two microsecond histograms: cumulative bucket ``i`` has
+``le = 2**i`` µs, written in seconds, for ``i`` in ``0..LE_BUCKETS-1``; slower commands fall in ``+Inf``. The
+bucket set is fixed so that ``rate()`` and ``histogram_quantile()`` work across scrapes.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable, Iterator
+from typing import Any
+
+LE_BUCKETS = 25  # 1 µs .. 2**24 µs (16.8 s)
+POOL_DEGRADED = "kvstrata_pool_degraded"  # alerted on in deploy/prometheus/alerts.yml; exported with the pool tier
+
+TIER_COUNTERS = (
+    ("hits", "Lookups answered by this tier."),
+    ("misses", "Lookups this tier could not answer."),
+    ("promotions", "Entries moved up out of this tier into a faster one."),
+    ("demotions", "Entries moved down out of this tier into a slower one."),
+    ("evictions", "Entries dropped by this tier (the last tier) to stay within its budget."),
+    ("corrupt_reads", "Records that failed their checksum on read (answered as misses and dropped)."),
+)
+
+
+def _le(usec: int) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(usec / 1e6)
+
+
+LE_LABELS: list[str] = []
+
+
+class KvstrataCollector:
+    """``collect()`` yields every kvstrata metric family from ``snapshot_fn()``, called once per scrape."""
+
+    def __init__(self, snapshot_fn: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot_fn = snapshot_fn
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked collector: families are only known at scrape time
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        if not LE_LABELS:
+            LE_LABELS.extend(_le(2**i) for i in range(LE_BUCKETS))
+        snap = self.snapshot_fn()
+        srv = snap["server"]
+
+        info = GaugeMetricFamily("kvstrata_build_info", "Always 1; the labels describe the running server.",
+                                 labels=["version", "eviction_policy", "durability"])
+        info.add_metric([srv["version"], str(srv["eviction_policy"]), str(srv["durability"])], 1)
+        yield info
+        yield GaugeMetricFamily("kvstrata_uptime_seconds", "Seconds since the server started.",
+                                value=srv["uptime_seconds"])
+        yield GaugeMetricFamily("kvstrata_keys", "Keys in the keyspace, all tiers (estimated on huge keyspaces).",
+                                value=snap["keys"])
+        yield GaugeMetricFamily("kvstrata_version_counter",
+                                "The per-node version counter: the version the last write got.",
+                                value=snap["version_counter"])
+
+        # ---- tiers ----
+        tiers = snap["tiers"]
+        for name, help_text, field in (
+            ("kvstrata_tier_used_bytes", "Bytes held by the tier (key, value and per-entry overhead).",
+             "used_bytes"),
+            ("kvstrata_tier_budget_bytes", "The tier's budget in bytes.", "budget_bytes"),
+            ("kvstrata_tier_keys", "Entries held by the tier.", "keys"),
+        ):
+            g = GaugeMetricFamily(name, help_text, labels=["tier"])
+            for t in tiers:
+                g.add_metric([t["name"]], t[field])
+            yield g
+        for field, help_text in TIER_COUNTERS:
+            c = CounterMetricFamily(f"kvstrata_tier_{field}", help_text, labels=["tier"])
+            for t in tiers:
+                c.add_metric([t["name"]], t[field])
+            yield c
+        pinned = GaugeMetricFamily("kvstrata_tier_pinned_bytes", "Bytes of pinned (hot) entries.", labels=["tier"])
+        for t in tiers:
+            if "pinned_bytes" in t:
+                pinned.add_metric([t["name"]], t["pinned_bytes"])
+        yield pinned
+        for t in tiers:
+            if t["name"] == "ssd":
+                yield GaugeMetricFamily("kvstrata_ssd_write_queue_bytes",
+                                        "Bytes of values waiting for the SSD writer.", value=t["queued_bytes"])
+                yield GaugeMetricFamily("kvstrata_ssd_pending_writes",
+                                        "Keys with a write or delete not yet committed to the SSD tier.",
+                                        value=t["pending"])
+                yield CounterMetricFamily("kvstrata_ssd_write_errors", "SSD write transactions that failed.",
+                                          value=t["write_errors"])
+
+        # ---- keyspace ----
+        ks = snap["keyspace"]
+        for name, help_text, value in (
+            ("kvstrata_keyspace_hits", "Lookups that found their key in some tier.", ks["hits"]),
+            ("kvstrata_keyspace_misses", "Lookups that found their key in no tier.", ks["misses"]),
+            ("kvstrata_expired_keys", "Keys removed because their TTL passed (any tier).", ks["expired_keys"]),
+            ("kvstrata_evicted_keys", "Keys dropped by the last tier to stay within its budget.",
+             ks["evicted_keys"]),
+            ("kvstrata_pin_rejected", "Pins refused because pinned bytes would pass hot-max-fraction.",
+             ks["pin_rejected"]),
+            ("kvstrata_ssd_sync_reads", "SSD reads done on the event loop (KEYS, SCAN, RANDOMKEY).",
+             ks["ssd_sync_reads"]),
+        ):
+            yield CounterMetricFamily(name, help_text, value=value)
+
+        # ---- clients and network ----
+        cl = snap["clients"]
+        yield GaugeMetricFamily("kvstrata_connected_clients", "Client connections open now.", value=cl["connected"])
+        yield CounterMetricFamily("kvstrata_connections_received", "Client connections accepted.",
+                                  value=cl["connections_received"])
+        yield CounterMetricFamily("kvstrata_connections_rejected",
+                                  "Client connections refused (maxclients, protected mode).", value=cl["rejected"])
+        yield CounterMetricFamily("kvstrata_net_input_bytes", "Bytes received from clients.",
+                                  value=snap["net"]["input_bytes"])
+        yield CounterMetricFamily("kvstrata_net_output_bytes", "Bytes sent to clients.",
+                                  value=snap["net"]["output_bytes"])
+
+        # ---- commands ----
+        yield CounterMetricFamily("kvstrata_commands_processed", "Commands processed, unknown ones included.",
+                                  value=snap["commands_processed"])
+        err = snap["errors"]
+        yield CounterMetricFamily("kvstrata_error_replies", "Error replies sent.", value=err["error_replies"])
+        yield CounterMetricFamily("kvstrata_protocol_errors", "Connections closed for a protocol error.",
+                                  value=err["protocol_errors"])
+        yield CounterMetricFamily("kvstrata_unknown_commands", "Commands not in the command table.",
+                                  value=err["unknown_commands"])
+        calls = CounterMetricFamily("kvstrata_commands", "Calls per command (subcommands as parent|sub).",
+                                    labels=["cmd"])
+        failed = CounterMetricFamily("kvstrata_command_errors", "Calls per command that replied with an error.",
+                                     labels=["cmd"])
+        duration = HistogramMetricFamily("kvstrata_command_duration_seconds",
+                                         "Time spent in the command handler, per command.", labels=["cmd"])
+        for row in snap["commands"]:
+            calls.add_metric([row["name"]], row["calls"])
+            failed.add_metric([row["name"]], row["failed"])
+            hist = row.get("_hist")
+            if hist is None or not row["timed"]:
+                continue
+            buckets: list[tuple[str, float]] = []
+            seen = 0
+            for i in range(LE_BUCKETS):
+                seen += hist[i]
+                buckets.append((LE_LABELS[i], seen))
+            buckets.append(("+Inf", row["timed"]))
+            duration.add_metric([row["name"]], buckets, row["usec"] / 1e6)
+        yield calls
+        yield failed
+        yield duration
+
+        # ---- prefetch ----
+        pf = snap["prefetch"]
+        yield GaugeMetricFamily("kvstrata_prefetch_queue_depth", "Keys waiting in the prefetch queue.",
+                                value=pf["queue_depth"])
+        yield GaugeMetricFamily("kvstrata_prefetch_queue_capacity", "Most keys the prefetch queue holds.",
+                                value=pf["capacity"])
+        yield CounterMetricFamily("kvstrata_prefetch_queued", "Keys accepted into the prefetch queue.",
+                                  value=pf["queued"])
+        yield CounterMetricFamily("kvstrata_prefetch_promoted", "Prefetched keys moved up to DRAM.",
+                                  value=pf["promoted"])
+        yield CounterMetricFamily("kvstrata_prefetch_dropped", "Prefetch requests dropped: the queue was full.",
+                                  value=pf["dropped"])
+
+        # ---- slow log ----
+        sl = snap["slowlog"]
+        yield GaugeMetricFamily("kvstrata_slowlog_length", "Entries in the slow log now.", value=sl["length"])
+        yield CounterMetricFamily("kvstrata_slow_commands", "Commands logged as slow (slowlog-log-slower-than).",
+                                  value=sl["total"])
+
+
+def render(snapshot_fn: Callable[[], dict[str, Any]], accept: str = "", accept_encoding: str = "",
+           process_metrics: bool = True) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a ``/metrics`` response (content negotiated as ``prometheus_client`` does)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import choose_encoder
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvstrataCollector(snapshot_fn))  # type: ignore[arg-type]
+    if process_metrics:
+        from prometheus_client import ProcessCollector
+
+        ProcessCollector(registry=registry)
+    encoder, content_type = choose_encoder(accept)
+    body = encoder(registry)
+    headers = {"Content-Type": content_type}
+    if "gzip" in accept_encoding.lower() and len(body) > 1024:
+        body = gzip.compress(body, compresslevel=1)
+        headers["Content-Encoding"] = "gzip"
+    return body, headers

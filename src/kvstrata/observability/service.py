@@ -1,0 +1,121 @@
+"""Wires observability to a running server: the snapshot cache, the per-second sampler and the HTTP endpoint.
+
+``Server`` creates one ``Observability`` (which checks the HTTP configuration before anything listens),
+starts it after the RESP listener and closes it on shutdown, all on the same event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from importlib import resources
+from typing import Any
+
+from kvstrata.observability import snapshot as snapshot_mod
+from kvstrata.observability.history import History
+from kvstrata.observability.http import HttpEndpoint, Response, bind_hosts, check_bind, text
+
+log = logging.getLogger("kvstrata.observability")
+
+# Concurrent readers (several dashboards, Prometheus) within this many seconds share one snapshot.
+SNAPSHOT_MAX_AGE = 0.25
+
+
+class Observability:
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        config = server.config
+        self.configured_port = int(config.get("http-port"))
+        self.bind = str(config.get("http-bind"))
+        # Raises ObservabilityConfigError for a non-loopback endpoint without a password.
+        self.require_auth = check_bind(self.bind, config.get("requirepass")) if self.configured_port else False
+        self.history = History(server)
+        self.http: HttpEndpoint | None = None
+        self._cache: dict[str, Any] | None = None
+        self._cache_at = 0.0
+        self._sampler: asyncio.Task[None] | None = None
+        self._dashboard: bytes | None = None
+
+    @property
+    def http_port(self) -> int:
+        return self.http.port if self.http is not None else 0
+
+    # ---- snapshots ----
+    def snapshot(self, max_age: float = 0.0) -> dict[str, Any]:
+        """A snapshot at most ``max_age`` seconds old; commands keep their raw histograms under ``_hist``."""
+        now = time.monotonic()
+        if self._cache is None or now - self._cache_at > max_age:
+            self._cache = snapshot_mod.build(self.server, history=self.history.as_json(), include_hist=True)
+            self._cache_at = now
+        return self._cache
+
+    def snapshot_json(self, max_age: float = 0.0) -> dict[str, Any]:
+        snap = dict(self.snapshot(max_age))
+        snap["commands"] = [{k: v for k, v in row.items() if k != "_hist"} for row in snap["commands"]]
+        return snap
+
+    # ---- routes ----
+    def _metrics(self, headers: dict[str, str]) -> Response:
+        from kvstrata.observability.prometheus import render
+
+        body, hdrs = render(lambda: self.snapshot(SNAPSHOT_MAX_AGE), headers.get("accept", ""),
+                            headers.get("accept-encoding", ""))
+        return 200, hdrs, body
+
+    def _stats(self, headers: dict[str, str]) -> Response:
+        body = json.dumps(self.snapshot_json(SNAPSHOT_MAX_AGE), separators=(",", ":")).encode()
+        return 200, {"Content-Type": "application/json"}, body
+
+    def _healthz(self, headers: dict[str, str]) -> Response:
+        return text(200, "ok\n")
+
+    def _index(self, headers: dict[str, str]) -> Response:
+        if self._dashboard is None:
+            self._dashboard = resources.files("kvstrata.observability").joinpath("dashboard.html").read_bytes()
+        return 200, {
+            "Content-Type": "text/html; charset=utf-8",
+            # Everything is inline; the page may only talk back to this endpoint.
+            "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+                                       "style-src 'unsafe-inline'; connect-src 'self'; img-src data:",
+        }, self._dashboard
+
+    def routes(self) -> dict[str, Any]:
+        return {"/": self._index, "/index.html": self._index, "/metrics": self._metrics,
+                "/stats.json": self._stats, "/healthz": self._healthz}
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        self._sampler = asyncio.ensure_future(self._sample_forever())
+        if not self.configured_port:
+            return
+        config = self.server.config
+        endpoint = HttpEndpoint(self.routes(), bind_hosts(self.bind), self.configured_port,
+                                require_auth=self.require_auth, password=lambda: config.get("requirepass"))
+        try:
+            await endpoint.start()
+        except OSError as exc:
+            if "http-port" in getattr(config, "explicit", ()):
+                raise OSError(f"HTTP endpoint on {self.bind} port {self.configured_port}: {exc}") from exc
+            log.warning("HTTP endpoint not started (%s port %d: %s); set --http-port to another port, or 0",
+                        self.bind, self.configured_port, exc.strerror or exc)
+            return
+        self.http = endpoint
+        log.info("HTTP endpoint (/metrics, /stats.json, /healthz, dashboard /) on %s port %d%s", self.bind,
+                 endpoint.port, " (password required)" if self.require_auth else "")
+
+    async def _sample_forever(self) -> None:
+        self.history.sample()
+        while True:
+            await asyncio.sleep(1.0 - (time.monotonic() % 1.0) + 0.001)
+            try:
+                self.history.sample()
+            except Exception:
+                log.exception("observability sample failed")
+
+    async def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.cancel()
+        if self.http is not None:
+            await self.http.close()
