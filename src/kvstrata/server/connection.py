@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvstrata.conn")
 
 _LOOPBACK = ("127.", "::1", "::ffff:127.")
+_JOIN_LIMIT = 64 * 1024
 
 
 def _fmt_addr(addr: Any) -> str:
@@ -166,8 +167,14 @@ class Connection(asyncio.BufferedProtocol):
             self.server.stats.net_out += len(data)
             self.transport.write(data)
         else:
-            self.server.stats.net_out += sum(map(len, out))
-            self.transport.writelines(out)
+            n = sum(map(len, out))
+            self.server.stats.net_out += n
+            # Joining small replies costs less than handing the transport many buffers; large values are
+            # never copied (writelines sends them as they are).
+            if n < _JOIN_LIMIT:
+                self.transport.write(b"".join(out))
+            else:
+                self.transport.writelines(out)
         self.out = []
         if self.client.closing:
             self._close()
