@@ -267,13 +267,16 @@ class Store:
             need -= self.dram.size(victim, entries[victim].value)
             if need <= 0:
                 break
-        if self.noeviction and self.ssd is not None:
+        if self.ssd is not None:
             # Check the last tier can take them all before anything moves: a refused write loses nothing.
             self._check_last_tier_room(sum(len(entries[k].value) for k in chosen if not entries[k].on_ssd))
         for victim in chosen:
             self._demote(victim)
 
     def _check_last_tier_room(self, nbytes: int) -> None:
+        ssd = self.ssd
+        if ssd is not None and ssd.stuck_bytes > ssd.stuck_limit:
+            raise OutOfMemoryError(f"command not allowed: the SSD tier cannot take writes ({ssd.degraded}).")
         if self.noeviction and self.ssd is not None:
             if self.ssd.used + self.ssd.queued_bytes + nbytes > self.ssd.budget:
                 raise OutOfMemoryError("command not allowed: the SSD tier is full and maxmemory-policy is noeviction.")

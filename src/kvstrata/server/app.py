@@ -53,6 +53,8 @@ class Server:
         self.config_file = config_file
         self.store = store or build_store(config)
         self.tiered = self.store.ssd is not None
+        if self.store.ssd is not None:
+            self.store.ssd.stuck_limit = int(config.get("ssd-write-queue"))
         self.stats = ServerStats()
         self.clients: dict[int, Connection] = {}
         # Per command spec; created up front so the hot path is one dict lookup.
@@ -129,6 +131,8 @@ class Server:
         store.admission.hits = int(self.config.get("promote-hits"))
         store.admission.window_ms = int(float(self.config.get("promote-window")) * 1000)
         store.hot_max_fraction = float(self.config.get("hot-max-fraction"))
+        if store.ssd is not None:
+            store.ssd.stuck_limit = int(self.config.get("ssd-write-queue"))
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
         for conn in self.clients.values():
@@ -172,6 +176,8 @@ class Server:
         store = self.store
         if store.ssd is not None:
             store.sweep_ssd()
+            if store.ssd.stuck:
+                store.ssd.retry_stuck()
             if store.ssd.fsync == "everysec":
                 assert self.loop is not None
                 self.loop.run_in_executor(self._io, store.ssd.env.sync, True)

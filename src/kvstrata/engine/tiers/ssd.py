@@ -40,6 +40,8 @@ HEADER_SIZE = _HEADER.size
 _U64 = struct.Struct(">Q")
 _BUCKET = struct.Struct(">H")
 RECORD_OVERHEAD = 64
+# Free space kept on the SSD tier's filesystem for LMDB's own pages and metadata.
+_DISK_MARGIN = 8 * 1024 * 1024
 MAX_INLINE_KEY = 400  # LMDB keys are limited to 511 bytes; longer keys are stored under their hash.
 
 _PUT, _DEL, _FLUSH, _SWEEP, _META, _SYNC = range(6)
@@ -156,6 +158,12 @@ class SsdTier:
         self.enqueued_seq = 0
         self.committed_seq = 0
         self.failed: dict[int, str] = {}
+        # Writes whose batch failed: still in ``pending`` (readable), retried by retry_stuck().
+        self.stuck: dict[bytes, Entry] = {}
+        self.stuck_bytes = 0
+        self.degraded: str | None = None
+        # Bytes of failed writes held in memory beyond which demotions are refused (set by the server).
+        self.stuck_limit = 64 * 1024 * 1024
         self.evictions = 0
         self.corrupt_reads = 0
         self.expired = 0
@@ -339,8 +347,41 @@ class SsdTier:
             log.error("SSD write of %d operations failed: %s", len(batch), error)
         self._deliver(lambda: self._committed(batch, error, evicted))
 
+    def _disk_room(self, batch: list[tuple[Any, ...]], evicted: list[bytes]) -> None:
+        """Evict oldest records first when the filesystem could not take this batch.
+
+        LMDB reuses pages freed by earlier transactions, so freeing happens in a transaction of its own; the
+        margin leaves room for that transaction and LMDB's metadata. Running into ENOSPC inside a commit would
+        leave the environment unusable, so it is avoided here rather than handled afterwards.
+        """
+        need = sum(len(op[3]) + len(op[4].value) + HEADER_SIZE + RECORD_OVERHEAD for op in batch if op[2] == _PUT)
+        if not need:
+            return
+        st = os.statvfs(self.path)
+        free = st.f_bavail * st.f_frsize
+        shortfall = need + _DISK_MARGIN - free
+        if shortfall <= 0:
+            return
+        target = max(0, self.used - shortfall)
+        if self.used <= 0:
+            raise OSError(28, f"no space left on the SSD tier's filesystem for {need} bytes")
+        log.warning("SSD filesystem nearly full (%d bytes free, %d needed): evicting oldest records", free, need)
+        used0, count0 = self.used, self.count
+        budget = self.budget
+        try:
+            self.budget = target
+            with self.env.begin(write=True) as txn:
+                self._evict(txn, None, evicted)
+                self._save_meta(txn)
+        except BaseException:
+            self.used, self.count = used0, count0
+            raise
+        finally:
+            self.budget = budget
+
     def _apply_with_room(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
         evicted: list[bytes] = []
+        self._disk_room(batch, evicted)
         for attempt in range(4):
             try:
                 with self.env.begin(write=True) as txn:
@@ -473,18 +514,34 @@ class SsdTier:
         for op in batch:
             seq, nbytes, kind, key, snap = op
             self.queued_bytes -= nbytes
-            if kind in (_PUT, _DEL) and self.pending.get(key, 0) is snap:
+            if error is not None and kind == _PUT and self.pending.get(key, 0) is snap:
+                # Not on disk: the value stays readable from memory and is written again later.
+                self.stuck[key] = snap
+                self.stuck_bytes += nbytes
+            elif kind in (_PUT, _DEL) and self.pending.get(key, 0) is snap:
                 del self.pending[key]
             elif kind == _FLUSH and seq == self._flush_seq:
                 self.flush_pending = False
             if error is not None:
                 self.failed[seq] = error
+        self.degraded = error
         if len(self.failed) > 10000:
             for seq in sorted(self.failed)[:5000]:
                 del self.failed[seq]
         self.committed_seq = batch[-1][0]
         if self.on_commit is not None:
             self.on_commit(self.committed_seq, evicted)
+
+    def retry_stuck(self) -> int:
+        """Queue again the writes that failed (e.g. disk full); those overwritten or deleted since are dropped."""
+        stuck, self.stuck = self.stuck, {}
+        self.stuck_bytes = 0
+        again = 0
+        for key, snap in stuck.items():
+            if self.pending.get(key) is snap:
+                self._enqueue((_PUT, key, snap), len(snap.value))
+                again += 1
+        return again
 
     def close(self) -> None:
         if self._closed:
