@@ -5,8 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 
+class Counters:
+    """A dataclass of integer counters that can be read as a dict and reset to zero."""
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    def reset(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            setattr(self, f.name, 0)
+
+
 @dataclass
-class TierStats:
+class TierStats(Counters):
     hits: int = 0
     misses: int = 0
     promotions: int = 0
@@ -14,16 +25,9 @@ class TierStats:
     evictions: int = 0
     corrupt_reads: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def reset(self) -> None:
-        for f in fields(self):
-            setattr(self, f.name, 0)
-
 
 @dataclass
-class EngineStats:
+class EngineStats(Counters):
     expired_keys: int = 0
     evicted_keys: int = 0
     keyspace_hits: int = 0
@@ -31,7 +35,3 @@ class EngineStats:
     prefetch_queued: int = 0
     prefetch_done: int = 0
     pin_rejected: int = 0
-
-    def reset(self) -> None:
-        for f in fields(self):
-            setattr(self, f.name, 0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from kvstrata.engine.stats import Counters
 
 
 @dataclass
-class ServerStats:
+class ServerStats(Counters):
     connections: int = 0
     unknown: int = 0
     net_in: int = 0
@@ -14,7 +16,3 @@ class ServerStats:
     rejected: int = 0
     errors: int = 0
     protocol_errors: int = 0
-
-    def reset(self) -> None:
-        for f in fields(self):
-            setattr(self, f.name, 0)
