@@ -30,8 +30,6 @@ class TierStats(Counters):
 class EngineStats(Counters):
     expired_keys: int = 0
     evicted_keys: int = 0
-    keyspace_hits: int = 0
-    keyspace_misses: int = 0
     prefetch_queued: int = 0
     prefetch_done: int = 0
     pin_rejected: int = 0
