@@ -1,4 +1,4 @@
-"""Command line: ``kvstrata serve | bench NAME | info``. ``main(argv) -> int``."""
+"""Command line: ``kvstrata serve | bench NAME | top``. ``main(argv) -> int``."""
 
 from __future__ import annotations
 
@@ -80,9 +80,10 @@ def bench(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: kvstrata {serve,bench,version} ...\n\n"
+        print("usage: kvstrata {serve,bench,top,version} ...\n\n"
               "  serve    run the RESP server (kvstrata serve --help)\n"
               "  bench    run a benchmark: " + ", ".join(BENCHMARKS) + "\n"
+              "  top      a live terminal view of a server (kvstrata top --help)\n"
               "  version  print the version")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
@@ -90,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve(rest)
     if cmd == "bench":
         return bench(rest)
+    if cmd == "top":
+        from kvstrata.observability.top import main as top_main
+
+        return top_main(rest)
     if cmd in ("version", "--version"):
         print(f"kvstrata {__version__}")
         return 0

@@ -34,7 +34,7 @@ container("slowlog", "admin loading stale", group="server", since="2.2.12",
 
 
 @command("get", -2, "admin loading stale", parent="slowlog", group="server", since="2.2.12",
-         summary="Returns the slow log's entries.", syntax="SLOWLOG GET [count]")
+         summary="Returns the slow log's entries.", syntax="GET [count]")
 def slowlog_get(ctx: Context, args: list[bytes]) -> Any:
     if len(args) > 3:
         raise CommandError("wrong number of arguments for 'slowlog|get' command")
@@ -102,14 +102,14 @@ def latency_latest(ctx: Context, args: list[bytes]) -> Any:
 
 
 @command("history", 3, "admin loading stale", parent="latency", group="server", since="2.8.13",
-         summary="Returns timestamp-latency samples for an event.", syntax="LATENCY HISTORY event")
+         summary="Returns timestamp-latency samples for an event.", syntax="HISTORY event")
 def latency_history(ctx: Context, args: list[bytes]) -> Any:
     history = _history(ctx)
     return history.history(args[2].decode(errors="replace").lower()) if history is not None else []
 
 
 @command("reset", -2, "admin loading stale", parent="latency", group="server", since="2.8.13",
-         summary="Resets the latency data for one or more events.", syntax="LATENCY RESET [event [event ...]]")
+         summary="Resets the latency data for one or more events.", syntax="RESET [event [event ...]]")
 def latency_reset(ctx: Context, args: list[bytes]) -> Any:
     history = _history(ctx)
     if history is None:
@@ -119,7 +119,7 @@ def latency_reset(ctx: Context, args: list[bytes]) -> Any:
 
 @command("histogram", -2, "admin loading stale", parent="latency", group="server", since="7.0.0",
          summary="Returns the cumulative distribution of latencies of a subset or all commands.",
-         syntax="LATENCY HISTOGRAM [command [command ...]]")
+         syntax="HISTOGRAM [command [command ...]]")
 def latency_histogram(ctx: Context, args: list[bytes]) -> Any:
     if ctx.server is None:
         return {}
@@ -189,7 +189,7 @@ def usage_bytes(store: Any, key: bytes) -> int | None:
 
 
 @command("usage", -3, "readonly", parent="memory", group="server", since="4.0.0", keys=(2, 2, 1),
-         summary="Estimates the memory usage of a key.", syntax="MEMORY USAGE key [SAMPLES count]")
+         summary="Estimates the memory usage of a key.", syntax="USAGE key [SAMPLES count]")
 def memory_usage(ctx: Context, args: list[bytes]) -> Any:
     if len(args) == 5 and args[3].lower() == b"samples":
         parse_int(args[4])  # accepted for compatibility: a value is one string, measured exactly

@@ -139,13 +139,18 @@ class KvstrataCollector:
                                   value=err["protocol_errors"])
         yield CounterMetricFamily("kvstrata_unknown_commands", "Commands not in the command table.",
                                   value=err["unknown_commands"])
-        calls = CounterMetricFamily("kvstrata_commands", "Calls per command (subcommands as parent|sub).",
+        calls = CounterMetricFamily("kvstrata_commands", "Calls per command (containers such as CONFIG once).",
                                     labels=["cmd"])
+        subcalls = CounterMetricFamily("kvstrata_subcommands", "Calls per subcommand (config|get, ...): a "
+                                       "breakdown of the container's kvstrata_commands_total.", labels=["cmd"])
         failed = CounterMetricFamily("kvstrata_command_errors", "Calls per command that replied with an error.",
                                      labels=["cmd"])
         duration = HistogramMetricFamily("kvstrata_command_duration_seconds",
                                          "Time spent in the command handler, per command.", labels=["cmd"])
         for row in snap["commands"]:
+            if row.get("subcommand"):
+                subcalls.add_metric([row["name"]], row["calls"])
+                continue
             calls.add_metric([row["name"]], row["calls"])
             failed.add_metric([row["name"]], row["failed"])
             hist = row.get("_hist")
@@ -159,6 +164,7 @@ class KvstrataCollector:
             buckets.append(("+Inf", row["timed"]))
             duration.add_metric([row["name"]], buckets, row["usec"] / 1e6)
         yield calls
+        yield subcalls
         yield failed
         yield duration
 

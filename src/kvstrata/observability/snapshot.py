@@ -122,6 +122,7 @@ def command_rows(command_counts: dict[Any, Any]) -> list[dict[str, Any]]:
             "p999_usec": round(quantile_usec(hist, 0.999), 3),
             "histogram_usec": [[le, n] for le, n in cumulative_usec(hist)],
             "fast": "fast" in spec.flags,
+            "subcommand": spec.parent is not None,
             "_hist": hist,
         })
     rows.sort(key=lambda r: (-r["calls"], r["name"]))
