@@ -36,7 +36,8 @@ class ObservabilityConfigError(ValueError):
 
 
 def bind_hosts(bind: str) -> list[str]:
-    return [h for h in str(bind).replace(",", " ").split() if h]
+    """``"127.0.0.1 [::1]"`` -> ``["127.0.0.1", "::1"]`` (spaces or commas; brackets around IPv6 dropped)."""
+    return [h.strip("[]") for h in str(bind).replace(",", " ").split() if h.strip("[]")]
 
 
 def is_loopback(host: str) -> bool:

@@ -141,7 +141,7 @@ def _rate(sample: dict[str, Any], section: str, field: str) -> float | None:
     return max(0.0, (_num(after) - _num(before)) / dt)
 
 
-def _bar(ratio: float, width: int = 20) -> Any:
+def _bar(ratio: float, width: int = 16) -> Any:
     from rich.text import Text
 
     filled = max(0, min(width, round(ratio * width)))
@@ -180,7 +180,7 @@ def render(sample: dict[str, Any], target: str) -> Any:
     tiers = Table(title="Tiers", expand=True, title_justify="left", title_style="bold")
     for col in ("tier", "water level", "used", "budget", "keys", "hits", "misses", "promoted", "demoted", "evicted",
                 "corrupt"):
-        tiers.add_column(col, justify="left" if col in ("tier", "water level") else "right")
+        tiers.add_column(col, justify="left" if col in ("tier", "water level") else "right", no_wrap=True)
     tier_sections = [(name[5:], sec) for name, sec in info.items() if name.startswith("tier_")]
     if not tier_sections and mem:  # Redis: one memory "tier"
         tier_sections = [("memory", {"used": mem.get("used_memory", 0), "budget": mem.get("maxmemory", 0)})]
