@@ -1,0 +1,344 @@
+"""KV values: a self-describing header followed by the tensor bytes. No pickle.
+
+Header (little-endian, 40 bytes, then the shape and the layout)::
+
+    offset size  field
+    0      4     magic b"KVSC"
+    4      1     format version (1)
+    5      1     flags: bit 0 fp8 e4m3, bit 1 zstd, bit 2 per-head fp8 scales
+    6      1     dtype code of the tensor as given to encode (DTYPES)
+    7      1     byte planes used by zstd (1 = none; 2 or 4 = bytes of each element split into planes)
+    8      1     ndim
+    9      1     layout length in bytes (ASCII, e.g. "LKHTD")
+    10     2     reserved (0)
+    12     8     raw length: bytes of the decoded tensor
+    20     8     payload length: bytes that follow the header
+    28     4     number of float32 fp8 scales at the start of the (decompressed) payload
+    32     8     xxh3-64 of the header with this field zeroed, then of the payload
+    40     8*nd  shape
+    ..     len   layout
+
+Codecs: ``raw``; ``zstd`` (the bytes of 16- and 32-bit elements split into planes first: exponent bytes
+compress, mantissa bytes barely do); ``fp8`` (e4m3fn with a per-tensor or per-head float32 scale); ``fp8+zstd``.
+Decoding verifies the checksum and refuses a format version it does not know.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+
+MAGIC = b"KVSC"
+FORMAT_VERSION = 1
+_FIXED = struct.Struct("<4sBBBBBBHQQIQ")
+HEADER_SIZE = _FIXED.size  # 40
+_CHECKSUM_OFFSET = 32
+
+FLAG_FP8 = 1
+FLAG_ZSTD = 2
+FLAG_PER_HEAD = 4
+
+# dtype name -> (code, numpy storage dtype). bfloat16 is carried as uint16 in numpy.
+DTYPES: dict[str, tuple[int, str]] = {
+    "float32": (1, "<f4"), "float16": (2, "<f2"), "bfloat16": (3, "<u2"), "float64": (4, "<f8"),
+    "int8": (5, "i1"), "uint8": (6, "u1"), "float8_e4m3fn": (7, "u1"), "int32": (8, "<i4"),
+    "int64": (9, "<i8"), "uint16": (10, "<u2"),
+}
+_BY_CODE = {code: name for name, (code, _) in DTYPES.items()}
+CODECS = ("raw", "zstd", "fp8", "fp8+zstd")
+FP8_MAX = 448.0
+
+
+class CodecError(ValueError):
+    """A value that cannot be decoded (bad magic, truncated, unsupported)."""
+
+
+class ChecksumError(CodecError):
+    """The value's checksum does not match: it was corrupted in storage or transit."""
+
+
+class FormatVersionError(CodecError):
+    """The value was written by a newer kvstrata (or is not a kvstrata value)."""
+
+
+def default_codec() -> str:
+    """The codec from ``KVSTRATA_COMPRESSION`` (raw, zstd, fp8, fp8+zstd), or raw."""
+    name = os.environ.get("KVSTRATA_COMPRESSION", "raw").strip().lower() or "raw"
+    return check_codec(name)
+
+
+def check_codec(name: str) -> str:
+    name = {"none": "raw", "zstd+fp8": "fp8+zstd"}.get(name, name)
+    if name not in CODECS:
+        raise ValueError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fp8 e4m3fn (no NaN/inf except 0x7F/0xFF as NaN; max 448), implemented with numpy tables
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _e4m3_table() -> np.ndarray:
+    vals = np.zeros(256, dtype=np.float32)
+    for b in range(128):
+        exp, mant = (b >> 3) & 0xF, b & 7
+        v = (mant / 8.0) * 2.0 ** -6 if exp == 0 else (1.0 + mant / 8.0) * 2.0 ** (exp - 7)
+        vals[b] = v
+        vals[b | 0x80] = -v
+    vals[0x7F] = np.nan
+    vals[0xFF] = np.nan
+    return vals
+
+
+_E4M3 = _e4m3_table()
+_E4M3_POS = _E4M3[:127]  # 0 .. 448, increasing
+_E4M3_MID = (_E4M3_POS[:-1] + _E4M3_POS[1:]) / 2
+
+
+def fp8_quantize(x: np.ndarray) -> np.ndarray:
+    """float32 values already scaled into [-448, 448] -> e4m3fn bytes (round to nearest)."""
+    a = np.abs(x)
+    np.minimum(a, FP8_MAX, out=a)
+    code = np.searchsorted(_E4M3_MID, a, side="left").astype(np.uint8)
+    code |= (np.signbit(x).astype(np.uint8) << 7)
+    return code
+
+
+def fp8_dequantize(codes: np.ndarray) -> np.ndarray:
+    return _E4M3[codes]
+
+
+def _to_float32(arr: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float32, copy=False)
+
+
+def _from_float32(f: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        u = f.view(np.uint32)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return f.astype(DTYPES[dtype][1], copy=False)
+
+
+def _scale_groups(shape: tuple[int, ...], layout: str, per_head: bool) -> int:
+    """How many leading elements of ``shape`` get separate scales (the product of dims up to the head axis)."""
+    if not per_head or "H" not in layout or len(layout) != len(shape):
+        return 1
+    return int(np.prod(shape[: layout.index("H") + 1]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# encode / decode
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def as_array(value: Any) -> tuple[np.ndarray, str]:
+    """(numpy array, dtype name) of a numpy array or a torch tensor (bfloat16 tensors as uint16 views)."""
+    if isinstance(value, np.ndarray):
+        name = value.dtype.name
+        if name not in DTYPES:
+            raise CodecError(f"unsupported dtype {name}")
+        return value, name
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        name = str(t.dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise CodecError(f"unsupported dtype {name}")
+        if name in ("bfloat16", "float8_e4m3fn"):
+            t = t.view(torch.uint16 if name == "bfloat16" else torch.uint8)
+        return t.contiguous().numpy(), name
+    raise CodecError(f"cannot encode a {type(value).__name__}; give a numpy array or a torch tensor")
+
+
+def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale: str = "head",
+                 zstd_level: int = 3) -> list[Any]:
+    """Encode a tensor; returns ``[header, payload...]`` buffers to send without joining them."""
+    codec = check_codec(codec)
+    arr, dtype = as_array(value)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")
+    shape = tuple(int(s) for s in arr.shape)
+    layout_b = layout.encode("ascii")
+    if len(layout_b) > 255 or len(shape) > 255:
+        raise CodecError("layout or ndim too long")
+    raw_len = arr.nbytes
+    flags = 0
+    planes = 1
+    scales = b""
+    nscales = 0
+    data: Any = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b""
+    if codec.startswith("fp8"):
+        if dtype not in ("float32", "float16", "bfloat16", "float64"):
+            raise CodecError(f"fp8 needs a floating-point tensor, not {dtype}")
+        flags |= FLAG_FP8
+        groups = _scale_groups(shape, layout, fp8_scale == "head")
+        if groups > 1:
+            flags |= FLAG_PER_HEAD
+        f = _to_float32(arr, dtype).reshape(groups, -1)
+        amax = np.abs(f).max(axis=1) if f.size else np.zeros(groups, np.float32)
+        sc = np.where(amax > 0, amax / FP8_MAX, 1.0).astype(np.float32)
+        q = fp8_quantize(f / sc[:, None])
+        scales = sc.astype("<f4").tobytes()
+        nscales = groups
+        data = memoryview(q.reshape(-1))
+    if codec.endswith("zstd"):
+        import zstandard
+
+        flags |= FLAG_ZSTD
+        itemsize = 1 if flags & FLAG_FP8 else arr.dtype.itemsize
+        body = np.frombuffer(data, dtype=np.uint8) if len(data) else np.zeros(0, np.uint8)
+        if itemsize in (2, 4) and body.size:
+            planes = itemsize
+            body = np.ascontiguousarray(body.reshape(-1, itemsize).T)
+        payload = zstandard.ZstdCompressor(level=zstd_level).compress(scales + body.tobytes())
+        parts_payload: list[Any] = [payload]
+        scales = b""
+    else:
+        parts_payload = [scales, data] if scales else [data]
+    payload_len = sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts_payload)
+    dtype_code = DTYPES[dtype][0]
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, flags, dtype_code, planes, len(shape), len(layout_b), 0,
+                        raw_len, payload_len, nscales, 0)
+    tail = struct.pack(f"<{len(shape)}Q", *shape) + layout_b
+    h = xxhash.xxh3_64()
+    h.update(fixed)
+    h.update(tail)
+    for p in parts_payload:
+        h.update(p)
+    header = bytearray(fixed + tail)
+    struct.pack_into("<Q", header, _CHECKSUM_OFFSET, h.intdigest())
+    return [bytes(header), *parts_payload]
+
+
+def encode(value: Any, codec: str = "raw", layout: str = "", **kw: Any) -> bytes:
+    """Encode a tensor into one bytes object (joins the parts; see ``encode_parts`` to avoid the copy)."""
+    return b"".join(bytes(p) if isinstance(p, memoryview) else p for p in encode_parts(value, codec, layout, **kw))
+
+
+@dataclass
+class Header:
+    version: int
+    flags: int
+    dtype: str
+    planes: int
+    shape: tuple[int, ...]
+    layout: str
+    raw_len: int
+    payload_len: int
+    nscales: int
+    checksum: int
+    size: int  # header bytes including shape and layout
+
+    @property
+    def codec(self) -> str:
+        fp8, zstd = self.flags & FLAG_FP8, self.flags & FLAG_ZSTD
+        return "fp8+zstd" if fp8 and zstd else "fp8" if fp8 else "zstd" if zstd else "raw"
+
+
+def read_header(buf: Any) -> Header:
+    mv = memoryview(buf)
+    if mv.nbytes < HEADER_SIZE:
+        raise CodecError(f"value too short for a kvstrata header ({mv.nbytes} bytes)")
+    (magic, version, flags, dtype_code, planes, ndim, layout_len, _res, raw_len, payload_len, nscales,
+     checksum) = _FIXED.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise CodecError(f"not a kvstrata KV value (magic {bytes(magic)!r})")
+    if version != FORMAT_VERSION:
+        raise FormatVersionError(
+            f"KV value has format version {version}; this kvstrata reads version {FORMAT_VERSION} only"
+            + (" (written by a newer kvstrata: upgrade this client)" if version > FORMAT_VERSION else ""))
+    if dtype_code not in _BY_CODE:
+        raise CodecError(f"unknown dtype code {dtype_code}")
+    size = HEADER_SIZE + 8 * ndim + layout_len
+    if mv.nbytes < size:
+        raise CodecError("truncated header")
+    shape = struct.unpack_from(f"<{ndim}Q", mv, HEADER_SIZE)
+    layout = bytes(mv[HEADER_SIZE + 8 * ndim: size]).decode("ascii")
+    return Header(version, flags, _BY_CODE[dtype_code], planes, tuple(shape), layout, raw_len, payload_len,
+                  nscales, checksum, size)
+
+
+def verify(buf: Any, header: Header | None = None) -> Header:
+    """Check length and checksum; returns the header."""
+    mv = memoryview(buf)
+    hdr = header or read_header(mv)
+    if mv.nbytes != hdr.size + hdr.payload_len:
+        raise CodecError(f"value length {mv.nbytes} != header {hdr.size} + payload {hdr.payload_len}")
+    h = xxhash.xxh3_64()
+    h.update(mv[:_CHECKSUM_OFFSET])
+    h.update(b"\0" * 8)
+    h.update(mv[_CHECKSUM_OFFSET + 8:])
+    if h.intdigest() != hdr.checksum:
+        raise ChecksumError("KV value checksum mismatch (corrupted value)")
+    return hdr
+
+
+def decode(buf: Any, out: np.ndarray | None = None) -> tuple[np.ndarray, Header]:
+    """Verify and decode a value: (numpy array in the original dtype and shape, header).
+
+    bfloat16 comes back as a uint16 array (``to_torch`` views it as bfloat16). For the raw codec without
+    ``out`` the array is a zero-copy view of ``buf``; with ``out`` (a preallocated array of the right size) the
+    bytes are written there.
+    """
+    mv = memoryview(buf)
+    hdr = verify(mv)
+    np_dtype = np.dtype(DTYPES[hdr.dtype][1])
+    payload = mv[hdr.size:]
+    if hdr.flags & FLAG_ZSTD:
+        import zstandard
+
+        payload = memoryview(zstandard.ZstdDecompressor().decompress(payload))
+    scales = None
+    if hdr.nscales:
+        scales = np.frombuffer(payload[: 4 * hdr.nscales], dtype="<f4")
+        payload = payload[4 * hdr.nscales:]
+    n_elem = int(np.prod(hdr.shape)) if hdr.shape else 1
+    if hdr.flags & FLAG_FP8:
+        body = np.frombuffer(payload, dtype=np.uint8)
+        if hdr.planes > 1:
+            body = body.reshape(hdr.planes, -1).T.reshape(-1)
+        if body.size != n_elem:
+            raise CodecError("fp8 payload size does not match the shape")
+        groups = max(hdr.nscales, 1)
+        f = fp8_dequantize(body.reshape(groups, -1)) * (scales[:, None] if scales is not None else 1.0)
+        arr = _from_float32(f.astype(np.float32, copy=False), hdr.dtype)
+    else:
+        body = np.frombuffer(payload, dtype=np.uint8)
+        if body.size != hdr.raw_len:
+            raise CodecError("payload size does not match the raw length")
+        if hdr.planes > 1:
+            body = np.ascontiguousarray(body.reshape(hdr.planes, -1).T)
+        arr = body.reshape(-1).view(np_dtype)
+    arr = arr.reshape(hdr.shape)
+    if out is not None:
+        if out.nbytes != hdr.raw_len:
+            raise CodecError(f"output buffer has {out.nbytes} bytes, value needs {hdr.raw_len}")
+        np.copyto(out.reshape(hdr.shape).view(np_dtype), arr.view(np_dtype), casting="no")
+        return out, hdr
+    return arr, hdr
+
+
+def to_torch(arr: np.ndarray, dtype: str) -> Any:
+    """A torch tensor sharing memory with ``arr`` (bfloat16 / fp8 reinterpreted from their integer storage)."""
+    import torch
+
+    if not arr.flags.writeable:  # torch warns on read-only buffers; copy so tensors own writable memory
+        arr = arr.copy()
+    t = torch.from_numpy(arr)
+    if dtype == "bfloat16":
+        t = t.view(torch.bfloat16)
+    elif dtype == "float8_e4m3fn":
+        t = t.view(torch.float8_e4m3fn)
+    return t

@@ -1,0 +1,659 @@
+"""KVCacheClient: store and find KV-cache chunks of token prefixes in a kvstrata server (sync and asyncio).
+
+See docs/sdk.md. The client splits tokens into chunks of ``chunk_size`` tokens, names each full chunk with a
+chained SHA-256 key (``kvstrata.client.keys``), encodes each chunk's KV tensor with a self-describing header
+(``kvstrata.client.codec``) and talks to the server with redis-py: pipelined ``EXISTS`` for lookups,
+``TAIR.KV.SETEX`` for writes (large values sent as separate buffers, never joined), ``TAIR.KV.MGET`` for reads
+and ``TAIR.KV.PREFETCH`` to have the server promote chunks from SSD before they are read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvstrata.client.codec import (
+    CodecError,
+    FormatVersionError,
+    as_array,
+    check_codec,
+    decode,
+    default_codec,
+    encode_parts,
+)
+from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
+from kvstrata.client.local import LocalTier
+from kvstrata.engine.entry import Entry
+
+log = logging.getLogger("kvstrata.client")
+
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_PREFETCH_WINDOW = 4
+# Seconds; None = no expiry. Session context ages in minutes, user profiles in a day, shared knowledge never.
+DEFAULT_TTL_CLASSES: dict[str, float | None] = {"session": 30 * 60.0, "profile": 24 * 3600.0, "shared": None}
+DEFAULT_TTL_CLASS = "session"
+SMALL_VALUE = 16 * 1024  # values below this are packed into the command buffer; larger ones are sent as is
+
+KV = Any  # a numpy array or a torch tensor
+KVSource = KV | Callable[[int, int], KV]
+
+
+@dataclass
+class ClientStats:
+    lookups: int = 0
+    hit_chunks: int = 0
+    miss_chunks: int = 0
+    stored_chunks: int = 0
+    skipped_chunks: int = 0
+    local_hits: int = 0
+    corrupt: int = 0
+    refused: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["errors"] = list(self.errors[-10:])
+        return d
+
+
+def _nbytes(p: Any) -> int:
+    return p.nbytes if isinstance(p, memoryview) else len(p)
+
+
+def pack_command(args: Sequence[Any]) -> list[Any]:
+    """RESP-encode a command as a list of buffers: small arguments joined, large ones left as they are."""
+    out: list[Any] = []
+    cur = bytearray(b"*%d\r\n" % len(args))
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        elif isinstance(a, int):
+            a = b"%d" % a
+        if isinstance(a, list):  # already split value: [header, payload, ...]
+            n = sum(_nbytes(p) for p in a)
+            cur += b"$%d\r\n" % n
+            for p in a:
+                if _nbytes(p) < SMALL_VALUE:
+                    cur += p
+                else:
+                    out.append(bytes(cur))
+                    cur = bytearray()
+                    out.append(p)
+            cur += b"\r\n"
+            continue
+        n = _nbytes(a)
+        if n < SMALL_VALUE:
+            cur += b"$%d\r\n" % n
+            cur += a
+            cur += b"\r\n"
+        else:
+            cur += b"$%d\r\n" % n
+            out.append(bytes(cur))
+            out.append(a)
+            cur = bytearray(b"\r\n")
+    if cur:
+        out.append(bytes(cur))
+    return out
+
+
+def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
+    """Send every buffer with vectored writes (no joining); returns the bytes sent."""
+    views = [memoryview(p).cast("B") for p in parts if _nbytes(p)]
+    total = 0
+    while views:
+        batch = views[:512]  # IOV_MAX is 1024 on Linux
+        sent = sock.sendmsg(batch)
+        total += sent
+        while sent and views:
+            n = views[0].nbytes
+            if sent >= n:
+                sent -= n
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+    return total
+
+
+class _Base:
+    """Parameters, keys, TTLs, encoding and the local tier shared by the sync and asyncio clients."""
+
+    def __init__(self, namespace: Namespace | str, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                 batch_size: int = DEFAULT_BATCH_SIZE, prefetch_window: int = DEFAULT_PREFETCH_WINDOW,
+                 compression: str | None = None, fp8_scale: str = "head",
+                 ttl_classes: dict[str, float | None] | None = None, default_ttl_class: str = DEFAULT_TTL_CLASS,
+                 local_tier: LocalTier | int | None = None) -> None:
+        if chunk_size <= 0 or batch_size <= 0 or prefetch_window < 0:
+            raise ValueError("chunk_size and batch_size must be positive, prefetch_window >= 0")
+        self.namespace = namespace if isinstance(namespace, Namespace) else Namespace(model=str(namespace))
+        self.chunk_size = chunk_size
+        self.batch_size = batch_size
+        self.prefetch_window = prefetch_window
+        self.compression = check_codec(compression) if compression else default_codec()
+        if fp8_scale not in ("tensor", "head"):
+            raise ValueError("fp8_scale must be 'tensor' or 'head'")
+        self.fp8_scale = fp8_scale
+        self.ttl_classes = dict(DEFAULT_TTL_CLASSES)
+        self.ttl_classes.update(ttl_classes or {})
+        if default_ttl_class not in self.ttl_classes:
+            raise ValueError(f"unknown TTL class {default_ttl_class!r}")
+        self.default_ttl_class = default_ttl_class
+        self.local = LocalTier(local_tier) if isinstance(local_tier, int) else local_tier
+        self.stats = ClientStats()
+        self._stats_lock = threading.Lock()
+
+    # ---- keys and TTLs ----
+    def keys(self, tokens: Sequence[int]) -> list[bytes]:
+        """The keys of the full chunks of ``tokens`` (a partial last chunk has none)."""
+        return chunk_keys(tokens, self.namespace, self.chunk_size)
+
+    def ttl_ms(self, ttl_class: str | None = None, ttl: float | None = None) -> int:
+        """Milliseconds for TAIR.KV.SETEX (0 = no expiry): ``ttl`` seconds if given (0 = none), else the class's."""
+        if ttl is not None:
+            return max(0, int(ttl * 1000))
+        name = ttl_class or self.default_ttl_class
+        if name not in self.ttl_classes:
+            raise ValueError(f"unknown TTL class {name!r}; known: {', '.join(self.ttl_classes)}")
+        seconds = self.ttl_classes[name]
+        return 0 if seconds is None else max(1, int(seconds * 1000))
+
+    # ---- encoding ----
+    def _layout(self) -> str:
+        return self.namespace.layout
+
+    def _chunk_value(self, kv: KVSource, start: int, end: int) -> Any:
+        if callable(kv):
+            return kv(start, end)
+        layout = self._layout()
+        axis = layout.index("T") if "T" in layout else 0
+        arr = kv
+        index = [slice(None)] * len(arr.shape)
+        index[axis] = slice(start, end)
+        return arr[tuple(index)]
+
+    def encode_chunk(self, value: Any) -> list[Any]:
+        return encode_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale)
+
+    def _decode(self, key: bytes, value: Any) -> np.ndarray | None:
+        try:
+            arr, _ = decode(value)
+            return arr
+        except FormatVersionError as exc:
+            self._error("refused", f"{key.decode()}: {exc}")
+        except CodecError as exc:
+            self._error("corrupt", f"{key.decode()}: {exc}")
+        return None
+
+    def _error(self, kind: str, message: str) -> None:
+        with self._stats_lock:
+            setattr(self.stats, kind, getattr(self.stats, kind) + 1)
+            self.stats.errors.append(message)
+        log.warning("kvstrata: chunk treated as a miss: %s", message)
+
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for k, v in deltas.items():
+                setattr(self.stats, k, getattr(self.stats, k) + v)
+
+    # ---- local tier ----
+    def _local_get(self, key: bytes) -> Any | None:
+        if self.local is None:
+            return None
+        entry = self.local.get(key)
+        if entry is None:
+            return None
+        if entry.expired(int(time.time() * 1000)):
+            self.local.delete(key)
+            return None
+        return entry.value
+
+    def _local_put(self, key: bytes, parts: list[Any], ttl_ms: int) -> None:
+        if self.local is not None:
+            value = b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)
+            self.local.put(key, Entry(value, 0, int(time.time() * 1000) + ttl_ms if ttl_ms else 0))
+
+    def _local_leading(self, keys: list[bytes]) -> int:
+        n = 0
+        if self.local is not None:
+            while n < len(keys) and self._local_get(keys[n]) is not None:
+                n += 1
+        return n
+
+    @staticmethod
+    def concat(chunks: list[np.ndarray], layout: str) -> np.ndarray | None:
+        if not chunks:
+            return None
+        if len(chunks) == 1:
+            return chunks[0]
+        return np.concatenate(chunks, axis=layout.index("T") if "T" in layout else 0)
+
+
+class KVCacheClient(_Base):
+    """Synchronous client. ``url=None`` runs with the local tier only (no server).
+
+    >>> c = KVCacheClient("redis://127.0.0.1:6379", Namespace("my-model", kv_dtype="float32"))
+    >>> c.store(tokens, kv)          # kv: [layers, 2, kv_heads, tokens, head_dim] (layout "LKHTD")
+    >>> n, kv = c.retrieve(tokens)   # n leading tokens found, their KV concatenated along the token axis
+    """
+
+    def __init__(self, url: str | None = "redis://127.0.0.1:6379", namespace: Namespace | str = "default",
+                 *, max_connections: int = 8, socket_timeout: float = 30.0, **kw: Any) -> None:
+        super().__init__(namespace, **kw)
+        self.url = url
+        self.redis = None
+        if url is not None:
+            import redis
+
+            self.pool = redis.ConnectionPool.from_url(url, max_connections=max_connections,
+                                                      socket_timeout=socket_timeout)
+            self.redis = redis.Redis(connection_pool=self.pool)
+        self._plain_redis: bool | None = None  # server without TAIR.KV.* (plain Redis): SET PX / MGET
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.close()
+            self.pool.disconnect()
+
+    def __enter__(self) -> KVCacheClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- raw transport ----
+    def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
+        """Send commands on one pooled connection (pipelined, values unjoined) and read every reply."""
+        import redis
+
+        conn = self.pool.get_connection()
+        try:
+            sent = 0
+            parts: list[Any] = []
+            for cmd in commands:
+                parts += pack_command(cmd)
+            sock = getattr(conn, "_sock", None)
+            if sock is None:
+                conn.connect()
+                sock = conn._sock
+            try:
+                sent = sendmsg_all(sock, parts)
+            except OSError as exc:
+                conn.disconnect()
+                raise redis.ConnectionError(f"error while sending: {exc}") from exc
+            replies = []
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+            self._count(bytes_sent=sent)
+            return replies
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self.pool.release(conn)
+
+    def _is_plain(self) -> bool:
+        if self._plain_redis is None:
+            import redis
+
+            try:
+                self.redis.execute_command("TAIR.KV.VERSION", "kvstrata:probe")
+                self._plain_redis = False
+            except redis.ResponseError:
+                self._plain_redis = True
+        return self._plain_redis
+
+    def _server_leading(self, keys: list[bytes]) -> int:
+        """How many leading keys exist on the server (pipelined EXISTS, batch by batch, stops at a miss)."""
+        n = 0
+        for i in range(0, len(keys), self.batch_size):
+            batch = keys[i:i + self.batch_size]
+            pipe = self.redis.pipeline(transaction=False)
+            for k in batch:
+                pipe.exists(k)
+            for found in pipe.execute():
+                if not found:
+                    return n
+                n += 1
+        return n
+
+    # ---- operations ----
+    def lookup(self, tokens: Sequence[int]) -> int:
+        """Number of leading tokens of ``tokens`` whose chunks are all cached (a multiple of chunk_size)."""
+        keys = self.keys(tokens)
+        n = self._local_leading(keys)
+        if n < len(keys) and self.redis is not None:
+            n += self._server_leading(keys[n:])
+        self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
+        return n * self.chunk_size
+
+    def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
+              ttl: float | None = None, start: int = 0, skip_existing: bool = True) -> int:
+        """Store the full chunks of ``tokens`` (from token ``start``, a multiple of chunk_size) that are not cached
+        yet. ``kv`` is a tensor with a token axis (the ``T`` of the namespace's layout) covering ``tokens``, or
+        a function ``kv(start, end)`` returning one chunk's tensor. Returns the number of chunks written."""
+        keys = self.keys(tokens)
+        first = start // self.chunk_size
+        todo = list(range(first, len(keys)))
+        if skip_existing and todo:
+            todo = self._absent(keys, todo)
+        self._count(skipped_chunks=len(keys) - first - len(todo))
+        if not todo:
+            return 0
+        ttl_ms = self.ttl_ms(ttl_class, ttl)
+        cs = self.chunk_size
+        written = 0
+        for b in range(0, len(todo), self.batch_size):
+            cmds = []
+            batch = todo[b:b + self.batch_size]
+            for i in batch:
+                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
+                self._local_put(keys[i], parts, ttl_ms)
+                if self.redis is not None:
+                    if self._is_plain():
+                        cmd = ["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else [])
+                    else:
+                        cmd = ["TAIR.KV.SETEX", keys[i], ttl_ms, parts]
+                    cmds.append(cmd)
+            if cmds:
+                for reply in self._roundtrip(cmds):
+                    if isinstance(reply, Exception):
+                        raise reply
+            written += len(batch)
+        self._count(stored_chunks=written)
+        return written
+
+    def _absent(self, keys: list[bytes], idx: list[int]) -> list[int]:
+        out = []
+        remote = []
+        for i in idx:
+            if self.local is not None and self._local_get(keys[i]) is not None and self.redis is None:
+                continue
+            remote.append(i)
+        if self.redis is None:
+            return remote
+        for b in range(0, len(remote), self.batch_size):
+            batch = remote[b:b + self.batch_size]
+            pipe = self.redis.pipeline(transaction=False)
+            for i in batch:
+                pipe.exists(keys[i])
+            out += [i for i, found in zip(batch, pipe.execute(), strict=True) if not found]
+        return out
+
+    def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[int, list[np.ndarray]]:
+        """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``."""
+        keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+        out: list[np.ndarray] = []
+        i = 0
+        # Local tier first.
+        while i < len(keys):
+            value = self._local_get(keys[i])
+            if value is None:
+                break
+            arr = self._decode(keys[i], value)
+            if arr is None:
+                self.local.delete(keys[i])
+                break
+            out.append(arr)
+            i += 1
+        self._count(local_hits=i)
+        if i < len(keys) and self.redis is not None:
+            plain = self._is_plain()
+            first_remote = i
+            while i < len(keys):
+                batch = keys[i:i + self.batch_size]
+                ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+                if ahead and not plain:
+                    self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
+                values = self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *batch)
+                stop = False
+                for key, value in zip(batch, values, strict=True):
+                    arr = None if value is None else self._decode(key, value)
+                    if arr is None:
+                        stop = True
+                        break
+                    self._count(bytes_received=len(value))
+                    if self.local is not None:
+                        self.local.put(key, Entry(value, 0))
+                    out.append(arr)
+                    i += 1
+                if stop:
+                    break
+            del first_remote
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
+        return i * self.chunk_size, out
+
+    def retrieve(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
+        """(n_tokens, kv): the leading cached tokens and their KV concatenated along the token axis (None if 0)."""
+        n, chunks = self.retrieve_chunks(tokens, max_tokens)
+        return n, self.concat(chunks, self._layout())
+
+    def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
+        """Ask the server to promote the chunks of ``tokens`` to DRAM (TAIR.KV.PREFETCH); returns how many it
+        queued."""
+        keys = self.keys(tokens)[:max_chunks]
+        if not keys or self.redis is None or self._is_plain():
+            return 0
+        queued = 0
+        for i in range(0, len(keys), self.batch_size):
+            queued += int(self.redis.execute_command("TAIR.KV.PREFETCH", *keys[i:i + self.batch_size]))
+        return queued
+
+    def delete(self, tokens: Sequence[int]) -> int:
+        """Delete the chunks of ``tokens`` (server and local tier); returns how many the server deleted."""
+        keys = self.keys(tokens)
+        if self.local is not None:
+            for k in keys:
+                self.local.delete(k)
+        if not keys or self.redis is None:
+            return 0
+        return sum(int(self.redis.delete(*keys[i:i + self.batch_size]))
+                   for i in range(0, len(keys), self.batch_size))
+
+    def clear(self) -> int:
+        """Delete every chunk of this namespace (SCAN by key prefix); returns how many the server deleted."""
+        prefix = self.namespace.prefix
+        if self.local is not None:
+            self.local.clear(prefix)
+        if self.redis is None:
+            return 0
+        n = 0
+        batch: list[bytes] = []
+        for key in self.redis.scan_iter(match=prefix + b"*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                n += int(self.redis.delete(*batch))
+                batch = []
+        if batch:
+            n += int(self.redis.delete(*batch))
+        return n
+
+
+class AsyncKVCacheClient(_Base):
+    """asyncio client with the same operations as ``KVCacheClient`` (``await c.lookup(tokens)``, ...)."""
+
+    def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
+                 max_connections: int = 8, socket_timeout: float = 30.0, **kw: Any) -> None:
+        super().__init__(namespace, **kw)
+        import redis.asyncio as aredis
+
+        self.url = url
+        self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
+                                                   socket_timeout=socket_timeout)
+        self.redis = aredis.Redis(connection_pool=self.pool)
+        self._plain_redis: bool | None = None
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+        await self.pool.disconnect()
+
+    async def __aenter__(self) -> AsyncKVCacheClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _is_plain(self) -> bool:
+        if self._plain_redis is None:
+            import redis
+
+            try:
+                await self.redis.execute_command("TAIR.KV.VERSION", "kvstrata:probe")
+                self._plain_redis = False
+            except redis.ResponseError:
+                self._plain_redis = True
+        return self._plain_redis
+
+    async def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
+        import redis
+
+        conn = await self.pool.get_connection()
+        try:
+            parts: list[Any] = []
+            for cmd in commands:
+                parts += pack_command(cmd)
+            await conn.send_packed_command(parts, check_health=False)  # writelines: buffers are not joined
+            replies = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+            self._count(bytes_sent=sum(_nbytes(p) for p in parts))
+            return replies
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await self.pool.release(conn)
+
+    async def _exists_each(self, keys: list[bytes]) -> list[bool]:
+        pipe = self.redis.pipeline(transaction=False)
+        for k in keys:
+            pipe.exists(k)
+        return [bool(x) for x in await pipe.execute()]
+
+    async def lookup(self, tokens: Sequence[int]) -> int:
+        keys = self.keys(tokens)
+        n = self._local_leading(keys)
+        for i in range(n, len(keys), self.batch_size):
+            found = await self._exists_each(keys[i:i + self.batch_size])
+            hit = next((j for j, f in enumerate(found) if not f), len(found))
+            n += hit
+            if hit < len(found):
+                break
+        self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
+        return n * self.chunk_size
+
+    async def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
+                    ttl: float | None = None, start: int = 0, skip_existing: bool = True) -> int:
+        keys = self.keys(tokens)
+        todo = list(range(start // self.chunk_size, len(keys)))
+        if skip_existing and todo:
+            absent = []
+            for b in range(0, len(todo), self.batch_size):
+                batch = todo[b:b + self.batch_size]
+                found = await self._exists_each([keys[i] for i in batch])
+                absent += [i for i, f in zip(batch, found, strict=True) if not f]
+            todo = absent
+        ttl_ms = self.ttl_ms(ttl_class, ttl)
+        plain = await self._is_plain()
+        cs = self.chunk_size
+        for b in range(0, len(todo), self.batch_size):
+            cmds = []
+            for i in todo[b:b + self.batch_size]:
+                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
+                self._local_put(keys[i], parts, ttl_ms)
+                cmds.append(["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else []) if plain
+                            else ["TAIR.KV.SETEX", keys[i], ttl_ms, parts])
+            for reply in await self._roundtrip(cmds):
+                if isinstance(reply, Exception):
+                    raise reply
+        self._count(stored_chunks=len(todo))
+        return len(todo)
+
+    async def retrieve_chunks(self, tokens: Sequence[int],
+                              max_tokens: int | None = None) -> tuple[int, list[np.ndarray]]:
+        keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+        out: list[np.ndarray] = []
+        i = 0
+        while i < len(keys):
+            value = self._local_get(keys[i])
+            arr = None if value is None else self._decode(keys[i], value)
+            if arr is None:
+                break
+            out.append(arr)
+            i += 1
+        plain = await self._is_plain()
+        while i < len(keys):
+            batch = keys[i:i + self.batch_size]
+            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            if ahead and not plain:
+                await self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
+            values = await self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *batch)
+            stop = False
+            for key, value in zip(batch, values, strict=True):
+                arr = None if value is None else self._decode(key, value)
+                if arr is None:
+                    stop = True
+                    break
+                self._count(bytes_received=len(value))
+                out.append(arr)
+                i += 1
+            if stop:
+                break
+        return i * self.chunk_size, out
+
+    async def retrieve(self, tokens: Sequence[int],
+                       max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
+        n, chunks = await self.retrieve_chunks(tokens, max_tokens)
+        return n, self.concat(chunks, self._layout())
+
+    async def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
+        keys = self.keys(tokens)[:max_chunks]
+        if not keys or await self._is_plain():
+            return 0
+        queued = 0
+        for i in range(0, len(keys), self.batch_size):
+            queued += int(await self.redis.execute_command("TAIR.KV.PREFETCH", *keys[i:i + self.batch_size]))
+        return queued
+
+    async def delete(self, tokens: Sequence[int]) -> int:
+        keys = self.keys(tokens)
+        if self.local is not None:
+            for k in keys:
+                self.local.delete(k)
+        n = 0
+        for i in range(0, len(keys), self.batch_size):
+            n += int(await self.redis.delete(*keys[i:i + self.batch_size]))
+        return n
+
+    async def clear(self) -> int:
+        prefix = self.namespace.prefix
+        if self.local is not None:
+            self.local.clear(prefix)
+        keys = [k async for k in self.redis.scan_iter(match=prefix + b"*", count=1000)]
+        n = 0
+        for i in range(0, len(keys), 1000):
+            n += int(await self.redis.delete(*keys[i:i + 1000]))
+        return n
+
+
+def client_from_env(namespace: Namespace | str, **kw: Any) -> KVCacheClient:
+    """A client for ``$KVSTRATA_URL`` (default redis://127.0.0.1:6379)."""
+    return KVCacheClient(os.environ.get("KVSTRATA_URL", "redis://127.0.0.1:6379"), namespace, **kw)
+
+
+__all__ = ["AsyncKVCacheClient", "ClientStats", "KVCacheClient", "as_array", "client_from_env"]
