@@ -326,6 +326,30 @@ def test_latency_commands(obs):
     r.close()
 
 
+def test_latency_monitor_records_slow_commands(make_server):
+    srv = make_server({"http-port": 0, "latency-monitor-threshold": 1})
+    r = srv.client()
+    pipe = r.pipeline(transaction=False)
+    for i in range(20_000):
+        pipe.set(f"lm:{i}", "v")
+    pipe.execute()
+    r.execute_command("LATENCY", "RESET")
+    assert len(r.keys("*")) == 20_000  # a whole-keyspace walk: well over a millisecond
+    deadline = time.monotonic() + 10
+    while True:  # the monitor samples once a second
+        latest = {e[0]: e for e in r.execute_command("LATENCY", "LATEST")}
+        if b"keys" in latest or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)  # poll interval
+    name, when, ms, max_ms = latest[b"keys"]
+    assert abs(when - time.time()) < 30 and 1 <= ms <= max_ms
+    history = r.execute_command("LATENCY", "HISTORY", "keys")
+    assert history and history[-1] == [when, ms]
+    assert r.execute_command("LATENCY", "RESET", "keys", "nonexistent") == 1
+    assert r.execute_command("LATENCY", "HISTORY", "keys") == []
+    r.close()
+
+
 def test_memory_usage_and_stats(obs, expect_error):
     r = obs.client()
     r.set("mem:k", b"x" * 1000)

@@ -125,6 +125,9 @@ class KvstrataCollector:
                                   value=cl["connections_received"])
         yield CounterMetricFamily("kvstrata_connections_rejected",
                                   "Client connections refused (maxclients, protected mode).", value=cl["rejected"])
+        yield CounterMetricFamily("kvstrata_client_output_limit_disconnections",
+                                  "Clients closed for passing client-output-buffer-limit.",
+                                  value=cl.get("output_limit_closed", 0))
         yield CounterMetricFamily("kvstrata_net_input_bytes", "Bytes received from clients.",
                                   value=snap["net"]["input_bytes"])
         yield CounterMetricFamily("kvstrata_net_output_bytes", "Bytes sent to clients.",

@@ -217,6 +217,7 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
             "connected": len(server.clients),
             "connections_received": stats.connections,
             "rejected": stats.rejected,
+            "output_limit_closed": getattr(stats, "output_limit_closed", 0),
         },
         "net": {"input_bytes": stats.net_in, "output_bytes": stats.net_out},
         "commands_processed": server.commands_processed,
