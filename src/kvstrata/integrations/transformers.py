@@ -1,0 +1,204 @@
+"""Prefix KV reuse for HuggingFace transformers causal LMs that use ``DynamicCache`` (Llama, Qwen2, Qwen3, ...).
+
+``CachedGenerator(model, client).generate(token_ids)``:
+
+1. looks up the longest cached prefix (whole chunks, leaving at least one prompt token to compute),
+2. restores those chunks into a fresh ``DynamicCache``,
+3. prefills only the rest of the prompt, then decodes greedily,
+4. returns, and stores the new full chunks (prompt and reply) on a background thread, so the reply is never
+   delayed by the store. The next ``generate`` of the same generator waits for that store first (outside the
+   TTFT it measures), so a conversation's next turn always finds the previous turn's chunks.
+
+A chunk's value is one tensor ``[layers, 2 (K, V), kv_heads, chunk_tokens, head_dim]`` (layout ``LKHTD``).
+
+Supported transformers versions: ``>=4.56,<4.58`` (the ``Cache.layers`` API; pinned in pyproject's [llm]
+extra). Older releases keep ``key_cache``/``value_cache`` lists, which ``cache_layers`` also reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+from transformers import DynamicCache
+
+from kvstrata.client.codec import to_torch
+from kvstrata.client.keys import Namespace
+from kvstrata.client.sdk import KVCacheClient
+
+SUPPORTED_TRANSFORMERS = (">=4.56", "<4.58")
+LAYOUT = "LKHTD"
+
+
+def check_version() -> None:
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    if not (4, 56) <= (major, minor) < (4, 58):
+        raise RuntimeError(f"kvstrata.integrations.transformers supports transformers "
+                           f"{','.join(SUPPORTED_TRANSFORMERS)}, found {transformers.__version__}")
+
+
+def model_namespace(model: Any, model_id: str | None = None, **kw: Any) -> Namespace:
+    """The namespace of a model's KV cache: model id (name/path plus a hash of its config unless given),
+    the KV dtype and the layout. Extra keywords (tp_rank, adapter, salt, ...) go to ``Namespace``."""
+    cfg = model.config
+    if model_id is None:
+        digest = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:12]
+        model_id = f"{cfg.model_type}:{getattr(cfg, '_name_or_path', '') or 'unnamed'}:{digest}"
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return Namespace(model=model_id, kv_dtype=dtype, layout=LAYOUT, **kw)
+
+
+def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) per layer, each [batch, kv_heads, tokens, head_dim]."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+
+
+def chunk_from_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], start: int, end: int) -> np.ndarray:
+    """One chunk's KV as a [L, 2, H, end-start, D] array (batch 0)."""
+    return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers]).numpy()
+
+
+def restore_cache(chunks: list[np.ndarray], dtype: str, config: Any = None) -> DynamicCache:
+    """A DynamicCache holding the concatenated chunks ([L, 2, H, T, D] each)."""
+    full = chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=3)
+    t = to_torch(full, dtype)
+    cache = DynamicCache()
+    for layer in range(t.shape[0]):
+        cache.update(t[layer, 0].unsqueeze(0), t[layer, 1].unsqueeze(0), layer)
+    return cache
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[int]
+    ttft_s: float
+    cached_tokens: int
+    computed_tokens: int
+    prompt_tokens: int
+    restore_s: float = 0.0
+    restored_bytes: int = 0
+    total_s: float = 0.0
+    first_logits: torch.Tensor | None = None
+    step_logits: list[torch.Tensor] = field(default_factory=list)
+    cache: Any = None
+
+
+class CachedGenerator:
+    """Greedy generation with kvstrata prefix reuse. ``client=None`` recomputes everything (the baseline)."""
+
+    def __init__(self, model: Any, client: KVCacheClient | None = None, *, background_store: bool = True,
+                 ttl_class: str | None = None) -> None:
+        check_version()
+        self.model = model
+        self.client = client
+        self.ttl_class = ttl_class
+        self.background_store = background_store
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvstrata-store") if background_store else None
+        self._pending: Future | None = None
+        self._lock = threading.Lock()
+        self.last_store_s = 0.0
+        self.store_errors: list[BaseException] = []
+        self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+
+    def flush(self) -> None:
+        """Wait until the background store of the previous generate (if any) has finished."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except BaseException as exc:
+                self.store_errors.append(exc)
+
+    def close(self) -> None:
+        self.flush()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> CachedGenerator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _store(self, tokens: list[int], cache: Any, start: int) -> None:
+        t0 = time.perf_counter()
+        layers = cache_layers(cache)
+        self.client.store(tokens, lambda s, e: chunk_from_cache(layers, s, e), start=start,
+                          ttl_class=self.ttl_class)
+        self.last_store_s = time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def generate(self, input_ids: Any, max_new_tokens: int = 32, eos_token_id: int | list[int] | None = None,
+                 *, return_logits: bool = False, keep_cache: bool = False) -> GenerateResult:
+        ids = [int(t) for t in (input_ids.reshape(-1).tolist() if hasattr(input_ids, "reshape") else input_ids)]
+        if not ids:
+            raise ValueError("empty prompt")
+        eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+        self.flush()
+        t0 = time.perf_counter()
+        n_cached, restored_bytes, restore_s = 0, 0, 0.0
+        cache = None
+        if self.client is not None:
+            cs = self.client.chunk_size
+            limit = (len(ids) - 1) // cs * cs  # keep at least one token to compute the next-token logits
+            if limit:
+                n_cached, chunks = self.client.retrieve_chunks(ids[:limit])
+                if n_cached:
+                    cache = restore_cache(chunks, self.dtype)
+                    restored_bytes = sum(c.nbytes for c in chunks)
+            restore_s = time.perf_counter() - t0
+        if cache is None:
+            cache = DynamicCache()
+        out = self.model(input_ids=torch.tensor([ids[n_cached:]]), past_key_values=cache, use_cache=True)
+        logits = out.logits[0, -1]
+        nxt = int(torch.argmax(logits))
+        ttft = time.perf_counter() - t0
+        result = GenerateResult([nxt], ttft, n_cached, len(ids) - n_cached, len(ids), restore_s, restored_bytes)
+        if return_logits:
+            result.first_logits = logits.float().clone()
+        while len(result.tokens) < max_new_tokens and nxt not in eos:
+            out = self.model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True)
+            logits = out.logits[0, -1]
+            nxt = int(torch.argmax(logits))
+            result.tokens.append(nxt)
+            if return_logits:
+                result.step_logits.append(logits.float().clone())
+        result.total_s = time.perf_counter() - t0
+        if keep_cache:
+            result.cache = cache
+        if self.client is not None:
+            seen = ids + result.tokens[:-1]  # the cache holds KV for these
+            if self._pool is not None:
+                self._pending = self._pool.submit(self._store, seen, cache, n_cached)
+            else:
+                self._store(seen, cache, n_cached)
+        return result
+
+
+class ChatSession:
+    """A multi-turn chat on top of ``CachedGenerator`` with a tokenizer's chat template."""
+
+    def __init__(self, generator: CachedGenerator, tokenizer: Any, system: str | None = None) -> None:
+        self.gen = generator
+        self.tok = tokenizer
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+
+    def prompt_ids(self) -> list[int]:
+        return list(self.tok.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True))
+
+    def ask(self, text: str, max_new_tokens: int = 32) -> tuple[str, GenerateResult]:
+        self.messages.append({"role": "user", "content": text})
+        ids = self.prompt_ids()
+        res = self.gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=self.tok.eos_token_id)
+        reply = self.tok.decode([t for t in res.tokens if t != self.tok.eos_token_id], skip_special_tokens=True)
+        self.messages.append({"role": "assistant", "content": reply})
+        return reply, res

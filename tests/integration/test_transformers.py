@@ -1,0 +1,133 @@
+"""transformers integration on tiny random-weight Qwen2, Qwen3 and Llama models, against a real server:
+greedy tokens identical with and without reuse, logits allclose, restored cache bitwise equal (raw codec)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from kvstrata.client import KVCacheClient, LocalTier, Namespace  # noqa: E402
+from kvstrata.integrations.models import load_tiny  # noqa: E402
+from kvstrata.integrations.transformers import (  # noqa: E402
+    CachedGenerator,
+    cache_layers,
+    chunk_from_cache,
+    model_namespace,
+    restore_cache,
+)
+
+CS = 16
+FAMILIES = ["qwen2", "qwen3", "llama"]
+
+
+@pytest.fixture(scope="module")
+def url(module_make_server):
+    srv = module_make_server()
+    return f"redis://{srv.host}:{srv.port}"
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return load_tiny(request.param)
+
+
+def prompt(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 512, (n,), generator=g).tolist()
+
+
+def fresh_client(url, model, **kw):
+    kw.setdefault("chunk_size", CS)
+    return KVCacheClient(url, model_namespace(model, salt=uuid.uuid4().hex), **kw)
+
+
+def test_reuse_gives_identical_tokens_and_close_logits(url, model):
+    ids = prompt(100)
+    base = CachedGenerator(model).generate(ids, 20, return_logits=True, keep_cache=True)
+    assert base.cached_tokens == 0 and base.computed_tokens == 100
+    with CachedGenerator(model, fresh_client(url, model)) as gen:
+        first = gen.generate(ids, 20, return_logits=True, keep_cache=True)
+        assert first.cached_tokens == 0 and first.tokens == base.tokens
+        gen.flush()
+        again = gen.generate(ids, 20, return_logits=True, keep_cache=True)
+    assert again.cached_tokens == 96 and again.computed_tokens == 4
+    assert again.tokens == base.tokens
+    assert torch.allclose(again.first_logits, base.first_logits, atol=1e-5, rtol=1e-4)
+    for a, b in zip(again.step_logits, base.step_logits, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    # the restored part of the cache is bitwise what the first call computed and stored
+    for (k1, v1), (k2, v2) in zip(cache_layers(first.cache), cache_layers(again.cache), strict=True):
+        assert torch.equal(k1[:, :, :96], k2[:, :, :96]) and torch.equal(v1[:, :, :96], v2[:, :, :96])
+
+
+def test_stored_chunks_decode_bitwise(url, model):
+    ids = prompt(64, seed=3)
+    client = fresh_client(url, model)
+    with CachedGenerator(model, client, background_store=False) as gen:
+        res = gen.generate(ids, 5, keep_cache=True)
+    layers = cache_layers(res.cache)
+    # prompt + 4 generated tokens have KV: 68 tokens -> 4 full chunks
+    n, chunks = client.retrieve_chunks(ids + res.tokens[:-1])
+    assert n == 64
+    for i, chunk in enumerate(chunks):
+        assert (chunk == chunk_from_cache(layers, i * CS, (i + 1) * CS)).all()
+    restored = restore_cache(chunks, "float32")
+    for (k, v), (rk, rv) in zip(layers, cache_layers(restored), strict=True):
+        assert torch.equal(k[:, :, :64], rk) and torch.equal(v[:, :, :64], rv)
+
+
+def test_next_turn_reuses_prompt_and_reply(url, model):
+    ids = prompt(40, seed=5)
+    with CachedGenerator(model, fresh_client(url, model)) as gen, CachedGenerator(model) as plain:
+        r1 = gen.generate(ids, 12)
+        turn2 = ids + r1.tokens + prompt(10, seed=6)
+        r2 = gen.generate(turn2, 12)
+        assert r2.cached_tokens == (len(ids) + len(r1.tokens) - 1) // CS * CS
+        assert r2.cached_tokens > len(ids) - CS
+        assert r2.tokens == plain.generate(turn2, 12).tokens
+
+
+def test_partial_last_chunk_and_exact_multiple(url, model):
+    ids = prompt(96, seed=7)  # an exact multiple of the chunk size
+    with CachedGenerator(model, fresh_client(url, model)) as gen:
+        gen.generate(ids, 1)
+        r = gen.generate(ids, 3)
+        # the last token must be computed to get logits: only 5 of the 6 chunks are restored
+        assert r.cached_tokens == 80 and r.computed_tokens == 16
+        short = gen.generate(ids[:CS - 1], 2)
+        assert short.cached_tokens == 0
+
+
+def test_mismatched_namespace_never_hits(url, model):
+    ids = prompt(64, seed=9)
+    client = fresh_client(url, model)
+    with CachedGenerator(model, client) as gen:
+        gen.generate(ids, 2)
+    other_weights = load_tiny(model.config.model_type.removesuffix("_text"), seed=123)
+    ns = Namespace(model=client.namespace.model + ":other-weights", salt=client.namespace.salt)
+    with CachedGenerator(other_weights, KVCacheClient(url, ns, chunk_size=CS)) as gen:
+        assert gen.generate(ids, 2).cached_tokens == 0
+    bf16 = Namespace(**{**client.namespace.__dict__, "kv_dtype": "bfloat16"})
+    assert KVCacheClient(url, bf16, chunk_size=CS).lookup(ids) == 0
+    assert client.lookup(ids) == 64
+
+
+def test_local_tier_generator(model):
+    client = KVCacheClient(None, model_namespace(model), chunk_size=CS, local_tier=LocalTier(1 << 26))
+    ids = prompt(50, seed=11)
+    with CachedGenerator(model, client) as gen, CachedGenerator(model) as plain:
+        gen.generate(ids, 4)
+        r = gen.generate(ids, 8)
+        assert r.cached_tokens == 48
+        assert r.tokens == plain.generate(ids, 8).tokens
+
+
+def test_namespace_of_model(model):
+    ns = model_namespace(model)
+    assert ns.kv_dtype == "float32" and ns.layout == "LKHTD"
+    assert model.config.model_type in ns.model
+    assert model_namespace(model, model_id="x", adapter="a").model == "x"
