@@ -162,3 +162,15 @@ def test_history_survives_resetstat(server):
     run(server, b"get", 5)
     h.sample(now=3.0, mono=3.0)
     assert h.as_json()["ops"] == [1.0]
+
+
+def test_pool_degraded_is_exported_only_with_a_pool_tier(server):
+    snap = server.observability.snapshot()
+    assert "pool" not in snap  # no pool tier on this node
+    body, _ = render(lambda: snap, process_metrics=False)
+    assert b"kvstrata_pool_degraded" not in body
+    for degraded in (True, False):
+        with_pool = {**snap, "pool": {"degraded": degraded, "errors": 3}}
+        s = samples_of(render(lambda snap=with_pool: snap, process_metrics=False)[0])
+        assert s[("kvstrata_pool_degraded", ())] == (1 if degraded else 0)
+        assert s[("kvstrata_pool_errors_total", ())] == 3

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 LE_BUCKETS = 25  # 1 µs .. 2**24 µs (16.8 s)
-POOL_DEGRADED = "kvstrata_pool_degraded"  # alerted on in deploy/prometheus/alerts.yml; exported with the pool tier
+POOL_DEGRADED = "kvstrata_pool_degraded"  # alerted on in deploy/prometheus/alerts.yml; only with a pool tier
 
 TIER_COUNTERS = (
     ("hits", "Lookups answered by this tier."),
@@ -183,6 +183,15 @@ class KvstrataCollector:
                                   value=pf["promoted"])
         yield CounterMetricFamily("kvstrata_prefetch_dropped", "Prefetch requests dropped: the queue was full.",
                                   value=pf["dropped"])
+
+        # ---- the shared pool tier (only on nodes that run one) ----
+        pool = snap.get("pool")
+        if pool is not None:
+            yield GaugeMetricFamily(POOL_DEGRADED, "1 while the shared pool tier is degraded (unreachable or "
+                                    "failing); lookups then fall through to the local tiers.",
+                                    value=1 if pool["degraded"] else 0)
+            yield CounterMetricFamily("kvstrata_pool_errors", "Errors talking to the shared pool tier.",
+                                      value=pool["errors"])
 
         # ---- slow log ----
         sl = snap["slowlog"]

@@ -248,6 +248,10 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
         },
         "prefixes": top_prefixes(store.dram, sample),
     }
+    pool = getattr(store, "pool", None)
+    if pool is not None:  # the shared cluster pool tier, when the node runs with one
+        snap["pool"] = {"degraded": getattr(pool, "degraded", None) is not None,
+                        "errors": int(getattr(pool, "errors", 0) or 0)}
     if history is not None:
         snap["history"] = history
     return snap
