@@ -68,7 +68,9 @@ def commands_markdown() -> str:
 
 
 def _row(spec: CommandSpec) -> str:
-    syntax = spec.syntax if spec.parent is None else f"{spec.parent.name.upper()} {spec.syntax}"
+    syntax = spec.syntax
+    if spec.parent is not None and not syntax.upper().startswith(spec.parent.name.upper() + " "):
+        syntax = f"{spec.parent.name.upper()} {syntax}"
     syntax = syntax.replace("|", "\\|")
     return f"| `{syntax}` | {spec.arity} | {' '.join(sorted(spec.flags))} | {spec.summary} |"
 
