@@ -9,6 +9,9 @@ from kvstrata.commands.context import Context
 from kvstrata.commands.registry import command
 from kvstrata.errors import CommandError, syntax_error
 
+_WAIT = "kvstrata.pool_wait"
+STRONG_RECHECKS = 3
+
 
 class WaitForCommit(Exception):
     """Raised by a handler that must see the SSD writer reach ``seq`` before it can answer (STRONG reads)."""
@@ -18,10 +21,45 @@ class WaitForCommit(Exception):
         self.seq = seq
 
 
+class PoolWait:
+    """Raised (inside WaitForCommit) by a handler that needs the pool before it can answer.
+
+    ``pool_seq``: a pool write to wait for (TAIR.KV.SETEX acknowledges after the pool has the value, so a STRONG
+    read through another node sees it); ``check``: {key: local version} to compare with the pool's (STRONG
+    reads). The server fills ``result`` and ``done``; the handler runs again and finds them.
+    """
+
+    __slots__ = ("args", "check", "done", "pool_seq", "reply", "result", "ssd_seq", "ticket", "tries")
+
+    def __init__(self, args: Any, *, pool_seq: int = 0, ssd_seq: int = 0, reply: Any = None,
+                 check: dict[bytes, int] | None = None, tries: int = 0) -> None:
+        self.args = args
+        self.pool_seq = pool_seq
+        self.ssd_seq = ssd_seq
+        self.reply = reply
+        self.check = check
+        self.result: dict[bytes, Any] = {}
+        self.ticket: list[Any] | None = None
+        self.done = False
+        self.tries = tries
+
+    def __bool__(self) -> bool:
+        return True
+
+
 @command("tair.kv.setex", -4, "write denyoom", keys=(1, 1, 1), group="tairkv", since="0.1.0",
          summary="Sets a KV-cache value with a TTL in milliseconds (0: none); replies with its new version.",
          syntax="TAIR.KV.SETEX key ttl_ms value [COLD_STORAGE] [VER expected_version]")
 def kv_setex(ctx: Context, args: list[bytes]) -> Any:
+    store = ctx.store
+    w = ctx.extra.pop(_WAIT, None)
+    if w is not None and w.args is args:
+        # Second run, after the pool (and, under write-through, the SSD) acknowledged the write.
+        if w.ssd_seq and store.ssd is not None:
+            failed = store.ssd.failed.get(w.ssd_seq)
+            if failed is not None:
+                raise CommandError(f"SSD write failed: {failed}")
+        return w.reply
     ttl_ms = parse_int(args[2])
     if ttl_ms < 0:
         raise CommandError("invalid expire time in 'tair.kv.setex' command")
@@ -40,8 +78,16 @@ def kv_setex(ctx: Context, args: list[bytes]) -> Any:
             raise syntax_error()
     if cold and ctx.store.ssd is None:
         raise CommandError("COLD_STORAGE needs the SSD tier (start with --essd-path)")
-    expire_at = ctx.store.clock.now_ms() + ttl_ms if ttl_ms else 0
-    entry = ctx.store.put(args[1], args[3], expire_at, cold=cold, expected_version=expected)
+    expire_at = store.clock.now_ms() + ttl_ms if ttl_ms else 0
+    store.pool_ack = 0
+    entry = store.put(args[1], args[3], expire_at, cold=cold, expected_version=expected)
+    pool = store.pool
+    if store.pool_ack and pool is not None and pool.active and ctx.server is not None:
+        # Acknowledge once the pool holds the value, so a STRONG read through another node sees it. A pool
+        # that fails meanwhile releases the wait (the write stays local; the pool is marked degraded).
+        w = PoolWait(args, pool_seq=store.pool_ack, ssd_seq=store.ack_seq, reply=entry.version)
+        ctx.extra[_WAIT] = w
+        raise WaitForCommit(w)  # type: ignore[arg-type]
     return entry.version
 
 
@@ -77,6 +123,8 @@ def kv_mget(ctx: Context, args: list[bytes]) -> Any:
         # Answer only with acknowledged data: wait for in-flight write-through writes of these keys.
         if any(k in ssd.pending for k in keys):
             raise WaitForCommit(ssd.enqueued_seq)
+    if level == "strong" and store.pool is not None and ctx.server is not None:
+        _strong_pool_check(ctx, args, keys)
     out: list[Any] = []
     for key in keys:
         entry = store.get(key)
@@ -85,6 +133,37 @@ def kv_mget(ctx: Context, args: list[bytes]) -> Any:
         else:
             out.append(None if entry is None else entry.value)
     return out
+
+
+def _strong_pool_check(ctx: Context, args: list[bytes], keys: list[bytes]) -> None:
+    """STRONG reads with a pool: compare each key's local version with the pool's; adopt newer pool records.
+
+    First run: note the local versions and suspend (the check runs in a worker thread). Second run: adopt what
+    is newer (highest version wins). If this node wrote or deleted one of the keys meanwhile, the check is redone
+    (at most STRONG_RECHECKS times, then the local copies answer). A degraded pool answers from local tiers.
+    """
+    store = ctx.store
+    pool = store.pool
+    assert pool is not None
+    w = ctx.extra.pop(_WAIT, None)
+    if w is not None and w.args is args and w.done:
+        stale = w.ticket is not None and w.ticket[0]
+        if w.ticket is not None:
+            pool.unwatch(w.ticket)
+            w.ticket = None
+        if not stale:
+            store.refresh_from_pool(w.result)
+            return
+        if w.tries >= STRONG_RECHECKS or not pool.active:
+            return
+        tries = w.tries + 1
+    else:
+        tries = 0
+    if not pool.active:
+        return
+    w = PoolWait(args, check=store.local_versions(keys), tries=tries)
+    ctx.extra[_WAIT] = w
+    raise WaitForCommit(w)  # type: ignore[arg-type]
 
 
 @command("tair.kv.prefetch", -2, "readonly fast", keys=(1, -1, 1), group="tairkv", since="0.1.0",
@@ -139,6 +218,18 @@ def kv_version(ctx: Context, args: list[bytes]) -> Any:
 
 
 @command("tair.kv.tier", 2, "readonly fast", keys=(1, 1, 1), group="tairkv", since="0.1.0",
-         summary="Returns the tier that holds a key (dram or ssd), or nil.")
+         summary="Returns the tier that holds a key (dram, pool or ssd), or nil.")
 def kv_tier(ctx: Context, args: list[bytes]) -> Any:
     return ctx.store.tier_of(args[1])
+
+
+def _register_info_section() -> None:
+    """INFO tier_pool (the pool tier's row of Store.tier_info). Belongs in commands/info.py's SECTIONS table;
+    registered from here until that module lists it."""
+    from kvstrata.commands import info
+
+    if "tier_pool" not in info.SECTIONS:
+        info.SECTIONS["tier_pool"] = info._tier("pool")
+
+
+_register_info_section()

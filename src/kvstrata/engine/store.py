@@ -1,4 +1,5 @@
-"""The engine facade: one keyspace over stacked tiers (DRAM, then SSD), with TTL, versions, pins and policy.
+"""The engine facade: one keyspace over stacked tiers (DRAM, SSD, optionally a shared pool), with TTL, versions,
+pins and policy.
 
 Everything here is synchronous. The server runs it on its event loop and keeps disk reads off that loop by
 loading the keys a command needs beforehand (``missing``/``begin_load``/``finish_load``); any key it did not
@@ -9,7 +10,9 @@ Invariants:
   lowest-ranked unpinned entries to the next tier (or dropping them when DRAM is the last tier);
 - a key has one authoritative copy: DRAM if it is there, else the SSD tier (``pending`` first, then LMDB);
   under write-through the SSD also keeps a durable copy of DRAM entries (``Entry.on_ssd``);
-- an expired entry is never returned, whichever tier holds it.
+- an expired entry is never returned, whichever tier holds it;
+- the pool (``kvstrata.engine.tiers.pool``) only ever holds copies: it is read off the loop by the loader, and a
+  pool hit is promoted into DRAM (replacing an older local copy: the highest version wins).
 """
 
 from __future__ import annotations
@@ -27,12 +30,44 @@ from kvstrata.engine.keyspace import SCAN_BUCKETS, bucket_of, glob_match
 from kvstrata.engine.policy import EvictionPolicy, create_policy
 from kvstrata.engine.stats import EngineStats, TierStats
 from kvstrata.engine.tiers.dram import DramTier
+from kvstrata.engine.tiers.pool import Corrupt as PoolCorrupt
+from kvstrata.engine.tiers.pool import PoolTier
 from kvstrata.engine.tiers.ssd import Corrupt, SsdTier
 from kvstrata.errors import OutOfMemoryError, VersionMismatchError
 
 log = logging.getLogger("kvstrata.engine")
 
 VERSION_BLOCK = 100_000
+# With a pool, versions are hybrid logical clocks: (wall ms << HLC_LOGICAL_BITS | logical) << NODE_BITS | node.
+HLC_LOGICAL_BITS = 12
+NODE_BITS = 8
+HLC_VERSION_BLOCK = 1000 << (HLC_LOGICAL_BITS + NODE_BITS)  # one second of wall time
+
+
+class PoolHit:
+    """A loader result that came from the pool (so the engine counts it there and promotes it)."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+
+
+class LoadTicket:
+    """What ``begin_load`` hands to the loader thread and ``finish_load`` checks afterwards."""
+
+    __slots__ = ("pool_first", "pool_ticket", "rest", "ssd_ticket")
+
+    def __init__(self, ssd_ticket: list[Any], pool_ticket: list[Any] | None, pool_first: list[bytes],
+                 rest: list[bytes]) -> None:
+        self.ssd_ticket = ssd_ticket
+        self.pool_ticket = pool_ticket
+        self.pool_first = pool_first
+        self.rest = rest
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.ssd_ticket[0] or (self.pool_ticket is not None and self.pool_ticket[0]))
 
 
 class Store:
@@ -49,6 +84,9 @@ class Store:
         promote_window: float = 60.0,
         hot_max_fraction: float = 0.5,
         entry_overhead: int = ENTRY_OVERHEAD,
+        pool: PoolTier | None = None,
+        tier_order: str = "dram,pool,ssd",
+        node_id: int = 0,
     ) -> None:
         self.clock = clock or SystemClock()
         self.dram = DramTier(dram_budget, entry_overhead)
@@ -60,7 +98,7 @@ class Store:
         self.hot_max_fraction = hot_max_fraction
         self.hot: dict[bytes, int] = {}
         self.stats = EngineStats()
-        self.tier_stats = {"dram": TierStats(), "ssd": TierStats()}
+        self.tier_stats = {"dram": TierStats(), "ssd": TierStats(), "pool": TierStats()}
         self._dram_stats = self.tier_stats["dram"]
         # The DRAM dict is never replaced (only cleared), so the hot path may hold it directly.
         self._entries = self.dram.entries
@@ -73,14 +111,44 @@ class Store:
         self.version = ssd.version_high_water if ssd is not None else 0
         if ssd is not None:
             ssd.on_commit = self._ssd_committed
+        # The shared pool (None without --pool). It needs the SSD tier: the loader that keeps pool reads off
+        # the event loop is the SSD tier's (see docs/pool.md).
+        self.pool = pool
+        self.pool_first = tier_order.startswith("dram,pool")
+        self.node_id = node_id & ((1 << NODE_BITS) - 1)
+        # The pool write the current command's reply should wait for (0: none); set by put().
+        self.pool_ack = 0
+        self.pool_refreshed = 0
+        self._origin = "ssd"
 
     # ---- versions ----
     def next_version(self) -> int:
+        if self.pool is not None:
+            return self._next_hlc()
         self.version += 1
         if self.ssd is not None and self.version > self.ssd.version_high_water:
             # Reserve a block ahead, so versions keep increasing after a restart without a write per version.
             self.ssd.save_version_high_water(self.version + VERSION_BLOCK)
         return self.version
+
+    def _next_hlc(self) -> int:
+        """A hybrid-logical-clock version, comparable across nodes: wall ms, a logical counter, the node id.
+
+        It is higher than every version this node has issued or seen in the pool (``observe_version``), and
+        higher than any version issued before a restart (the SSD tier keeps a high-water mark).
+        """
+        clock = self.version >> NODE_BITS
+        physical = self.clock.now_ms() << HLC_LOGICAL_BITS
+        clock = max(clock + 1, physical)
+        self.version = (clock << NODE_BITS) | self.node_id
+        if self.ssd is not None and self.version > self.ssd.version_high_water:
+            self.ssd.save_version_high_water(self.version + HLC_VERSION_BLOCK)
+        return self.version
+
+    def observe_version(self, version: int) -> None:
+        """Lamport's receive rule: later local writes get versions above one seen in the pool."""
+        if version > self.version:
+            self.version = (version >> NODE_BITS) << NODE_BITS | self.node_id
 
     # ---- loading lower tiers ahead of a command ----
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
@@ -94,15 +162,64 @@ class Store:
             return []
         return [k for k in keys if k not in entries and k not in pending]
 
-    def begin_load(self, keys: list[bytes]) -> list[Any]:
+    def begin_load(self, keys: list[bytes]) -> LoadTicket:
+        """Watch ``keys`` and plan their load: which are read from the pool first, which from LMDB first."""
         assert self.ssd is not None
-        return self.ssd.watch(keys)
+        pool = self.pool
+        if pool is None or not pool.active:
+            return LoadTicket(self.ssd.watch(keys), None, [], list(keys))
+        first: list[bytes] = []
+        rest: list[bytes] = []
+        if self.pool_first:
+            # Keys this node put in the pool (their newest local version) are read there first.
+            index = pool.index
+            for k in keys:
+                (first if k in index and k not in pool.pending else rest).append(k)
+        else:
+            rest = list(keys)
+        return LoadTicket(self.ssd.watch(keys), pool.watch(keys), first, rest)
 
-    def finish_load(self, ticket: list[Any], found: dict[bytes, Any]) -> bool:
-        """Install loaded records as the overlay for the next command; False if a write raced the load."""
+    def read_lower(self, ticket: LoadTicket) -> dict[bytes, Any]:
+        """The loader (a worker thread): LMDB records and pool records of a planned load, in tier order.
+
+        Results are Entry/Corrupt/None from the SSD tier, or PoolHit for a record found in the pool. The SSD is
+        read for every key the pool did not answer; the pool for every key LMDB does not hold.
+        """
+        ssd = self.ssd
+        assert ssd is not None
+        pool = self.pool
+        found: dict[bytes, Any] = {}
+        rest = ticket.rest
+        if ticket.pool_first and pool is not None:
+            got = pool.read_many(ticket.pool_first)
+            rest = list(rest)
+            for k in ticket.pool_first:
+                rec = got.get(k)
+                if rec is not None and not isinstance(rec, PoolCorrupt):
+                    found[k] = PoolHit(rec)
+                else:
+                    rest.append(k)
+        found.update(ssd.read_many(rest))
+        if ticket.pool_ticket is not None and pool is not None:
+            ask = [k for k in rest if found.get(k) is None and k not in ticket.pool_first]
+            if ask:
+                got = pool.read_many(ask)
+                for k in ask:
+                    rec = got.get(k)
+                    if rec is not None and not isinstance(rec, PoolCorrupt):
+                        found[k] = PoolHit(rec)
+        return found
+
+    def cancel_load(self, ticket: LoadTicket) -> None:
         assert self.ssd is not None
-        self.ssd.unwatch(ticket)
-        if ticket[0]:
+        self.ssd.unwatch(ticket.ssd_ticket)
+        if ticket.pool_ticket is not None and self.pool is not None:
+            self.pool.unwatch(ticket.pool_ticket)
+
+    def finish_load(self, ticket: LoadTicket, found: dict[bytes, Any]) -> bool:
+        """Install loaded records as the overlay for the next command; False if a write raced the load."""
+        self.cancel_load(ticket)
+        if ticket.stale:
             return False
         self._overlay = found
         return True
@@ -112,8 +229,13 @@ class Store:
 
     # ---- lookups ----
     def _below(self, key: bytes) -> Entry | None:
-        """The lower tier's entry for a key that is not in DRAM, unexpired, or None."""
+        """The lower tiers' entry for a key that is not in DRAM, unexpired, or None.
+
+        ``self._origin`` says where it came from: "ssd" (pending writes, the loader's overlay or a synchronous
+        LMDB read) or "pool" (only ever from the loader's overlay: the pool is never read on the event loop).
+        """
         ssd = self.ssd
+        self._origin = "ssd"
         if ssd is None:
             return None
         known, found = ssd.lookup_pending(key)
@@ -121,6 +243,8 @@ class Store:
             overlay = self._overlay
             if overlay is not None and key in overlay:
                 found = overlay[key]
+                if found.__class__ is PoolHit:
+                    return self._pool_found(key, found.entry)
             else:
                 self.sync_reads += 1
                 found = ssd.read(key)
@@ -136,6 +260,21 @@ class Store:
             self.stats.expired_keys += 1
             return None
         return found
+
+    def _pool_found(self, key: bytes, entry: Entry) -> Entry | None:
+        pool = self.pool
+        if pool is not None:
+            known, pending = pool.lookup_pending(key)
+            if known:
+                # A write or delete of this key left here after the loader read the pool: it is newer.
+                entry = pending  # type: ignore[assignment]
+                if entry is None:
+                    return None
+        if entry.expired(self.clock.now_ms()):
+            return None
+        self._origin = "pool"
+        self.observe_version(entry.version)
+        return entry
 
     def get(self, key: bytes, *, touch: bool = True) -> Entry | None:
         entry = self._entries.get(key)
@@ -154,17 +293,26 @@ class Store:
         if entry is None:
             if touch and self.ssd is not None:
                 self.tier_stats["ssd"].misses += 1
+                if self.pool is not None:
+                    self.tier_stats["pool"].misses += 1
             return None
         if touch:
-            self.tier_stats["ssd"].hits += 1
-            if self.admission.should_promote(key, self.clock.now_ms()) or self._hot_match(key):
-                self._promote(key, entry)
+            if self._origin == "pool":
+                # Fetched over the network: keep it (no admission rule), replacing any older local copy.
+                self.tier_stats["pool"].hits += 1
+                self.adopt(key, entry)
+            else:
+                self.tier_stats["ssd"].hits += 1
+                if self.admission.should_promote(key, self.clock.now_ms()) or self._hot_match(key):
+                    self._promote(key, entry)
         return entry
 
     def tier_of(self, key: bytes) -> str | None:
-        if self.get(key, touch=False) is None:
+        if key in self.dram.entries:
+            return "dram" if self.get(key, touch=False) is not None else None
+        if self._below(key) is None:
             return None
-        return "dram" if key in self.dram.entries else "ssd"
+        return self._origin
 
     # ---- writes ----
     def put(
@@ -199,6 +347,8 @@ class Store:
                 self._check_last_tier_room(size)
                 self._drop_dram(key)
                 self._ack(ssd.put(key, entry))
+                if self.pool is not None:
+                    self.pool_ack = self.pool.put(key, entry)
                 return entry
             stale_below = not self.write_through and (
                 (old is not None and old.on_ssd) or (old is None and self._below(key) is not None)
@@ -215,6 +365,8 @@ class Store:
             entry.on_ssd = True
         if expire_at:
             heapq.heappush(self._ttl_heap, (expire_at, key))
+        if self.pool is not None:
+            self.pool_ack = self.pool.put(key, entry)
         return entry
 
     def _ack(self, seq: int) -> None:
@@ -291,6 +443,12 @@ class Store:
             self.stats.evicted_keys += 1
             return
         self.tier_stats["dram"].demotions += 1
+        pool = self.pool
+        if pool is not None and self.pool_first and not pool.holds(key, entry.version) \
+                and not entry.expired(self.clock.now_ms()):
+            # DRAM -> pool: the shared copy, read first by this node and found by the others.
+            if pool.put(key, entry):
+                self.tier_stats["pool"].demotions += 1
         if not entry.on_ssd:
             self.ssd.put(key, entry)
 
@@ -322,13 +480,85 @@ class Store:
         if key in self.dram.entries:
             return False
         entry = self._below(key)
+        if entry is not None and self._origin == "pool":
+            return self.adopt(key, entry)
         return entry is not None and self._promote(key, entry)
+
+    def adopt(self, key: bytes, entry: Entry) -> bool:
+        """Install a record read from the pool in DRAM, keeping its version (a pool hit or a STRONG refresh).
+
+        It replaces any local copy, which is older (the caller checked). The SSD tier keeps its role: under
+        write-back the local record is now stale and is deleted (DRAM is authoritative); under write-through the
+        SSD gets the adopted value unless it is this node's own write (which the SSD already holds).
+        """
+        ssd = self.ssd
+        assert ssd is not None
+        size = self.dram.size(key, entry.value)
+        old = self.dram.entries.get(key)
+        if size > self.dram.budget - self.dram.pinned_bytes:
+            return False
+        try:
+            self.make_room(size if old is None else size - self.dram.size(key, old.value), exclude=key)
+        except OutOfMemoryError:
+            return False
+        fresh = Entry(entry.value, entry.version, entry.expire_at)
+        if old is not None:
+            self._drop_dram(key)
+        self.dram.put(key, fresh, size, None)
+        self.policy.admit(key)
+        ours = self.pool is not None and self.pool.holds(key, entry.version)
+        if self.write_through:
+            if not ours:
+                ssd.put(key, fresh)
+            fresh.on_ssd = True
+        else:
+            ssd.delete(key)
+        if fresh.expire_at:
+            heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
+        if self.hot and self._hot_match(key):
+            self._pin(key, fresh)
+        self.tier_stats["pool"].promotions += 1
+        return True
+
+    def refresh_from_pool(self, found: dict[bytes, Entry | None]) -> int:
+        """STRONG reads: adopt each pool record that is newer than the local copy; returns how many."""
+        done = 0
+        now = self.clock.now_ms()
+        for key, rec in found.items():
+            if rec is None or rec.expired(now):
+                continue
+            current = self.get(key, touch=False)
+            if current is not None and current.version >= rec.version:
+                continue
+            self.observe_version(rec.version)
+            if self.adopt(key, rec):
+                done += 1
+                self.pool_refreshed += 1
+        return done
+
+    def local_versions(self, keys: Iterable[bytes]) -> dict[bytes, int]:
+        """The version of each key in the local tiers (0 when absent), for a STRONG pool check."""
+        out: dict[bytes, int] = {}
+        for key in keys:
+            entry = self.dram.entries.get(key)
+            if entry is None:
+                entry = self._below(key)
+                if entry is not None and self._origin == "pool":
+                    self.tier_stats["pool"].hits += 1
+                    if not self.adopt(key, entry):
+                        entry = None  # only in the loader's overlay: not a local copy
+            if entry is not None and entry.expired(self.clock.now_ms()):
+                entry = None
+            out[key] = entry.version if entry is not None else 0
+        return out
 
     def _drop_dram(self, key: bytes) -> None:
         if self.dram.pop(key) is not None:
             self.policy.remove(key)
 
     def delete(self, key: bytes) -> bool:
+        if self.pool is not None:
+            self.pool.delete(key)
         entry = self.dram.pop(key)
         now = self.clock.now_ms()
         if entry is not None:
@@ -354,6 +584,8 @@ class Store:
                 heapq.heappush(self._ttl_heap, (expire_at, key))
             if entry.on_ssd and self.ssd is not None:
                 self._ack(self.ssd.put(key, entry))
+            if self.pool is not None:
+                self.pool.put(key, entry)
             return True
         if entry is not None:
             self._expire_dram(key)
@@ -362,7 +594,10 @@ class Store:
         if below is None:
             return False
         assert self.ssd is not None
-        self._ack(self.ssd.put(key, Entry(below.value, below.version, expire_at)))
+        moved = Entry(below.value, below.version, expire_at)
+        self._ack(self.ssd.put(key, moved))
+        if self.pool is not None:
+            self.pool.put(key, moved)
         return True
 
     def replace_value(self, key: bytes, value: Value, *, keep_ttl: bool = True) -> Entry:
@@ -387,6 +622,8 @@ class Store:
         self.dram.clear()
         self.policy.clear()
         self._ttl_heap.clear()
+        if self.pool is not None:
+            self.pool.flush()
         if self.ssd is not None:
             self._ack(self.ssd.flush())
 
@@ -552,6 +789,13 @@ class Store:
                          **self.tier_stats["ssd"].as_dict(),
                          "evictions": self.ssd.evictions,
                          "corrupt_reads": self.tier_stats["ssd"].corrupt_reads})
+        pool = self.pool
+        if pool is not None:
+            degraded = int(pool.degraded is not None)
+            rows.append({"name": "pool", "used": pool.used, "budget": pool.budget, "keys": len(pool),
+                         **self.tier_stats["pool"].as_dict(),
+                         "evictions": pool.evictions, "corrupt_reads": pool.corrupt_reads,
+                         "pool_degraded": degraded, **pool.info()})
         return rows
 
     def bucket_of(self, key: bytes) -> int:

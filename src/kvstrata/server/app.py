@@ -14,9 +14,11 @@ from typing import Any
 
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.commands import REGISTRY, CommandSpec
+from kvstrata.commands.tairkv import PoolWait
 from kvstrata.config import Config
 from kvstrata.engine.policy import create_policy
-from kvstrata.engine.store import Store
+from kvstrata.engine.store import LoadTicket, Store
+from kvstrata.engine.tiers.pool import PoolTier
 from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.observability.service import Observability
 from kvstrata.server.cmdstats import CommandStats, SlowLog
@@ -27,6 +29,7 @@ from kvstrata.server.stats import ServerStats
 log = logging.getLogger("kvstrata.server")
 
 
+
 def build_store(config: Config, clock: Clock | None = None) -> Store:
     clock = clock or SystemClock()
     ssd = None
@@ -34,6 +37,23 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
         ssd = SsdTier(config.get("essd-path"), int(config.get("essd-size")), fsync=config.get("fsync"))
     policy = create_policy(config.get("eviction-policy"), clock=clock, k=int(config.get("lru-k")),
                            crp=float(config.get("lru-k-crp")))
+    pool = None
+    node_id = 0
+    if config.get("pool"):
+        if ssd is None:
+            raise ValueError("--pool needs the SSD tier (--essd-path): pool reads run in its loader thread")
+        pool = PoolTier(
+            config.get("pool"), int(config.get("pool-size")),
+            ttl_ms=max(1, int(float(config.get("pool-ttl")) * 1000)),
+            timeout_ms=int(config.get("pool-timeout")),
+            connect_timeout_ms=int(config.get("pool-connect-timeout")),
+            backoff_max_ms=int(config.get("pool-backoff-max")),
+            prefix=str(config.get("pool-key-prefix")).encode(),
+            wall_ms=clock.now_ms,
+        )
+        node_id = int(config.get("pool-node-id"))
+        if node_id < 0:
+            node_id = int.from_bytes(os.urandom(1), "little")
     return Store(
         int(config.get("dram-size")),
         policy=policy,
@@ -44,6 +64,9 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
         promote_hits=int(config.get("promote-hits")),
         promote_window=float(config.get("promote-window")),
         hot_max_fraction=float(config.get("hot-max-fraction")),
+        pool=pool,
+        tier_order=config.get("tier-order"),
+        node_id=node_id,
     )
 
 
@@ -72,6 +95,7 @@ class Server:
         self.now_ms = self.store.clock.now_ms()
         self._ids = itertools.count(1)
         self._commit_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._pool_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._waiter_seq = itertools.count()
         self._shutdown = asyncio.Event()
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstrata-io")
@@ -99,7 +123,11 @@ class Server:
             if not fut.done():
                 fut.set_result(None)
 
-    async def wait_commit(self, seq: int) -> None:
+    async def wait_commit(self, seq: Any) -> None:
+        """Wait for the SSD writer to commit ``seq``, or for a pool step a handler asked for (see tairkv)."""
+        if isinstance(seq, PoolWait):
+            await self._pool_wait(seq)
+            return
         ssd = self.store.ssd
         if ssd is None or ssd.committed_seq >= seq:
             return
@@ -108,18 +136,51 @@ class Server:
         heapq.heappush(self._commit_waiters, (seq, next(self._waiter_seq), fut))
         await fut
 
+    async def _pool_wait(self, w: PoolWait) -> None:
+        """A pool write to be acknowledged (``pool_seq``), or a STRONG version check to run (``check``)."""
+        pool = self.store.pool
+        assert self.loop is not None
+        if w.ssd_seq:
+            await self.wait_commit(w.ssd_seq)
+        if pool is None:
+            w.done = True
+            return
+        if w.pool_seq and pool.committed_seq < w.pool_seq and pool.active:
+            fut: asyncio.Future[None] = self.loop.create_future()
+            heapq.heappush(self._pool_waiters, (w.pool_seq, next(self._waiter_seq), fut))
+            await fut
+        if w.check is not None:
+            w.ticket = pool.watch(w.check)
+            try:
+                w.result = await self.loop.run_in_executor(self._io, pool.check_versions, w.check)
+            except BaseException:
+                pool.unwatch(w.ticket)
+                w.ticket = None
+                raise
+        w.done = True
+
+    def _on_pool_commit(self) -> None:
+        pool = self.store.pool
+        if pool is None:
+            return
+        waiters = self._pool_waiters
+        while waiters and (waiters[0][0] <= pool.committed_seq or not pool.active):
+            _, _, fut = heapq.heappop(waiters)
+            if not fut.done():
+                fut.set_result(None)
+
     async def load(self, keys: list[bytes]) -> bool:
-        """Read lower-tier records of ``keys`` in a thread and install them for the next command."""
+        """Read lower-tier records of ``keys`` (LMDB, the pool) in a thread and install them for the next command."""
         store = self.store
         missing = store.missing(keys)
         if not missing or store.ssd is None:
             return True
-        ticket = store.begin_load(missing)
+        ticket: LoadTicket = store.begin_load(missing)
         assert self.loop is not None
         try:
-            found = await self.loop.run_in_executor(self._io, store.ssd.read_many, missing)
+            found = await self.loop.run_in_executor(self._io, store.read_lower, ticket)
         except BaseException:
-            store.ssd.unwatch(ticket)
+            store.cancel_load(ticket)
             raise
         return store.finish_load(ticket, found)
 
@@ -174,6 +235,11 @@ class Server:
 
     def _every_second(self) -> None:
         store = self.store
+        pool = store.pool
+        if pool is not None:
+            pool.expire_index()
+            if pool.probe_due():
+                self._probe_pool(pool)
         if store.ssd is not None:
             store.sweep_ssd()
             if store.ssd.stuck:
@@ -188,6 +254,19 @@ class Server:
                 if conn.client.last_ms < limit and not conn.busy:
                     conn.kill()
 
+    def _probe_pool(self, pool: PoolTier) -> None:
+        """Retry a degraded pool off the loop; its backoff decides when the next probe is due."""
+        assert self.loop is not None
+        pool.probing = True
+        fut = self.loop.run_in_executor(self._io, pool.probe)
+
+        def done(f: asyncio.Future[bool]) -> None:
+            pool.probing = False
+            if not f.cancelled() and f.exception() is not None:
+                log.error("pool probe failed: %s", f.exception())
+
+        fut.add_done_callback(done)
+
     def request_shutdown(self) -> None:
         self._shutdown.set()
 
@@ -199,6 +278,18 @@ class Server:
             loop = self.loop
             ssd.set_delivery(lambda fn: loop.call_soon_threadsafe(fn))
             ssd.on_commit = self._on_ssd_commit
+        pool = self.store.pool
+        if pool is not None:
+            loop = self.loop
+
+            def deliver(fn: Any) -> None:
+                def run() -> None:
+                    fn()
+                    self._on_pool_commit()
+
+                loop.call_soon_threadsafe(run)
+
+            pool.set_delivery(deliver)
         hosts = [h for h in str(self.config.get("bind")).split() if h]
         # The HTTP endpoint first: once the RESP port answers, /metrics does too.
         await self.observability.start()
@@ -235,6 +326,9 @@ class Server:
         for task in list(self.tasks):
             task.cancel()
         store = self.store
+        if store.pool is not None:
+            store.pool.close()
+            self._on_pool_commit()
         if store.ssd is not None:
             # Write-back data that lives only in DRAM goes down to SSD, so a clean restart finds every key.
             store.checkpoint()

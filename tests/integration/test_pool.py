@@ -1,0 +1,264 @@
+"""The cluster memory pool against a real 3-master Redis Cluster (redis-server processes on loopback ports).
+
+Covered: demotion from DRAM to the pool and promotion back; two kvstrata nodes sharing chunks; hash-tag
+placement (every chunk of a shard key on one master, checked with CLUSTER KEYSLOT and CLUSTER NODES); STRONG
+reads across nodes after a write; highest version wins in the pool; pool TTL; a master killed in the middle of a
+load (every request still answered) and the pool used again once it is back on the same port.
+
+Waits are polls with a deadline, never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+import redis
+
+from kvstrata.bench.cluster import LocalCluster
+from kvstrata.engine.tiers.pool import HEADER_SIZE, PoolTier, decode_header, decode_record
+
+pytestmark = [
+    pytest.mark.kvstrata_only,
+    pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
+                       reason="needs redis-server and redis-cli (.ci/run installs them)"),
+]
+
+KB = 1024
+PREFIX = b"kvs:"
+
+
+def wait_for(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)  # poll interval
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(masters=3).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def pool_client(cluster):
+    rc = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], socket_timeout=5)
+    yield rc
+    rc.close()
+
+
+@pytest.fixture
+def node(make_server, tmp_path, cluster):
+    """``node("a", {...}) -> ServerProc``: a kvstrata node with an SSD tier and the cluster as its pool."""
+    counter = iter(range(1000))
+
+    def start(config=None, name=None):
+        cfg = {"essd-path": str(tmp_path / (name or f"n{next(counter)}")), "dram-size": "256kb",
+               "pool": cluster.url, "pool-timeout": 500, "pool-connect-timeout": 200,
+               "pool-backoff-max": 300, "http-port": 0}
+        cfg.update(config or {})
+        return make_server(cfg)
+
+    return start
+
+
+def tier(r, key):
+    reply = r.execute_command("TAIR.KV.TIER", key)
+    return None if reply is None else reply.decode()
+
+
+def pool_info(r):
+    return r.info("tier_pool")
+
+
+def value_for(key, size):
+    head = key.encode() if isinstance(key, str) else key
+    return (head + b"|" + bytes(range(256)) * (size // 256 + 1))[:size]
+
+
+def pool_record(pool_client, key):
+    raw = pool_client.get(PREFIX + (key.encode() if isinstance(key, str) else key))
+    return None if raw is None else decode_record(key.encode() if isinstance(key, str) else key, raw)
+
+
+def pool_settled(r):
+    wait_for(lambda: pool_info(r)["pending"] == 0, what="the pool writer to drain")
+
+
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_demotion_to_pool_and_promotion_back(node, pool_client):
+    a = node().client()
+    keys = [f"demote:{i}" for i in range(30)]
+    for k in keys:
+        a.execute_command("TAIR.KV.SETEX", k, 0, value_for(k, 16 * KB))
+    pool_settled(a)
+    tiers = {k: tier(a, k) for k in keys}
+    in_pool = [k for k, t in tiers.items() if t == "pool"]
+    assert in_pool, tiers  # 30 x 16 KB do not fit in 256 KB of DRAM
+    assert pool_info(a)["demotions"] + pool_info(a)["writes"] >= len(in_pool)
+    for k in in_pool:
+        rec = pool_record(pool_client, k)
+        assert rec is not None and rec.value == value_for(k, 16 * KB)
+    k = in_pool[0]
+    assert a.get(k) == value_for(k, 16 * KB)
+    assert tier(a, k) == "dram"
+    info = pool_info(a)
+    assert info["hits"] >= 1 and info["promotions"] >= 1 and info["pool_degraded"] == 0
+
+
+def test_two_nodes_share_chunks(node):
+    a, b = node().client(), node().client()
+    chunks = {f"share:{i}": value_for(f"share:{i}", 24 * KB) for i in range(6)}
+    versions = {k: a.execute_command("TAIR.KV.SETEX", k, 0, v) for k, v in chunks.items()}
+    got = b.execute_command("TAIR.KV.MGET", *chunks, "CONSISTENCY_LEVEL", "EVENTUAL", "WITHVERSIONS")
+    assert [g[0] for g in got] == list(chunks.values())
+    assert [g[1] for g in got] == [versions[k] for k in chunks]
+    assert all(tier(b, k) == "dram" for k in chunks)  # promoted locally on B
+    assert pool_info(b)["hits"] == len(chunks)
+    # A key nobody wrote is a miss on both, not an error.
+    assert b.execute_command("TAIR.KV.MGET", "share:none", "CONSISTENCY_LEVEL", "EVENTUAL") == [None]
+
+
+def test_hash_tag_keeps_a_shard_key_on_one_master(node, cluster):
+    a = node().client()
+    tagged = [f"{{user42}}:chunk:{i}" for i in range(12)]
+    plain = [f"plain:chunk:{i}" for i in range(12)]
+    for k in tagged + plain:
+        a.execute_command("TAIR.KV.SETEX", k, 0, value_for(k, 2 * KB))
+    pool_settled(a)
+    slots = {cluster.keyslot(PREFIX + k.encode()) for k in tagged}
+    assert len(slots) == 1
+    master = cluster.master_of_slot(slots.pop())
+    direct = redis.Redis(host="127.0.0.1", port=master)
+    try:
+        # Read straight from that master (no cluster redirects): it holds every chunk of the shard key.
+        assert all(direct.exists(PREFIX + k.encode()) for k in tagged)
+    finally:
+        direct.close()
+    masters = {cluster.master_of_slot(cluster.keyslot(PREFIX + k.encode())) for k in plain}
+    assert len(masters) >= 2  # without a tag, chunks spread by their own hash
+
+
+def test_strong_read_across_nodes_sees_the_latest_write(node):
+    a, b = node().client(), node().client()
+    v1 = a.execute_command("TAIR.KV.SETEX", "strong:k", 0, b"first")
+    assert b.execute_command("TAIR.KV.MGET", "strong:k", "CONSISTENCY_LEVEL", "STRONG", "WITHVERSIONS") == \
+        [[b"first", v1]]
+    v2 = a.execute_command("TAIR.KV.SETEX", "strong:k", 0, b"second")
+    assert v2 > v1
+    # B's local copy is stale: EVENTUAL answers from it, STRONG checks the pool's version and refreshes it.
+    assert b.execute_command("TAIR.KV.MGET", "strong:k", "CONSISTENCY_LEVEL", "EVENTUAL") == [b"first"]
+    assert b.execute_command("TAIR.KV.MGET", "strong:k", "CONSISTENCY_LEVEL", "STRONG", "WITHVERSIONS") == \
+        [[b"second", v2]]
+    assert b.execute_command("TAIR.KV.MGET", "strong:k", "CONSISTENCY_LEVEL", "EVENTUAL") == [b"second"]
+    # A write on B after seeing A's version gets a higher version (hybrid logical clock), and A sees it.
+    v3 = b.execute_command("TAIR.KV.SETEX", "strong:k", 0, b"third")
+    assert v3 > v2
+    assert a.execute_command("TAIR.KV.MGET", "strong:k", "CONSISTENCY_LEVEL", "STRONG") == [b"third"]
+
+
+def test_highest_version_wins_in_the_pool(cluster, pool_client):
+    pool = PoolTier(cluster.url, 1 << 30, threaded=False)
+    try:
+        from kvstrata.engine.entry import Entry
+
+        pool.put(b"conflict", Entry(b"newer", 1000))
+        pool.put(b"conflict", Entry(b"older", 10))  # arrives later, lower version: refused by the pool
+        rec = pool_record(pool_client, "conflict")
+        assert rec.value == b"newer" and rec.version == 1000
+        assert pool.conflicts == 1
+        assert pool.check_versions({b"conflict": 999})[b"conflict"].value == b"newer"
+        assert pool.check_versions({b"conflict": 1000})[b"conflict"] is None
+    finally:
+        pool.close()
+
+
+def test_pool_records_expire_with_their_ttl(node, pool_client):
+    a = node({"pool-ttl": 0.5}).client()
+    a.execute_command("TAIR.KV.SETEX", "ttl:k", 0, b"short-lived")
+    pool_settled(a)
+    assert 0 < pool_client.pttl(PREFIX + b"ttl:k") <= 500
+    wait_for(lambda: pool_client.exists(PREFIX + b"ttl:k") == 0, timeout=5, what="the pool record to expire")
+    wait_for(lambda: pool_info(a)["keys"] == 0, timeout=5, what="the node to forget the expired record")
+    assert a.execute_command("TAIR.KV.MGET", "ttl:k") == [b"short-lived"]  # the local copy stays
+    # An entry's own TTL caps the pool's.
+    a.execute_command("TAIR.KV.SETEX", "ttl:own", 200, b"x")
+    pool_settled(a)
+    assert 0 < pool_client.pttl(PREFIX + b"ttl:own") <= 200
+
+
+def test_header_layout_is_stable(pool_client, node):
+    a = node().client()
+    v = a.execute_command("TAIR.KV.SETEX", "hdr:k", 0, b"payload")
+    pool_settled(a)
+    raw = pool_client.get(PREFIX + b"hdr:k")
+    assert raw[:2] == b"KP" and raw[HEADER_SIZE:] == b"payload"
+    assert decode_header(raw) == (v, 0)
+    assert pool_client.getrange(PREFIX + b"hdr:k", 4, 11) == v.to_bytes(8, "big")
+
+
+@pytest.mark.slow
+def test_master_killed_mid_load_then_back(make_server, tmp_path):
+    """Kill one of three masters while two nodes write and read; every request is answered (from local tiers
+    where needed), the degradation is reported, and the pool is used again when the master is back."""
+    c = LocalCluster(masters=3, node_timeout_ms=1000).start()
+    try:
+        cfg = {"dram-size": "1mb", "pool": c.url, "pool-timeout": 300, "pool-connect-timeout": 200,
+               "pool-backoff-max": 300, "http-port": 0}
+        a = make_server({**cfg, "essd-path": str(tmp_path / "a")}).client()
+        b = make_server({**cfg, "essd-path": str(tmp_path / "b")}).client()
+        errors: list[BaseException] = []
+        done = threading.Event()
+        written: dict[str, bytes] = {}
+
+        def load() -> None:
+            i = 0
+            try:
+                while not done.is_set():
+                    k = f"load:{i}"
+                    v = value_for(k, 4 * KB)
+                    a.execute_command("TAIR.KV.SETEX", k, 0, v)
+                    written[k] = v
+                    assert a.execute_command("TAIR.KV.MGET", k) == [v]
+                    b.execute_command("TAIR.KV.MGET", k, "CONSISTENCY_LEVEL", "STRONG")  # may miss: never errs
+                    i += 1
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=load)
+        t.start()
+        wait_for(lambda: len(written) >= 20, what="some load before the kill")
+        c.kill(1)
+        wait_for(lambda: pool_info(a)["pool_degraded"] == 1, what="node A to notice")
+        n = len(written)
+        wait_for(lambda: len(written) >= n + 20 or errors, what="load to go on without the master")
+        c.restart(1)
+        c.wait_ok(30)
+        wait_for(lambda: pool_info(a)["pool_degraded"] == 0, timeout=20, what="node A to use the pool again")
+        done.set()
+        t.join(30)
+        assert not errors, errors
+        info = pool_info(a)
+        assert info["errors"] >= 1 and info["recoveries"] >= 1 and info["retries"] >= 1
+        # Everything written through A is still answered by A, from its local tiers.
+        sample = list(written)[:: max(1, len(written) // 50)]
+        assert a.execute_command("TAIR.KV.MGET", *sample, "CONSISTENCY_LEVEL", "EVENTUAL") == \
+            [written[k] for k in sample]
+        # Back in use: a new chunk written through A is found by B through the pool.
+        wait_for(lambda: pool_info(b)["pool_degraded"] == 0, timeout=20, what="node B to use the pool again")
+        a.execute_command("TAIR.KV.SETEX", "after:k", 0, b"back")
+        hits = pool_info(b)["hits"]
+        assert b.execute_command("TAIR.KV.MGET", "after:k", "CONSISTENCY_LEVEL", "EVENTUAL") == [b"back"]
+        assert pool_info(b)["hits"] == hits + 1
+    finally:
+        c.stop()

@@ -1,0 +1,130 @@
+"""The pool tier without a pool server: record format, URLs, hybrid-logical-clock versions, and a pool that is
+down from the start (every operation degrades at once, nothing raises)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from kvstrata.clock import ManualClock
+from kvstrata.engine.entry import Entry
+from kvstrata.engine.store import HLC_LOGICAL_BITS, NODE_BITS, Store
+from kvstrata.engine.tiers.pool import (
+    HEADER_SIZE,
+    Corrupt,
+    PoolTier,
+    decode_header,
+    decode_record,
+    encode_record,
+    parse_url,
+)
+from kvstrata.engine.tiers.ssd import SsdTier
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def test_record_round_trip_and_checksum():
+    rec = encode_record(b"k", b"value", 42, 1234)
+    assert rec[:2] == b"KP" and len(rec) == HEADER_SIZE + 5
+    assert decode_header(rec) == (42, 1234)
+    entry = decode_record(b"k", rec)
+    assert isinstance(entry, Entry) and (entry.value, entry.version, entry.expire_at) == (b"value", 42, 1234)
+    # The key is covered by the checksum: a record stored under another key is refused.
+    assert isinstance(decode_record(b"other", rec), Corrupt)
+    flipped = bytearray(rec)
+    flipped[-1] ^= 1
+    assert decode_record(b"k", bytes(flipped)).reason == "checksum mismatch"
+    assert decode_record(b"k", b"KP\x01").reason == "short record"
+    assert decode_record(b"k", b"XX" + rec[2:]).reason == "bad magic"
+    assert decode_header(b"not a record at all, long enough...") is None
+
+
+def test_version_sits_big_endian_at_offset_4():
+    rec = encode_record(b"k", b"", 0x0102030405060708, 0)
+    assert rec[4:12] == bytes(range(1, 9))
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("redis://127.0.0.1:6379", (False, [("127.0.0.1", 6379)], None)),
+    ("redis-cluster://a:1,b:2,c:3", (True, [("a", 1), ("b", 2), ("c", 3)], None)),
+    ("redis://:secret@h:7000", (False, [("h", 7000)], "secret")),
+])
+def test_parse_url(url, expected):
+    assert parse_url(url) == expected
+
+
+@pytest.mark.parametrize("url", ["http://h:1", "redis://h", "redis://a:1,b:2", "redis-cluster://h:x"])
+def test_parse_url_rejects(url):
+    with pytest.raises(ValueError):
+        parse_url(url)
+
+
+def test_unreachable_pool_degrades_without_raising():
+    pool = PoolTier(f"redis://127.0.0.1:{closed_port()}", 1 << 20, connect_timeout_ms=100, timeout_ms=100,
+                    backoff_max_ms=400, threaded=False)
+    try:
+        assert pool.active
+        assert pool.read_many([b"a", b"b"]) == {}
+        assert not pool.active and pool.errors == 1 and "read" in pool.degraded
+        # Degraded: writes are skipped at once (no I/O), reads answer "unknown".
+        assert pool.put(b"a", Entry(b"v", 1)) == 0
+        assert pool.skipped_writes == 1 and pool.used == 0 and len(pool) == 0
+        assert pool.check_versions({b"a": 0}) == {}
+        # Probes back off: the read's failure waits 100 ms, then 200, 400, 400, 400 (the cap).
+        waits = []
+        for _ in range(4):
+            before = time.monotonic()
+            assert not pool.probe()
+            waits.append(pool.next_probe - before)
+        assert 0.15 < waits[0] < waits[1]
+        assert all(0.35 < w < 0.45 for w in waits[1:])
+        assert pool.retries == 4 and pool.recoveries == 0
+    finally:
+        pool.close()
+
+
+def test_budget_evicts_this_nodes_oldest_records():
+    pool = PoolTier("redis://127.0.0.1:1", 3 * 1024, threaded=False)
+    # Delivery never happens (no writer thread ran against a server), so look at the accounting only.
+    pool._process = lambda batch: None  # type: ignore[method-assign]
+    try:
+        for i in range(5):
+            pool.put(b"k%d" % i, Entry(b"x" * 900, i + 1))
+        assert pool.used <= pool.budget
+        assert list(pool.index) == [b"k2", b"k3", b"k4"][-len(pool.index):]
+        assert pool.evictions == 5 - len(pool.index)
+    finally:
+        pool.close()
+
+
+def test_hlc_versions_are_comparable_across_nodes(tmp_path):
+    clock = ManualClock()
+    stores = []
+    for node_id in (1, 2):
+        pool = PoolTier(f"redis://127.0.0.1:{closed_port()}", 1 << 20, threaded=False)
+        ssd = SsdTier(str(tmp_path / str(node_id)), 1 << 24, threaded=False)
+        stores.append(Store(1 << 20, clock=clock, ssd=ssd, pool=pool, node_id=node_id))
+    a, b = stores
+    try:
+        va = a.next_version()
+        assert va & ((1 << NODE_BITS) - 1) == 1
+        assert va >> (NODE_BITS + HLC_LOGICAL_BITS) == clock.now_ms()
+        assert a.next_version() > va  # same millisecond: the logical counter moves
+        # B's clock is behind A's versions until it sees one of them; then its next write is higher.
+        vb = b.next_version()
+        assert vb & ((1 << NODE_BITS) - 1) == 2
+        seen = a.next_version()
+        b.observe_version(seen)
+        assert b.next_version() > seen
+        clock.advance(1.0)
+        assert a.next_version() >> (NODE_BITS + HLC_LOGICAL_BITS) == clock.now_ms()
+    finally:
+        for s in stores:
+            s.pool.close()
+            s.ssd.close()
