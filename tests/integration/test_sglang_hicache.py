@@ -1,0 +1,245 @@
+"""SGLang HiCache backend against a real kvstrata server: zero-copy pages into and out of a host pool, hit
+lengths, whole pages or nothing, the tensor interface, clear, stats, reconnects.
+
+(The unit tests of the same backend are tests/unit/test_sglang_backend.py; this file has another name because
+pytest's default import mode needs unique test file names.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sglang_support import MHAHostPool, MLAHostPool, import_sglang, page_indices, storage_config  # noqa: E402
+
+hicache = import_sglang()
+if hicache is None:
+    pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23; see docs/sglang.md)",
+                allow_module_level=True)
+
+from kvstrata.integrations.sglang import KvstrataHiCacheStorage  # noqa: E402
+
+pytestmark = pytest.mark.kvstrata_only
+
+
+@pytest.fixture(scope="module")
+def srv(module_make_server):
+    return module_make_server()
+
+
+@pytest.fixture
+def r(srv):
+    client = srv.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+def backend(srv, pool=None, **overrides):
+    extra = {"url": f"redis://{srv.host}:{srv.port}", "interface_v1": 1, **overrides.pop("extra", {})}
+    b = KvstrataHiCacheStorage(storage_config(hicache, extra_config=extra, **overrides), {})
+    if pool is not None:
+        b.register_mem_pool_host(pool)
+    return b
+
+
+HASHES = [f"{i:064x}" for i in range(1, 9)]
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first", "page_first_direct"])
+def test_mha_pages_round_trip_through_the_host_pool(r, srv, layout):
+    src = MHAHostPool(layout=layout, seed=1)
+    dst = MHAHostPool(layout=layout, seed=2)
+    writer, reader = backend(srv, src), backend(srv, dst)
+    assert writer.batch_set_v1(HASHES[:4], page_indices([0, 1, 2, 3], 4)) == [True] * 4
+    assert r.dbsize() == 8  # K and V per page
+    assert reader.batch_exists(HASHES[:6]) == 4
+    # Read them into other slots of another pool.
+    assert reader.batch_get_v1(HASHES[:4], page_indices([9, 7, 5, 11], 4)) == [True] * 4
+    for s, d in zip([0, 1, 2, 3], [9, 7, 5, 11], strict=True):
+        assert dst.page_bytes(d * 4) == src.page_bytes(s * 4)
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_mla_pages_round_trip(r, srv, layout):
+    src, dst = MLAHostPool(layout=layout, seed=3), MLAHostPool(layout=layout, seed=4)
+    writer = backend(srv, src, is_mla_model=True)
+    reader = backend(srv, dst, is_mla_model=True, tp_rank=1, tp_size=2)  # MLA: one object for all ranks
+    assert writer.batch_set_v1(HASHES[:3], page_indices([4, 5, 6], 4)) == [True] * 3
+    assert r.dbsize() == 3
+    assert reader.batch_exists(HASHES[:3]) == 3
+    assert reader.batch_get_v1(HASHES[:3], page_indices([0, 1, 2], 4)) == [True] * 3
+    for s, d in zip([4, 5, 6], [0, 1, 2], strict=True):
+        assert dst.page_bytes(d * 4) == src.page_bytes(s * 4)
+
+
+def test_tp_ranks_store_their_own_shards(r, srv):
+    a, b = MHAHostPool(seed=5), MHAHostPool(seed=6)
+    rank0, rank1 = backend(srv, a, tp_rank=0, tp_size=2), backend(srv, b, tp_rank=1, tp_size=2)
+    assert rank0.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True, True]
+    assert rank1.batch_exists(HASHES[:2]) == 0
+    assert rank1.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True, True]
+    assert r.dbsize() == 8
+    assert r.get(rank0.object_keys(HASHES[0])[0]) != r.get(rank1.object_keys(HASHES[0])[0])
+
+
+def test_hit_length_counts_consecutive_pages_from_the_start(r, srv):
+    pool = MHAHostPool()
+    b = backend(srv, pool)
+    assert b.batch_exists(HASHES) == 0
+    assert b.batch_set_v1([HASHES[0], HASHES[1], HASHES[3]], page_indices([0, 1, 3], 4)) == [True] * 3
+    assert b.batch_exists(HASHES[:4]) == 2  # page 2 missing: 3 does not count
+    assert b.exists(HASHES[3]) and not b.exists(HASHES[2])
+    assert b.batch_exists([]) == 0
+
+
+@pytest.mark.parametrize("missing", ["k", "v"])
+def test_a_page_with_one_object_missing_is_a_miss_never_half_a_page(r, srv, missing):
+    src = MHAHostPool(seed=7)
+    b = backend(srv, src)
+    assert b.batch_set_v1(HASHES[:4], page_indices([0, 1, 2, 3], 4)) == [True] * 4
+    k_key, v_key = b.object_keys(HASHES[2])
+    assert r.delete(k_key if missing == "k" else v_key) == 1  # e.g. evicted alone
+    assert b.batch_exists(HASHES[:4]) == 2
+    dst = MHAHostPool(seed=8)
+    reader = backend(srv, dst)
+    results = reader.batch_get_v1(HASHES[:4], page_indices([0, 1, 2, 3], 4))
+    assert results[:3] == [True, True, False]
+    # What SGLang does with the result: the hit is the leading run of True.
+    hit = results.index(False)
+    assert hit == 2
+    for p in range(hit):
+        assert dst.page_bytes(p * 4) == src.page_bytes(p * 4)
+    assert reader.get_stats().kvstrata["get_partial_pages"] == 1
+    # The tensor interface says the same.
+    flat = reader.get(HASHES[2], src.get_dummy_flat_data_page())
+    assert flat is None
+    # Writing the page again restores both objects (the present one is not trusted alone).
+    assert b.batch_set_v1([HASHES[2]], page_indices([2], 4)) == [True]
+    assert b.batch_exists(HASHES[:4]) == 4
+
+
+def test_an_object_of_the_wrong_size_is_a_miss(r, srv):
+    small = MHAHostPool(head_dim=4)
+    big = MHAHostPool(head_dim=8)
+    backend(srv, small).batch_set_v1(HASHES[:1], page_indices([0], 4))
+    reader = backend(srv, big)
+    assert reader.batch_get_v1(HASHES[:1], page_indices([0], 4)) == [False]
+    # The connection is still in step: a following read works.
+    backend(srv, big, extra={"key_prefix": "other:"}).batch_set_v1(HASHES[1:2], page_indices([1], 4))
+    other = backend(srv, big, extra={"key_prefix": "other:"})
+    assert other.batch_get_v1(HASHES[1:2], page_indices([2], 4)) == [True]
+
+
+def test_tensor_interface_and_zero_copy_share_objects(r, srv):
+    pool = MHAHostPool(seed=9)
+    b = backend(srv, pool)
+    pages = [pool.get_data_page(p * 4) for p in range(3)]
+    assert b.batch_set(HASHES[:3], pages) is True
+    assert b.batch_exists(HASHES[:3]) == 3
+    # Read back with the zero-copy path into another pool.
+    dst = MHAHostPool(seed=10)
+    reader = backend(srv, dst)
+    assert reader.batch_get_v1(HASHES[:3], page_indices([3, 4, 5], 4)) == [True] * 3
+    for p in range(3):
+        assert dst.page_bytes((p + 3) * 4) == pool.page_bytes(p * 4)
+    # And the tensor path reads what the zero-copy path wrote.
+    assert reader.batch_set_v1(HASHES[5:6], page_indices([6], 4)) == [True]
+    out = b.batch_get(HASHES[5:7], [pool.get_dummy_flat_data_page() for _ in range(2)])
+    assert out[1] is None
+    assert out[0].view(torch.uint8).numpy().tobytes() == dst.page_bytes(6 * 4)
+    # Single-page calls, as SGLang's generic path makes them.
+    assert b.set(HASHES[7], pool.get_data_page(10 * 4)) is True
+    got = b.get(HASHES[7], pool.get_dummy_flat_data_page())
+    assert torch.equal(got, pool.get_data_page(10 * 4))
+    assert b.get(HASHES[6], pool.get_dummy_flat_data_page()) is None
+
+
+def test_existing_pages_are_not_rewritten(r, srv):
+    pool = MHAHostPool()
+    b = backend(srv, pool)
+    assert b.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True, True]
+    key = b.object_keys(HASHES[0])[0]
+    version = r.execute_command("TAIR.KV.VERSION", key)
+    assert b.batch_set_v1(HASHES[:3], page_indices([0, 1, 2], 4)) == [True] * 3
+    assert r.execute_command("TAIR.KV.VERSION", key) == version
+    stats = b.get_stats()
+    assert stats.kvstrata["set_skipped_pages"] == 2
+    assert stats.backup_pgs == [2, 3]
+
+
+def test_large_pages(r, srv):
+    """Pages of a few MiB: values span many receive buffers and several vectored writes."""
+    src = MHAHostPool(size=32, page_size=16, layer_num=8, head_num=8, head_dim=128, dtype=torch.float16)
+    dst = MHAHostPool(size=32, page_size=16, layer_num=8, head_num=8, head_dim=128, dtype=torch.float16, seed=1)
+    b, reader = backend(srv, src), backend(srv, dst)
+    assert b.batch_set_v1(HASHES[:2], page_indices([0, 1], 16)) == [True, True]
+    assert r.strlen(b.object_keys(HASHES[0])[0]) == 16 * 8 * 8 * 128 * 2
+    assert reader.batch_get_v1(HASHES[:2], page_indices([1, 0], 16)) == [True, True]
+    assert dst.page_bytes(16) == src.page_bytes(0) and dst.page_bytes(0) == src.page_bytes(16)
+    layer_src = MHAHostPool(layout="layer_first", size=32, page_size=16, layer_num=8, head_num=8, head_dim=128,
+                            dtype=torch.float16, seed=3)
+    lb = backend(srv, layer_src, extra={"key_prefix": "lf:"})
+    assert lb.batch_set_v1(HASHES[:2], page_indices([0, 1], 16)) == [True, True]
+    layer_dst = MHAHostPool(layout="layer_first", size=32, page_size=16, layer_num=8, head_num=8, head_dim=128,
+                            dtype=torch.float16, seed=4)
+    assert backend(srv, layer_dst, extra={"key_prefix": "lf:"}).batch_get_v1(
+        HASHES[:2], page_indices([0, 1], 16)) == [True, True]
+    assert torch.equal(layer_dst.kv_buffer, layer_src.kv_buffer)
+
+
+def test_clear_deletes_only_this_namespace(r, srv):
+    pool = MHAHostPool()
+    b = backend(srv, pool)
+    other_model = backend(srv, pool, model_name="other/model")
+    b.batch_set_v1(HASHES[:3], page_indices([0, 1, 2], 4))
+    other_model.batch_set_v1(HASHES[:1], page_indices([0], 4))
+    r.set("kvs:unrelated", b"x")
+    assert b.clear() is True
+    assert b.batch_exists(HASHES[:3]) == 0
+    assert other_model.batch_exists(HASHES[:1]) == 1
+    assert r.get("kvs:unrelated") == b"x"
+
+
+def test_password_in_url(make_server):
+    srv = make_server({"requirepass": "s3cret"})
+    pool = MHAHostPool()
+    b = KvstrataHiCacheStorage(storage_config(hicache, extra_config={
+        "url": f"redis://:s3cret@{srv.host}:{srv.port}"}), {})
+    b.register_mem_pool_host(pool)
+    assert b.batch_set_v1(HASHES[:1], page_indices([0], 4)) == [True]
+    with pytest.raises(Exception, match="NOAUTH|[Aa]uth"):
+        KvstrataHiCacheStorage(storage_config(hicache, extra_config={"url": f"redis://{srv.host}:{srv.port}"}), {})
+
+
+def test_server_restart_is_a_miss_then_reconnects(make_server):
+    srv = make_server()
+    pool = MHAHostPool()
+    b = backend(srv, pool)
+    assert b.batch_set_v1(HASHES[:1], page_indices([0], 4)) == [True]
+    port = srv.port
+    srv._reap()  # stop the server
+    assert b.batch_exists(HASHES[:1]) == 0
+    assert b.batch_get_v1(HASHES[:1], page_indices([1], 4)) == [False]
+    assert b.get_stats().kvstrata["errors"] >= 1
+    srv.port = port
+    srv._spawn()
+    assert srv._wait_ready(20)
+    assert b.batch_set_v1(HASHES[:1], page_indices([0], 4)) == [True]
+    assert b.batch_exists(HASHES[:1]) == 1
+
+
+def test_oom_refusal_is_a_failed_write(make_server):
+    srv = make_server({"maxmemory": "2mb", "maxmemory-policy": "noeviction"})
+    pool = MHAHostPool(size=64, page_size=16, layer_num=8, head_num=8, head_dim=64, dtype=torch.float16)
+    b = backend(srv, pool)
+    # Pages of 2 x 128 KiB: four fit in the 2 MB budget.
+    assert b.batch_set_v1(HASHES[:4], page_indices([0, 1, 2, 3], 16)) == [True] * 4
+    big = MHAHostPool(size=64, page_size=64, layer_num=8, head_num=8, head_dim=64, dtype=torch.float16)
+    b2 = backend(srv, big, extra={"key_prefix": "big:"})
+    assert b2.batch_set_v1(HASHES[:1], page_indices([0], 64)) == [False]  # 2 x 512 KiB: over the budget
+    assert b2.batch_exists(HASHES[:1]) == 0
+    assert b.batch_exists(HASHES[:1]) == 1
