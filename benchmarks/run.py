@@ -23,6 +23,7 @@ ARGS: dict[str, list[str]] = {
     "small": ["--repeats", "5"],
     "hitrate": ["--trace", "all"],
     "ssd": [],
+    "chat": ["--model", "smollm2"],
 }
 HEADER = (
     "# Benchmarks\n\n"

@@ -80,9 +80,10 @@ def bench(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: kvstrata {serve,bench,top,version} ...\n\n"
+        print("usage: kvstrata {serve,bench,chat,top,version} ...\n\n"
               "  serve    run the RESP server (kvstrata serve --help)\n"
               "  bench    run a benchmark: " + ", ".join(BENCHMARKS) + "\n"
+              "  chat     a multi-turn chat that reuses the KV cache (kvstrata chat --help)\n"
               "  top      a live terminal view of a server (kvstrata top --help)\n"
               "  version  print the version")
         return 0 if argv else 2
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvstrata.observability.top import main as top_main
 
         return top_main(rest)
+    if cmd == "chat":
+        from kvstrata.chat import main as chat_main
+
+        return chat_main(rest)
     if cmd in ("version", "--version"):
         print(f"kvstrata {__version__}")
         return 0

@@ -1,0 +1,248 @@
+"""kvstrata bench chat: multi-turn chats with a shared ~1,000-token system prompt, measured three ways in one run.
+
+Modes: ``recompute`` (no cache: every turn prefills its whole prompt), ``server`` (a kvstrata server over
+loopback, started here) and ``local`` (the SDK's in-process local tier, no server). Several users each hold a
+conversation of ``--turns`` turns; turns are taken round-robin (every user's turn 1, then every user's turn 2,
+...), so users after the first find the system prompt cached in turn 1 already. Between turns the generator
+finishes storing the previous turn's chunks (that is the user's think time; it is not part of any TTFT).
+
+Reported per mode and turn: the median TTFT over users, restored (hit) and computed tokens; per mode: the
+restore time against a plain memcpy of the same bytes, and whether every generated token equals recompute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from kvstrata.bench.procs import describe_machine, machine_summary, start_server
+
+MODES = ("recompute", "server", "local")
+TOPICS = ["the eviction policy", "the SSD tier", "TTL classes", "prefetching", "chunk keys", "the codec",
+          "tensor parallelism", "cache salts", "the local tier", "versions"]
+
+
+def system_prompt(tok: Any, target_tokens: int) -> str:
+    """A deterministic knowledge-base text of about ``target_tokens`` tokens."""
+    parts: list[str] = ["You are the support assistant of a storage company. Use only the facts below."]
+    i = 0
+    while True:
+        text = " ".join(parts)
+        if len(tok(text).input_ids) >= target_tokens:
+            return text
+        topic = TOPICS[i % len(TOPICS)]
+        parts.append(f"Fact {i + 1}: regarding {topic}, item {i + 1} has code {(i * 37) % 1000:03d}, "
+                     f"belongs to region {'ABCDEFG'[i % 7]} and was reviewed {i % 12 + 1} months ago.")
+        i += 1
+
+
+def questions(user: int, turns: int) -> list[str]:
+    return [f"I am user {user}. What is the code of item {user * 3 + t + 1}, and which region is it in?"
+            for t in range(turns)]
+
+
+def memcpy_seconds(nbytes: int, buffers: dict[str, np.ndarray], repeats: int = 3) -> float:
+    """Median time to copy ``nbytes`` between two reused buffers (the floor for restoring that many bytes)."""
+    if buffers.get("src") is None or buffers["src"].nbytes < nbytes:
+        buffers["src"] = np.ones(nbytes, np.uint8)
+        buffers["dst"] = np.ones(nbytes, np.uint8)
+    src, dst = buffers["src"][:nbytes], buffers["dst"][:nbytes]
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_mode(mode: str, model: Any, tok: Any, system: str, users: int, turns: int, max_new: int,
+             chunk_size: int, url: str | None, compression: str | None) -> dict[str, Any]:
+    from kvstrata.client import KVCacheClient, LocalTier
+    from kvstrata.integrations.transformers import CachedGenerator, ChatSession, model_namespace
+
+    client = None
+    if mode != "recompute":
+        ns = model_namespace(model, salt=uuid.uuid4().hex)
+        client = KVCacheClient(url if mode == "server" else None, ns, chunk_size=chunk_size,
+                               compression=compression, local_tier=LocalTier(8 << 30) if mode == "local" else None)
+    gen = CachedGenerator(model, client)
+    sessions = [ChatSession(gen, tok, system) for _ in range(users)]
+    qs = [questions(u, turns) for u in range(users)]
+    records: list[dict[str, Any]] = []
+    buffers: dict[str, np.ndarray] = {}
+    for t in range(turns):
+        for u in range(users):
+            _, r = sessions[u].ask(qs[u][t], max_new_tokens=max_new)
+            gen.flush()
+            rec = {"user": u, "turn": t + 1, "ttft_s": r.ttft_s, "cached_tokens": r.cached_tokens,
+                   "computed_tokens": r.computed_tokens, "prompt_tokens": r.prompt_tokens,
+                   "restore_s": r.restore_s, "restored_bytes": r.restored_bytes, "tokens": r.tokens,
+                   "store_s": gen.last_store_s}
+            if r.restored_bytes:
+                rec["memcpy_s"] = memcpy_seconds(r.restored_bytes, buffers)
+            records.append(rec)
+            print(f"  {mode:<9} user {u} turn {t + 1}: TTFT {r.ttft_s * 1000:7.0f} ms, cached "
+                  f"{r.cached_tokens:5d}, computed {r.computed_tokens:5d}", file=sys.stderr, flush=True)
+    gen.close()
+    out: dict[str, Any] = {"records": records}
+    by_turn = []
+    for t in range(1, turns + 1):
+        rs = [r for r in records if r["turn"] == t]
+        by_turn.append({
+            "turn": t,
+            "ttft_median_s": statistics.median(r["ttft_s"] for r in rs),
+            "cached_tokens": sum(r["cached_tokens"] for r in rs),
+            "computed_tokens": sum(r["computed_tokens"] for r in rs),
+            "prompt_tokens_median": statistics.median(r["prompt_tokens"] for r in rs),
+        })
+    out["by_turn"] = by_turn
+    out["hit_tokens"] = sum(r["cached_tokens"] for r in records)
+    out["computed_tokens"] = sum(r["computed_tokens"] for r in records)
+    restored = [r for r in records if r["restored_bytes"]]
+    if restored:
+        out["restore_median_s"] = statistics.median(r["restore_s"] for r in restored)
+        out["restore_over_memcpy_median"] = statistics.median(r["restore_s"] / max(r["memcpy_s"], 1e-9)
+                                                              for r in restored)
+        out["restore_gbps_median"] = statistics.median(r["restored_bytes"] / max(r["restore_s"], 1e-9) / 1e9
+                                                       for r in restored)
+        out["memcpy_gbps_median"] = statistics.median(r["restored_bytes"] / max(r["memcpy_s"], 1e-9) / 1e9
+                                                      for r in restored)
+        out["restored_mb_median"] = statistics.median(r["restored_bytes"] for r in restored) / 1e6
+    if client is not None:
+        out["client_stats"] = client.stats.as_dict()
+        client.close()
+    return out
+
+
+def run(model_name: str, users: int, turns: int, max_new: int, chunk_size: int, system_tokens: int,
+        modes: list[str], compression: str | None) -> dict[str, Any]:
+    from kvstrata.chat import load
+
+    t0 = time.perf_counter()
+    model, tok = load(model_name)
+    load_s = time.perf_counter() - t0
+    system = system_prompt(tok, system_tokens)
+    result: dict[str, Any] = {
+        "benchmark": "chat",
+        "command": "kvstrata bench chat " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "chat"]
+                                                     else sys.argv[1:]),
+        "machine": describe_machine(),
+        "model": model_name, "users": users, "turns": turns, "max_new_tokens": max_new,
+        "chunk_size": chunk_size, "system_tokens": len(tok(system).input_ids), "compression": compression or "raw",
+        "model_load_s": load_s, "peers": ["recompute (no cache)", "kvstrata server over loopback",
+                                          "in-process local tier"],
+        "modes": {},
+    }
+    srv = None
+    try:
+        for mode in modes:
+            url = None
+            if mode == "server":
+                srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve"])
+                url = f"redis://{srv.host}:{srv.port}"
+            print(f"mode {mode} ...", file=sys.stderr, flush=True)
+            result["modes"][mode] = run_mode(mode, model, tok, system, users, turns, max_new, chunk_size, url,
+                                             compression)
+            if srv is not None:
+                srv.stop()
+                srv = None
+    finally:
+        if srv is not None:
+            srv.stop()
+    base = result["modes"].get("recompute")
+    for m in result["modes"].values():
+        if base is not None:
+            m["tokens_identical"] = all(a["tokens"] == b["tokens"]
+                                        for a, b in zip(base["records"], m["records"], strict=True))
+            m["speedup_by_turn"] = [b["ttft_median_s"] / max(x["ttft_median_s"], 1e-9)
+                                    for b, x in zip(base["by_turn"], m["by_turn"], strict=True)]
+    for m in result["modes"].values():
+        for r in m["records"]:
+            r["n_tokens"] = len(r.pop("tokens"))
+    if base is not None:
+        result["tokens_identical"] = all(m["tokens_identical"] for m in result["modes"].values())
+        later = [s for mode, m in result["modes"].items() if mode != "recompute" for s in m["speedup_by_turn"][1:]]
+        result["min_speedup_from_turn_2"] = min(later) if later else None
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"{result['model']}: {result['users']} users x {result['turns']} turns, system prompt "
+             f"{result['system_tokens']} tokens, chunk {result['chunk_size']}, {result['max_new_tokens']} new "
+             f"tokens per turn"]
+    lines.append(f"{'mode':<10} " + " ".join(f"{'turn ' + str(t):>10}" for t in range(1, result["turns"] + 1))
+                 + f" {'hit tok':>8} {'identical':>9}")
+    for mode, m in result["modes"].items():
+        cells = " ".join(f"{b['ttft_median_s'] * 1000:8.0f}ms" for b in m["by_turn"])
+        lines.append(f"{mode:<10} {cells} {m['hit_tokens']:>8} {m.get('tokens_identical', '-')!s:>9}")
+    for mode, m in result["modes"].items():
+        if "speedup_by_turn" in m and mode != "recompute":
+            lines.append(f"{mode}: TTFT speedup vs recompute by turn: "
+                         + ", ".join(f"{s:.1f}x" for s in m["speedup_by_turn"]))
+        if "restore_over_memcpy_median" in m:
+            lines.append(f"{mode}: restore {m['restore_median_s'] * 1000:.0f} ms median for "
+                         f"{m['restored_mb_median']:.0f} MB = {m['restore_over_memcpy_median']:.1f}x a memcpy "
+                         f"({m['restore_gbps_median']:.2f} vs {m['memcpy_gbps_median']:.2f} GB/s)")
+    return "\n".join(lines)
+
+
+def write_markdown(result: dict[str, Any]) -> str:
+    turns = result["turns"]
+    head = "| mode | " + " | ".join(f"turn {t} TTFT" for t in range(1, turns + 1)) + \
+        " | hit tokens | computed tokens | tokens identical |\n|---|" + "---|" * (turns + 3)
+    rows = []
+    for mode, m in result["modes"].items():
+        cells = " | ".join(f"{b['ttft_median_s'] * 1000:.0f} ms" for b in m["by_turn"])
+        rows.append(f"| {mode} | {cells} | {m['hit_tokens']} | {m['computed_tokens']} | "
+                    f"{str(m.get('tokens_identical', '-')).lower()} |")
+    notes = []
+    for mode, m in result["modes"].items():
+        if mode != "recompute" and "speedup_by_turn" in m:
+            notes.append(f"- {mode}: TTFT speedup vs recompute by turn "
+                         + ", ".join(f"{s:.1f}x" for s in m["speedup_by_turn"]))
+        if "restore_over_memcpy_median" in m:
+            notes.append(f"- {mode}: restore (fetch, verify checksums, decode, build the DynamicCache) "
+                         f"{m['restore_median_s'] * 1000:.0f} ms median for {m['restored_mb_median']:.0f} MB: "
+                         f"{m['restore_over_memcpy_median']:.1f}x a plain memcpy of the same bytes "
+                         f"({m['restore_gbps_median']:.2f} vs {m['memcpy_gbps_median']:.2f} GB/s)")
+    return (
+        f"## Chat: prefix KV reuse with {result['model']}\n\n"
+        f"Command: `{result['command']}`  \nMachine: {machine_summary(result['machine'])}\n\n"
+        f"{result['users']} users x {result['turns']} turns, round-robin; a shared system prompt of "
+        f"{result['system_tokens']} tokens; {result['max_new_tokens']} greedy tokens per reply; chunks of "
+        f"{result['chunk_size']} tokens, codec {result['compression']}; fp32 on the CPU, 2 torch threads. TTFT "
+        "is the median over users of the time from the request to the first token (lookup, restore and the "
+        "prefill of the uncached rest). Peers in the same run: full recompute, a kvstrata server over loopback, "
+        "the SDK's in-process local tier. LMCache was not run.\n\n"
+        f"{head}\n" + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n\n"
+        f"Greedy tokens identical to recompute in every mode: **{str(result.get('tokens_identical')).lower()}**. "
+        f"Smallest speedup from turn 2 on: {result.get('min_speedup_from_turn_2') or 0:.1f}x.\n"
+    )
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="kvstrata bench chat", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2", help="smollm2 | tiny-qwen2 | tiny-qwen3 | tiny-llama")
+    p.add_argument("--users", type=int, default=3)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--chunk-size", type=int, default=32)
+    p.add_argument("--system-tokens", type=int, default=1000)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--compression", default=None)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := set(modes) - set(MODES):
+        p.error(f"unknown modes {sorted(unknown)}")
+    result = run(args.model, args.users, args.turns, args.max_new_tokens, args.chunk_size, args.system_tokens,
+                 modes, args.compression)
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0

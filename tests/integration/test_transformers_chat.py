@@ -1,0 +1,52 @@
+"""`kvstrata chat` and `kvstrata bench chat` on a tiny random-weight model (fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from kvstrata.bench import chat as bench_chat
+from kvstrata.cli import main
+
+
+def test_chat_script_reports_cached_tokens(tmp_path, capsys, module_make_server):
+    srv = module_make_server()
+    script = tmp_path / "turns.txt"
+    script.write_text("What is kvstrata?\n\nHow does it reuse the cache?\nThanks!\n")
+    assert main(["chat", "--model", "tiny-qwen2", "--script", str(script), "--max-new-tokens", "4",
+                 "--url", f"redis://{srv.host}:{srv.port}", "--chunk-size", "16"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if "[turn" in ln]
+    assert len(lines) == 3
+    assert "cached 0 tokens" in lines[0]
+    assert "cached 0 tokens" not in lines[1] and "cached 0 tokens" not in lines[2]
+    assert all("TTFT" in ln and "computed" in ln for ln in lines)
+
+
+def test_chat_no_cache_and_local(tmp_path, capsys):
+    script = tmp_path / "turns.txt"
+    script.write_text("one\ntwo\n")
+    assert main(["chat", "--model", "tiny-llama", "--script", str(script), "--max-new-tokens", "2",
+                 "--no-cache"]) == 0
+    assert capsys.readouterr().out.count("cached 0 tokens") == 2
+    assert main(["chat", "--model", "tiny-llama", "--script", str(script), "--max-new-tokens", "2",
+                 "--local", "--chunk-size", "8"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "[turn" in ln]
+    assert "cached 0 tokens" not in lines[1]
+
+
+def test_bench_chat_tiny_all_modes():
+    result = bench_chat.run("tiny-qwen2", users=2, turns=2, max_new=3, chunk_size=32, system_tokens=200,
+                            modes=list(bench_chat.MODES), compression=None)
+    assert set(result["modes"]) == set(bench_chat.MODES)
+    assert result["tokens_identical"] is True
+    for mode in ("server", "local"):
+        m = result["modes"][mode]
+        assert m["hit_tokens"] > 0 and m["by_turn"][1]["cached_tokens"] > 0
+        assert m["restore_over_memcpy_median"] > 0
+    assert result["modes"]["recompute"]["hit_tokens"] == 0
+    md = bench_chat.write_markdown(result)
+    assert md.startswith("## Chat") and "| server |" in md and "tokens identical" in md
+    assert "turn 2" in bench_chat.render(result)
