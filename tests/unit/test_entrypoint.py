@@ -247,3 +247,18 @@ def test_compose_prometheus_config_is_valid(tmp_path):
     proc = subprocess.run([promtool, "check", "config", "--syntax-only", str(tmp_path / "prometheus.yml")],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- the GPU benchmark script (benchmarks/sglang_gpu.sh) lives with the other shell scripts -----------------------
+
+
+def test_sglang_gpu_benchmark_script():
+    script = REPO / "benchmarks" / "sglang_gpu.sh"
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is not None:
+        proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU machine: the script would run the benchmark")
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 1 and "needs one" in proc.stderr
