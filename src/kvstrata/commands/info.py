@@ -65,6 +65,9 @@ def _memory(ctx: Context) -> list[tuple[str, Any]]:
         ("eviction_policy", ctx.config.get("eviction-policy")),
         ("water_level_pct", _pct(dram.used, dram.budget)),
     ]
+    pool = store.dram.pool
+    if pool is not None:
+        rows.extend(pool.info().items())
     for tier in store.tier_info():
         rows.append((f"{tier['name']}_used", tier["used"]))
         rows.append((f"{tier['name']}_budget", tier["budget"]))
@@ -88,6 +91,7 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
             ("total_net_input_bytes", s.net_in),
             ("total_net_output_bytes", s.net_out),
             ("rejected_connections", s.rejected),
+            ("client_output_buffer_limit_disconnections", s.output_limit_closed),
             ("total_error_replies", s.errors),
             ("protocol_errors", s.protocol_errors),
         ]

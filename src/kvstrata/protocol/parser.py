@@ -176,7 +176,8 @@ class RequestParser:
 
     def _fallback(self, data: bytes | bytearray | memoryview, total: int) -> None:
         self._fast = False
-        self._buf = bytearray(data[:total])
+        with memoryview(data) as view:
+            self._buf = bytearray(view[:total])  # one copy (slicing a bytearray would make two)
         self._pos = 0
         self._parse_slow()
 
@@ -268,7 +269,8 @@ class RequestParser:
                         # get_buffer() hand out the rest of it.
                         target = self._allocate(length)
                         have = min(have, length)
-                        target[:have] = buf[start : start + have]
+                        with memoryview(buf) as view:
+                            target[:have] = view[start : start + have]
                         self._target = target
                         self._target_view = memoryview(target)
                         self._filled = have
@@ -308,6 +310,12 @@ class RequestParser:
         if ready:
             self._ready = []
         return ready
+
+    def holds(self, buf: object) -> bool:
+        """Whether ``buf`` belongs to a command still being received (or parsed but not yet taken)."""
+        if buf is self._target or any(a is buf for a in self._args):
+            return True
+        return any(a is buf for cmd in self._ready for a in cmd)
 
     @property
     def pending_bytes(self) -> int:

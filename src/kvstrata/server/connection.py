@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kvstrata.commands.context import ClientState, Context
 from kvstrata.commands.registry import CommandSpec, resolve
 from kvstrata.commands.tairkv import WaitForCommit
+from kvstrata.engine.bufpool import BufferPool, tune_malloc
 from kvstrata.errors import CommandError, NoAuthError, ProtocolError
 from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import RequestParser
@@ -30,6 +31,25 @@ log = logging.getLogger("kvstrata.conn")
 
 _LOOPBACK = ("127.", "::1", "::ffff:127.")
 _JOIN_LIMIT = 64 * 1024
+# Bytes handed to the transport per writelines call while streaming a large reply.
+_STREAM_BATCH = 16 * 1024 * 1024
+
+
+def server_pool(server: Server) -> BufferPool | None:
+    """The server's pool of receive buffers, created on first use; None when an SSD tier is configured.
+
+    With an SSD tier a stored value can be shared with the SSD writer thread (demotion, write-through), which
+    holds no leases, so large values are then received into plain bytearrays.
+    """
+    pool = getattr(server, "bufpool", None)
+    if pool is None and server.store.ssd is None:
+        dram = server.store.dram
+        pool = BufferPool(min(1024**3, max(dram.budget // 4, 0)), room=lambda: dram.budget - dram.used)
+        dram.pool = pool
+        dram.pool_min = pool.min_size
+        server.bufpool = pool  # type: ignore[attr-defined]
+        tune_malloc()
+    return pool
 
 
 def _fmt_addr(addr: Any) -> str:
@@ -51,11 +71,13 @@ class Connection(asyncio.BufferedProtocol):
         self.client = ClientState(id=server.next_client_id(), created_ms=now, last_ms=now)
         self.client.authenticated = self.config.get("requirepass") is None
         self.ctx = Context(self.store, self.config, self.client, server)
+        self.pool = server_pool(server)
         self.parser = RequestParser(
             max_bulk=lambda: int(self.config.get("proto-max-bulk-len")),
             max_query=lambda: int(self.config.get("client-query-buffer-limit")),
             large_threshold=int(self.config.get("large-value-threshold")),
             authenticated=lambda: self.client.authenticated,
+            allocate=self._allocate if self.pool is not None else bytearray,
         )
         self.transport: asyncio.Transport | None = None
         self.out: list[Any] = []
@@ -64,6 +86,13 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = False
         self.paused_writing = False
         self._pending_error: ProtocolError | None = None
+        # Pool buffers the parser received values into (one lease each, given back once their command ran),
+        # and buffers sent by replies still in the transport (one lease each, given back once it is empty).
+        self._recv_leases: list[bytearray] = []
+        self._reply_leases: list[bytearray] = []
+        # Parts of large replies not yet handed to the transport (streamed as it drains), and their size.
+        self._stream: deque[Any] | None = None
+        self._stream_bytes = 0
 
     # ---- asyncio callbacks ----
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -97,11 +126,25 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.clients.pop(self.client.id, None)
+        self._stream = None
+        self._stream_bytes = 0
+        pool = self.pool
+        if pool is not None:
+            # Anything uvloop still exports is caught by the pool's resize probe (quarantine), never reused.
+            pool.holders.discard(self)
+            for buf in self._reply_leases:
+                pool.release(buf)
+            for buf in self._recv_leases:
+                pool.release(buf)
+            self._reply_leases = []
+            self._recv_leases = []
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.parser.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._reply_leases:
+            self.settle()
         srv = self.server
         srv.stats.net_in += nbytes
         self.client.last_ms = srv.now_ms
@@ -119,15 +162,64 @@ class Connection(asyncio.BufferedProtocol):
         self.paused_writing = True
         if self.transport is not None:
             self.transport.pause_reading()
-            limit = int(self.config.get("client-output-buffer-limit"))
-            if self.transport.get_write_buffer_size() > limit:
-                log.warning("client %s exceeded the output buffer limit; closing", self.client.addr)
-                self._close(abort=True)
+            self._check_output_limit()
+
+    def _check_output_limit(self, adding: int = 0) -> bool:
+        """Close a client whose unsent replies exceed client-output-buffer-limit; True when it was closed."""
+        assert self.transport is not None
+        limit = int(self.config.get("client-output-buffer-limit"))
+        if self.transport.get_write_buffer_size() + self._stream_bytes + adding > limit:
+            log.warning("client %s exceeded the output buffer limit; closing", self.client.addr)
+            self.server.stats.output_limit_closed += 1
+            self._close(abort=True)
+            return True
+        return False
 
     def resume_writing(self) -> None:
         self.paused_writing = False
-        if self.transport is not None and not self.busy and not self.closed:
+        if self.closed or self.transport is None:
+            return
+        if self._stream:
+            self._pump()
+            if self._stream or self.closed:
+                return
+        if self._reply_leases:
+            self.settle()
+        if not self.busy:
             self.transport.resume_reading()
+
+    # ---- buffer leases ----
+    def _allocate(self, n: int) -> bytearray:
+        assert self.pool is not None
+        buf = self.pool.acquire(n)
+        if self.pool.tracked(buf):
+            self._recv_leases.append(buf)
+        return buf
+
+    def _release_recv(self) -> None:
+        """Give back the parser's leases on values whose commands have run (the store took its own)."""
+        parser = self.parser
+        if self.busy or self.backlog:
+            return
+        pool = self.pool
+        assert pool is not None
+        keep = [b for b in self._recv_leases if parser.holds(b)]
+        for buf in self._recv_leases:
+            if not any(buf is k for k in keep):
+                pool.release(buf)
+        self._recv_leases = keep
+
+    def settle(self) -> None:
+        """Give back reply leases once the transport holds nothing more to write."""
+        t = self.transport
+        if self._stream or (t is not None and not self.closed and t.get_write_buffer_size()):
+            return
+        pool = self.pool
+        if pool is not None:
+            for buf in self._reply_leases:
+                pool.release(buf)
+            pool.holders.discard(self)
+        self._reply_leases = []
 
     # ---- processing ----
     def _run(self) -> None:
@@ -154,6 +246,8 @@ class Connection(asyncio.BufferedProtocol):
                 if self.client.closing:
                     break
         self._flush()
+        if self._recv_leases:
+            self._release_recv()
         if self._pending_error is not None and not self.busy:
             self._protocol_error(self._pending_error)
 
@@ -162,22 +256,74 @@ class Connection(asyncio.BufferedProtocol):
         if not out or self.transport is None or self.closed:
             out.clear()
             return
-        if len(out) == 1:
+        if len(out) == 1 and self._stream is None:
             data = out[0]
-            self.server.stats.net_out += len(data)
-            self.transport.write(data)
+            n = len(data)
+            self.server.stats.net_out += n
+            if n < _JOIN_LIMIT:
+                self.transport.write(data)
+            else:
+                self._send_large(out, n)
         else:
             n = sum(map(len, out))
             self.server.stats.net_out += n
             # Joining small replies costs less than handing the transport many buffers; large values are
-            # never copied (writelines sends them as they are).
-            if n < _JOIN_LIMIT:
+            # never copied (they go out as they are, streamed as the transport drains).
+            if n < _JOIN_LIMIT and self._stream is None:
                 self.transport.write(b"".join(out))
             else:
-                self.transport.writelines(out)
+                self._send_large(out, n)
         self.out = []
         if self.client.closing:
             self._close()
+
+    def _send_large(self, out: list[Any], n: int) -> None:
+        """Queue reply parts behind any stream in progress and hand the transport what it can take now.
+
+        Each pool buffer among the parts gets a reply lease, given back once the transport is empty.
+        """
+        if self._check_output_limit(n):
+            return
+        pool = self.pool
+        if pool is not None:
+            leases = self._reply_leases
+            for part in out:
+                if len(part) >= _JOIN_LIMIT and pool.retain(part):
+                    leases.append(part)
+            if leases:
+                pool.holders.add(self)
+        if self._stream is None:
+            self._stream = deque(out)
+        else:
+            self._stream.extend(out)
+        self._stream_bytes += n
+        self._pump()
+
+    def _pump(self) -> None:
+        """Write queued reply parts in batches until the transport asks to pause (resume_writing resumes)."""
+        stream = self._stream
+        t = self.transport
+        assert stream is not None and t is not None
+        while stream and not self.paused_writing and not self.closed:
+            batch = []
+            size = 0
+            while stream and size < _STREAM_BATCH:
+                part = stream.popleft()
+                batch.append(part)
+                size += len(part)
+            self._stream_bytes -= size
+            if len(batch) == 1:
+                t.write(batch[0])
+            else:
+                t.writelines(batch)
+        if not stream:
+            self._stream = None
+            self._stream_bytes = 0
+            if self._reply_leases and not self.closed and not t.get_write_buffer_size():
+                self.settle()
+        elif not self.closed:
+            # Replies are waiting: read no more requests from this client until they are out.
+            t.pause_reading()
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         self._pending_error = None
@@ -346,7 +492,8 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed:
             return
         self._run()
-        if not self.busy and not self.closed and self.transport is not None and not self.paused_writing:
+        if (not self.busy and not self.closed and self.transport is not None and not self.paused_writing
+                and self._stream is None):
             self.transport.resume_reading()
 
 

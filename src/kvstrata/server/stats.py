@@ -16,3 +16,4 @@ class ServerStats(Counters):
     rejected: int = 0
     errors: int = 0
     protocol_errors: int = 0
+    output_limit_closed: int = 0

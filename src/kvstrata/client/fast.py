@@ -1,0 +1,288 @@
+"""A small blocking RESP client for large values: no packing copy on send, replies read into caller buffers.
+
+``FastClient`` is the zero-copy path the SDK builds on (and the client every ``kvstrata bench`` drives every
+server with, so the client costs the same against each):
+
+* **Send.** A command is a list of buffers: small arguments are packed into the header bytes, each large value
+  (>= ``LARGE``) is passed to ``socket.sendmsg`` as it is (bytes, bytearray, memoryview, a numpy array...), so
+  the kernel copies it straight from the caller's memory. Pipelines (``pipeline``, ``mset``, ``set_many``) go
+  out in as few ``sendmsg`` calls as the iovec limit allows.
+* **Receive.** Replies are parsed from a reusable receive buffer; a bulk value that should land in a caller's
+  buffer (``get_into``, ``mget_into``, ``get_many_into``) is received with ``recv_into`` directly into it:
+  one kernel copy, no Python bytes object, no page faults when the caller reuses its buffers.
+
+Any object with a C-contiguous buffer works as a destination (``bytearray``, ``memoryview``, a numpy array, a
+torch CPU tensor through ``tensor.numpy()``). A value longer than its destination raises ``ValueTooLarge``
+after the reply has been consumed, so the connection stays usable.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+LARGE = 16 * 1024
+_RECV = 256 * 1024
+_IOV_MAX = 512
+
+
+class RespError(Exception):
+    """An error reply from the server."""
+
+
+class ValueTooLarge(Exception):
+    """A value did not fit the destination buffer given for it."""
+
+
+def _bytes_view(buf: Any) -> memoryview:
+    view = memoryview(buf)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    return view
+
+
+def _arg(a: Any) -> Any:
+    if isinstance(a, str):
+        return a.encode()
+    if isinstance(a, int):
+        return b"%d" % a
+    return a
+
+
+def pack(args: Sequence[Any], parts: list[Any]) -> int:
+    """Append the RESP encoding of one command to ``parts``; returns its size in bytes.
+
+    Small arguments are joined into header bytes; large values are appended as they are (never copied).
+    """
+    head = [b"*%d\r\n" % len(args)]
+    total = 0
+    for a in args:
+        a = _arg(a)
+        if isinstance(a, (bytes, bytearray)):
+            n = len(a)
+        else:
+            a = _bytes_view(a)
+            n = a.nbytes
+        if n < LARGE:
+            head.append(b"$%d\r\n" % n)
+            head.append(a)
+            head.append(b"\r\n")
+        else:
+            head.append(b"$%d\r\n" % n)
+            h = b"".join(head)
+            parts.append(h)
+            parts.append(a)
+            total += len(h) + n
+            head = [b"\r\n"]
+    h = b"".join(head)
+    parts.append(h)
+    return total + len(h)
+
+
+class FastClient:
+    def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
+                 password: str | None = None) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._rbuf = bytearray(_RECV)
+        self._rview = memoryview(self._rbuf)
+        self._start = 0
+        self._end = 0
+        if password is not None:
+            self.call(b"AUTH", password)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> FastClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- sending ----
+    def send_parts(self, parts: list[Any], total: int = 0) -> None:
+        """Send buffers in order with ``sendmsg`` (scatter-gather), continuing after partial sends.
+
+        ``parts`` (bytes, bytearray or byte memoryviews) is consumed.
+        """
+        sendmsg = self.sock.sendmsg
+        i = 0
+        while i < len(parts):
+            batch = parts[i : i + _IOV_MAX]
+            sent = sendmsg(batch)
+            for p in batch:
+                n = p.nbytes if p.__class__ is memoryview else len(p)
+                if sent >= n:
+                    sent -= n
+                    i += 1
+                else:
+                    if sent:
+                        parts[i] = memoryview(p)[sent:]
+                    break
+
+    def send(self, *args: Any) -> None:
+        parts: list[Any] = []
+        total = pack(args, parts)
+        self.send_parts(parts, total)
+
+    def send_many(self, commands: Iterable[Sequence[Any]]) -> int:
+        parts: list[Any] = []
+        total = 0
+        count = 0
+        for args in commands:
+            total += pack(args, parts)
+            count += 1
+        self.send_parts(parts, total)
+        return count
+
+    # ---- receiving ----
+    def _fill(self) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._rbuf):
+            # Move the unread tail to the front (a header never exceeds the buffer).
+            n = self._end - self._start
+            self._rbuf[:n] = self._rbuf[self._start : self._end]
+            self._start, self._end = 0, n
+        k = self.sock.recv_into(self._rview[self._end :])
+        if k == 0:
+            raise ConnectionError("server closed the connection")
+        self._end += k
+
+    def _line(self) -> bytes:
+        while True:
+            i = self._rbuf.find(b"\r\n", self._start, self._end)
+            if i >= 0:
+                line = bytes(self._rview[self._start : i])
+                self._start = i + 2
+                return line
+            self._fill()
+
+    def _bulk(self, n: int, into: memoryview | None) -> Any:
+        """A bulk value of n bytes (then CRLF): as bytes, or into ``into`` (returns n)."""
+        if into is None or n > into.nbytes:
+            while self._end - self._start < n + 2:
+                if n + 2 > len(self._rbuf) - self._start:
+                    # Larger than what is left of the receive buffer: receive into a buffer of its own.
+                    data = bytearray(n)
+                    self._recv_exact(_bytes_view(data), n)
+                    if into is not None:
+                        raise ValueTooLarge(f"value of {n} bytes does not fit a buffer of {into.nbytes}")
+                    return bytes(data)
+                self._fill()
+            data = bytes(self._rview[self._start : self._start + n])
+            self._start += n + 2
+            if into is not None:
+                raise ValueTooLarge(f"value of {n} bytes does not fit a buffer of {into.nbytes}")
+            return data
+        self._recv_exact(into, n)
+        return n
+
+    def _recv_exact(self, into: memoryview, n: int) -> None:
+        have = min(self._end - self._start, n)
+        if have:
+            into[:have] = self._rview[self._start : self._start + have]
+            self._start += have
+        got = have
+        recv_into = self.sock.recv_into
+        while got < n:
+            k = recv_into(into[got:n])
+            if k == 0:
+                raise ConnectionError("server closed the connection")
+            got += k
+        while self._end - self._start < 2:
+            self._fill()
+        self._start += 2
+
+    def read_reply(self, into: Any = None) -> Any:
+        """One reply; a bulk value goes into ``into`` when given (returns its length)."""
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            return self._bulk(n, None if into is None else _bytes_view(into))
+        if kind == b"+":
+            return rest
+        if kind == b":":
+            return int(rest)
+        if kind == b"-":
+            raise RespError(rest.decode(errors="replace"))
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read_reply() for _ in range(n)]
+        if kind == b"_":
+            return None
+        raise RespError(f"unexpected reply type {line[:20]!r}")
+
+    def _array_into(self, bufs: Sequence[Any]) -> list[int | None]:
+        line = self._line()
+        if line[:1] == b"-":
+            raise RespError(line[1:].decode(errors="replace"))
+        if line[:1] != b"*":
+            raise RespError(f"expected an array, got {line[:20]!r}")
+        n = int(line[1:])
+        out: list[int | None] = []
+        error: Exception | None = None
+        for i in range(n):
+            try:
+                out.append(self.read_reply(into=bufs[i] if i < len(bufs) else None))
+            except ValueTooLarge as exc:
+                error = exc
+                out.append(None)
+        if error is not None:
+            raise error
+        return out
+
+    # ---- commands ----
+    def call(self, *args: Any) -> Any:
+        self.send(*args)
+        return self.read_reply()
+
+    def pipeline(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Send every command, then read every reply (errors are returned as RespError instances)."""
+        self.send_many(commands)
+        out: list[Any] = []
+        for _ in commands:
+            try:
+                out.append(self.read_reply())
+            except RespError as exc:
+                out.append(exc)
+        return out
+
+    def set(self, key: Any, value: Any) -> Any:
+        return self.call(b"SET", key, value)
+
+    def get(self, key: Any) -> bytes | None:
+        return self.call(b"GET", key)  # type: ignore[no-any-return]
+
+    def get_into(self, key: Any, buf: Any) -> int | None:
+        """GET into ``buf``; returns the value's length, or None when the key is missing."""
+        self.send(b"GET", key)
+        return self.read_reply(into=buf)  # type: ignore[no-any-return]
+
+    def mget_into(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[int | None]:
+        """One MGET whose values land in ``bufs`` (one per key); lengths, None for missing keys."""
+        self.send(b"MGET", *keys)
+        return self._array_into(bufs)
+
+    def get_many_into(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[int | None]:
+        """Pipelined GETs, each value into its buffer."""
+        self.send_many([(b"GET", k) for k in keys])
+        return [self.read_reply(into=b) for b in bufs[: len(keys)]]
+
+    def mset(self, items: Iterable[tuple[Any, Any]] | dict[Any, Any]) -> Any:
+        """One MSET; values are sent from the caller's memory."""
+        pairs = items.items() if isinstance(items, dict) else items
+        args: list[Any] = [b"MSET"]
+        for k, v in pairs:
+            args += (k, v)
+        return self.call(*args)
+
+    def set_many(self, items: Iterable[tuple[Any, Any]] | dict[Any, Any]) -> list[Any]:
+        """Pipelined SETs."""
+        pairs = items.items() if isinstance(items, dict) else items
+        return self.pipeline([(b"SET", k, v) for k, v in pairs])
