@@ -116,6 +116,20 @@ def test_demotion_to_pool_and_promotion_back(node, pool_client):
     assert info["hits"] >= 1 and info["promotions"] >= 1 and info["pool_degraded"] == 0
 
 
+def test_tier_order_dram_ssd_pool_keeps_demotions_local(node):
+    a = node({"tier-order": "dram,ssd,pool"}).client()
+    keys = [f"order:{i}" for i in range(30)]
+    for k in keys:
+        a.execute_command("TAIR.KV.SETEX", k, 0, value_for(k, 16 * KB))
+    pool_settled(a)
+    tiers = {tier(a, k) for k in keys}
+    assert tiers == {"dram", "ssd"}  # read from LMDB first; the pool only after an LMDB miss
+    info = pool_info(a)
+    assert info["demotions"] == 0 and info["writes"] == len(keys)  # writes are still published
+    assert a.get(keys[0]) == value_for(keys[0], 16 * KB)
+    assert pool_info(a)["hits"] == 0
+
+
 def test_two_nodes_share_chunks(node):
     a, b = node().client(), node().client()
     chunks = {f"share:{i}": value_for(f"share:{i}", 24 * KB) for i in range(6)}
@@ -262,3 +276,23 @@ def test_master_killed_mid_load_then_back(make_server, tmp_path):
         assert pool_info(b)["hits"] == hits + 1
     finally:
         c.stop()
+
+
+def test_metrics_and_info_report_the_pool(node):
+    import urllib.request
+
+    from conftest import free_port
+
+    port = free_port()
+    srv = node({"http-port": port})
+    a = srv.client()
+    a.execute_command("TAIR.KV.SETEX", "metrics:k", 0, b"v")
+    pool_settled(a)
+    raw = srv.raw()
+    text = raw.cmd("INFO", "tier_pool").decode()
+    raw.close()
+    assert text.startswith("# Tier_pool\r\n") and "pool_degraded:0" in text and "writes:1" in text
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        body = resp.read().decode()
+    assert "kvstrata_pool_degraded 0.0" in body
+    assert 'kvstrata_tier_used_bytes{tier="pool"}' in body

@@ -305,6 +305,10 @@ class Store:
                 self.tier_stats["ssd"].hits += 1
                 if self.admission.should_promote(key, self.clock.now_ms()) or self._hot_match(key):
                     self._promote(key, entry)
+        elif self._origin == "pool":
+            # EXISTS, TYPE, a CAS check...: the record crossed the network already, so it is kept here too.
+            self.tier_stats["pool"].hits += 1
+            self.adopt(key, entry)
         return entry
 
     def tier_of(self, key: bytes) -> str | None:
@@ -506,7 +510,10 @@ class Store:
             self._drop_dram(key)
         self.dram.put(key, fresh, size, None)
         self.policy.admit(key)
-        ours = self.pool is not None and self.pool.holds(key, entry.version)
+        pool = self.pool
+        ours = pool is not None and pool.wrote(key, entry.version)
+        if pool is not None and not ours:
+            pool.note(key, entry.version)
         if self.write_through:
             if not ours:
                 ssd.put(key, fresh)

@@ -180,6 +180,7 @@ class PoolTier:
         # key -> (version, charged bytes, pool expiry in wall ms): what this node put in the pool, oldest first.
         self.index: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
         self.used = 0
+        self.own = 0  # records in ``index`` written by this node (the others were only read here)
         self.queued_bytes = 0
         self.enqueued_seq = 0
         self.committed_seq = 0
@@ -414,6 +415,11 @@ class PoolTier:
         got = self.index.get(key)
         return got is not None and got[0] == version and got[2] > self._wall_ms()
 
+    def wrote(self, key: bytes, version: int) -> bool:
+        """True when ``version`` of ``key`` in the pool is this node's own write."""
+        got = self.index.get(key)
+        return got is not None and got[0] == version and got[1] > 0
+
     def _enqueue(self, op: tuple[Any, ...], nbytes: int = 0) -> int:
         self.enqueued_seq += 1
         self.queued_bytes += nbytes
@@ -426,8 +432,9 @@ class PoolTier:
 
     def _forget(self, key: bytes) -> None:
         got = self.index.pop(key, None)
-        if got is not None:
+        if got is not None and got[1]:
             self.used -= got[1]
+            self.own -= 1
 
     def put(self, key: bytes, entry: Entry) -> int:
         """Queue a write of ``entry`` to the pool; returns its sequence number, or 0 when it was skipped."""
@@ -448,10 +455,19 @@ class PoolTier:
         charged = len(self.prefix) + len(key) + len(entry.value) + HEADER_SIZE + RECORD_OVERHEAD
         self.index[key] = (entry.version, charged, now + px)
         self.used += charged
+        self.own += 1
         seq = self._enqueue((_PUT, key, snap, px), len(entry.value))
         if self.used > self.budget:
             self._evict_over_budget(exclude=key)
         return seq
+
+    def note(self, key: bytes, version: int) -> None:
+        """Remember that the pool holds ``version`` of ``key`` (read from it, written by another node), so a
+        demotion does not write it again. Charged 0 bytes: it is not this node's record."""
+        got = self.index.get(key)
+        if got is None or got[0] < version:
+            self._forget(key)
+            self.index[key] = (version, 0, self._wall_ms() + self.ttl_ms)
 
     def delete(self, key: bytes) -> int:
         self._forget(key)
@@ -469,8 +485,10 @@ class PoolTier:
                 break
             if key == exclude:
                 continue
-            version = self.index[key][0]
+            version, charged, _exp = self.index[key]
             self._forget(key)
+            if not charged:
+                continue  # another node's record: only forgotten
             self.evictions += 1
             if key not in self.pending:
                 self._enqueue((_DEL_IF, key, None, version))
@@ -489,8 +507,11 @@ class PoolTier:
     def flush(self) -> int:
         """Delete every record this node put in the pool (FLUSHALL); other nodes' records stay."""
         last = 0
-        for key in list(self.index):
-            last = self.delete(key) or last
+        for key, (_v, charged, _e) in list(self.index.items()):
+            if charged:
+                last = self.delete(key) or last
+            else:
+                self._forget(key)
         return last
 
     # ---- the writer ----
@@ -573,7 +594,8 @@ class PoolTier:
         self._drop_client()
 
     def __len__(self) -> int:
-        return len(self.index)
+        """Records this node wrote to the pool (and has not seen expire)."""
+        return self.own
 
     def info(self) -> dict[str, Any]:
         return {
