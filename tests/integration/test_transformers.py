@@ -131,3 +131,31 @@ def test_namespace_of_model(model):
     assert ns.kv_dtype == "float32" and ns.layout == "LKHTD"
     assert model.config.model_type in ns.model
     assert model_namespace(model, model_id="x", adapter="a").model == "x"
+
+
+def test_device_tier_in_front_of_the_server(url, model):
+    from kvstrata.engine.entry import Entry
+    from kvstrata.integrations.transformers import TensorTier
+
+    client = fresh_client(url, model, local_tier=LocalTier(1 << 26))
+    tier = TensorTier(1 << 26, device="cpu")  # the GPU when present; the same code path on the CPU here
+    ids = prompt(70, seed=13)
+    with CachedGenerator(model, client, device_tier=tier) as gen, CachedGenerator(model) as plain:
+        gen.generate(ids, 3)
+        gen.flush()
+        assert len(tier) == 4 and tier.used <= tier.budget
+        r = gen.generate(ids, 6)
+        assert r.cached_tokens == 64 and gen.device_hits == 4
+        assert r.tokens == plain.generate(ids, 6).tokens
+        # chunks the device tier lost come from the server
+        tier.delete(client.keys(ids)[2])
+        r = gen.generate(ids, 6)
+        assert r.cached_tokens == 64 and gen.device_hits == 2
+        assert r.tokens == plain.generate(ids, 6).tokens
+    # warm-up from the host tier up to warmup_ratio of the budget
+    warm = TensorTier(1 << 26, device="cpu", warmup_ratio=0.5, warm_from=client.local)
+    assert len(warm) == len(client.local) and warm.used <= 0.5 * warm.budget + 200_000
+    small = TensorTier(3 * (16 * 2 * 2 * 2 * 16 * 4 + 400), device="cpu")
+    for key in client.keys(ids):
+        small.put(key, Entry(torch.zeros(2, 2, 2, 16, 16), 0))
+    assert len(small) == 3 and small.evictions == 1

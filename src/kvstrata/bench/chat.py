@@ -3,7 +3,8 @@
 Modes: ``recompute`` (no cache: every turn prefills its whole prompt), ``server`` (a kvstrata server over
 loopback, started here) and ``local`` (the SDK's in-process local tier, no server). Several users each hold a
 conversation of ``--turns`` turns; turns are taken round-robin (every user's turn 1, then every user's turn 2,
-...), so users after the first find the system prompt cached in turn 1 already. Between turns the generator
+...), so users after the first find the system prompt cached in turn 1 already. Each (turn, user) step runs in
+every mode back to back, so changes of load on a shared machine hit all modes alike. Between turns the generator
 finishes storing the previous turn's chunks (that is the user's think time; it is not part of any TTFT).
 
 Reported per mode and turn: the median TTFT over users, restored (hit) and computed tokens; per mode: the
@@ -62,63 +63,70 @@ def memcpy_seconds(nbytes: int, buffers: dict[str, np.ndarray], repeats: int = 3
     return statistics.median(times)
 
 
-def run_mode(mode: str, model: Any, tok: Any, system: str, users: int, turns: int, max_new: int,
-             chunk_size: int, url: str | None, compression: str | None) -> dict[str, Any]:
-    from kvstrata.client import KVCacheClient, LocalTier
-    from kvstrata.integrations.transformers import CachedGenerator, ChatSession, model_namespace
+class _Mode:
+    """One way of serving the conversations: its generator, its sessions and what it measured."""
 
-    client = None
-    if mode != "recompute":
-        ns = model_namespace(model, salt=uuid.uuid4().hex)
-        client = KVCacheClient(url if mode == "server" else None, ns, chunk_size=chunk_size,
-                               compression=compression, local_tier=LocalTier(8 << 30) if mode == "local" else None)
-    gen = CachedGenerator(model, client)
-    sessions = [ChatSession(gen, tok, system) for _ in range(users)]
-    qs = [questions(u, turns) for u in range(users)]
-    records: list[dict[str, Any]] = []
-    buffers: dict[str, np.ndarray] = {}
-    for t in range(turns):
-        for u in range(users):
-            _, r = sessions[u].ask(qs[u][t], max_new_tokens=max_new)
-            gen.flush()
-            rec = {"user": u, "turn": t + 1, "ttft_s": r.ttft_s, "cached_tokens": r.cached_tokens,
-                   "computed_tokens": r.computed_tokens, "prompt_tokens": r.prompt_tokens,
-                   "restore_s": r.restore_s, "restored_bytes": r.restored_bytes, "tokens": r.tokens,
-                   "store_s": gen.last_store_s}
-            if r.restored_bytes:
-                rec["memcpy_s"] = memcpy_seconds(r.restored_bytes, buffers)
-            records.append(rec)
-            print(f"  {mode:<9} user {u} turn {t + 1}: TTFT {r.ttft_s * 1000:7.0f} ms, cached "
-                  f"{r.cached_tokens:5d}, computed {r.computed_tokens:5d}", file=sys.stderr, flush=True)
-    gen.close()
-    out: dict[str, Any] = {"records": records}
-    by_turn = []
-    for t in range(1, turns + 1):
-        rs = [r for r in records if r["turn"] == t]
-        by_turn.append({
-            "turn": t,
-            "ttft_median_s": statistics.median(r["ttft_s"] for r in rs),
-            "cached_tokens": sum(r["cached_tokens"] for r in rs),
-            "computed_tokens": sum(r["computed_tokens"] for r in rs),
-            "prompt_tokens_median": statistics.median(r["prompt_tokens"] for r in rs),
-        })
-    out["by_turn"] = by_turn
-    out["hit_tokens"] = sum(r["cached_tokens"] for r in records)
-    out["computed_tokens"] = sum(r["computed_tokens"] for r in records)
-    restored = [r for r in records if r["restored_bytes"]]
-    if restored:
-        out["restore_median_s"] = statistics.median(r["restore_s"] for r in restored)
-        out["restore_over_memcpy_median"] = statistics.median(r["restore_s"] / max(r["memcpy_s"], 1e-9)
-                                                              for r in restored)
-        out["restore_gbps_median"] = statistics.median(r["restored_bytes"] / max(r["restore_s"], 1e-9) / 1e9
-                                                       for r in restored)
-        out["memcpy_gbps_median"] = statistics.median(r["restored_bytes"] / max(r["memcpy_s"], 1e-9) / 1e9
-                                                      for r in restored)
-        out["restored_mb_median"] = statistics.median(r["restored_bytes"] for r in restored) / 1e6
-    if client is not None:
-        out["client_stats"] = client.stats.as_dict()
-        client.close()
-    return out
+    def __init__(self, mode: str, model: Any, tok: Any, system: str, users: int, chunk_size: int,
+                 url: str | None, compression: str | None) -> None:
+        from kvstrata.client import KVCacheClient, LocalTier
+        from kvstrata.integrations.transformers import CachedGenerator, ChatSession, model_namespace
+
+        self.mode = mode
+        self.client = None
+        if mode != "recompute":
+            ns = model_namespace(model, salt=uuid.uuid4().hex)
+            self.client = KVCacheClient(url if mode == "server" else None, ns, chunk_size=chunk_size,
+                                        compression=compression,
+                                        local_tier=LocalTier(8 << 30) if mode == "local" else None)
+        self.gen = CachedGenerator(model, self.client)
+        self.sessions = [ChatSession(self.gen, tok, system) for _ in range(users)]
+        self.records: list[dict[str, Any]] = []
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def turn(self, user: int, turn: int, question: str, max_new: int) -> None:
+        _, r = self.sessions[user].ask(question, max_new_tokens=max_new)
+        self.gen.flush()  # the user's think time: the store finishes before the next request
+        rec = {"user": user, "turn": turn, "ttft_s": r.ttft_s, "cached_tokens": r.cached_tokens,
+               "computed_tokens": r.computed_tokens, "prompt_tokens": r.prompt_tokens,
+               "restore_s": r.restore_s, "restored_bytes": r.restored_bytes, "tokens": r.tokens,
+               "store_s": self.gen.last_store_s}
+        if r.restored_bytes:
+            rec["memcpy_s"] = memcpy_seconds(r.restored_bytes, self.buffers)
+        self.records.append(rec)
+        print(f"  {self.mode:<9} user {user} turn {turn}: TTFT {r.ttft_s * 1000:7.0f} ms, cached "
+              f"{r.cached_tokens:5d}, computed {r.computed_tokens:5d}", file=sys.stderr, flush=True)
+
+    def summary(self, turns: int) -> dict[str, Any]:
+        records = self.records
+        self.gen.close()
+        out: dict[str, Any] = {"records": records}
+        by_turn = []
+        for t in range(1, turns + 1):
+            rs = [r for r in records if r["turn"] == t]
+            by_turn.append({
+                "turn": t,
+                "ttft_median_s": statistics.median(r["ttft_s"] for r in rs),
+                "cached_tokens": sum(r["cached_tokens"] for r in rs),
+                "computed_tokens": sum(r["computed_tokens"] for r in rs),
+                "prompt_tokens_median": statistics.median(r["prompt_tokens"] for r in rs),
+            })
+        out["by_turn"] = by_turn
+        out["hit_tokens"] = sum(r["cached_tokens"] for r in records)
+        out["computed_tokens"] = sum(r["computed_tokens"] for r in records)
+        restored = [r for r in records if r["restored_bytes"]]
+        if restored:
+            out["restore_median_s"] = statistics.median(r["restore_s"] for r in restored)
+            out["restore_over_memcpy_median"] = statistics.median(r["restore_s"] / max(r["memcpy_s"], 1e-9)
+                                                                  for r in restored)
+            out["restore_gbps_median"] = statistics.median(
+                r["restored_bytes"] / max(r["restore_s"], 1e-9) / 1e9 for r in restored)
+            out["memcpy_gbps_median"] = statistics.median(
+                r["restored_bytes"] / max(r["memcpy_s"], 1e-9) / 1e9 for r in restored)
+            out["restored_mb_median"] = statistics.median(r["restored_bytes"] for r in restored) / 1e6
+        if self.client is not None:
+            out["client_stats"] = self.client.stats.as_dict()
+            self.client.close()
+        return out
 
 
 def run(model_name: str, users: int, turns: int, max_new: int, chunk_size: int, system_tokens: int,
@@ -138,21 +146,24 @@ def run(model_name: str, users: int, turns: int, max_new: int, chunk_size: int, 
         "chunk_size": chunk_size, "system_tokens": len(tok(system).input_ids), "compression": compression or "raw",
         "model_load_s": load_s, "peers": ["recompute (no cache)", "kvstrata server over loopback",
                                           "in-process local tier"],
+        "order": "interleaved: each (turn, user) runs in every mode back to back, so load changes on the "
+                 "machine hit all modes alike",
         "modes": {},
     }
     srv = None
     try:
-        for mode in modes:
-            url = None
-            if mode == "server":
-                srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve"])
-                url = f"redis://{srv.host}:{srv.port}"
-            print(f"mode {mode} ...", file=sys.stderr, flush=True)
-            result["modes"][mode] = run_mode(mode, model, tok, system, users, turns, max_new, chunk_size, url,
-                                             compression)
-            if srv is not None:
-                srv.stop()
-                srv = None
+        url = None
+        if "server" in modes:
+            srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve"])
+            url = f"redis://{srv.host}:{srv.port}"
+        runners = [_Mode(m, model, tok, system, users, chunk_size, url, compression) for m in modes]
+        qs = [questions(u, turns) for u in range(users)]
+        for t in range(turns):
+            for u in range(users):
+                for r in runners:
+                    r.turn(u, t + 1, qs[u][t], max_new)
+        for r in runners:
+            result["modes"][r.mode] = r.summary(turns)
     finally:
         if srv is not None:
             srv.stop()
@@ -219,8 +230,8 @@ def write_markdown(result: dict[str, Any]) -> str:
         f"{result['system_tokens']} tokens; {result['max_new_tokens']} greedy tokens per reply; chunks of "
         f"{result['chunk_size']} tokens, codec {result['compression']}; fp32 on the CPU, 2 torch threads. TTFT "
         "is the median over users of the time from the request to the first token (lookup, restore and the "
-        "prefill of the uncached rest). Peers in the same run: full recompute, a kvstrata server over loopback, "
-        "the SDK's in-process local tier. LMCache was not run.\n\n"
+        "prefill of the uncached rest). Peers in the same run, interleaved step by step: full recompute, a kvstrata "
+        "server over loopback, the SDK's in-process local tier. LMCache was not run.\n\n"
         f"{head}\n" + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n\n"
         f"Greedy tokens identical to recompute in every mode: **{str(result.get('tokens_identical')).lower()}**. "
         f"Smallest speedup from turn 2 on: {result.get('min_speedup_from_turn_2') or 0:.1f}x.\n"

@@ -392,11 +392,14 @@ class KVCacheClient(_Base):
             out += [i for i, found in zip(batch, pipe.execute(), strict=True) if not found]
         return out
 
-    def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[int, list[np.ndarray]]:
-        """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``."""
+    def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None,
+                        skip_chunks: int = 0) -> tuple[int, list[np.ndarray]]:
+        """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``. With ``skip_chunks``
+        the caller already holds the first chunks (a device tier): they are counted in n_tokens, not read."""
         keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
         out: list[np.ndarray] = []
-        i = 0
+        i = min(skip_chunks, len(keys))
+        skipped = i
         # Local tier first.
         while i < len(keys):
             value = self._local_get(keys[i])
@@ -408,7 +411,7 @@ class KVCacheClient(_Base):
                 break
             out.append(arr)
             i += 1
-        self._count(local_hits=i)
+        self._count(local_hits=i - skipped)
         if i < len(keys) and self.redis is not None:
             plain = self._is_plain()
             first_remote = i

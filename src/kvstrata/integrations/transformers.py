@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +30,9 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from kvstrata.client.codec import to_torch
 from kvstrata.client.keys import Namespace
 from kvstrata.client.sdk import KVCacheClient
+from kvstrata.engine.entry import Entry
 
 SUPPORTED_TRANSFORMERS = (">=4.56", "<4.58")
 LAYOUT = "LKHTD"
@@ -62,19 +63,146 @@ def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
 
 
+def chunk_tensor(layers: list[tuple[torch.Tensor, torch.Tensor]], start: int, end: int) -> torch.Tensor:
+    """One chunk's KV as a [L, 2, H, end-start, D] tensor on the cache's device (batch 0)."""
+    return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers])
+
+
 def chunk_from_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], start: int, end: int) -> np.ndarray:
-    """One chunk's KV as a [L, 2, H, end-start, D] array (batch 0)."""
-    return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers]).numpy()
+    """One chunk's KV as a [L, 2, H, end-start, D] host array (batch 0)."""
+    return chunk_tensor(layers, start, end).cpu().numpy()
 
 
-def restore_cache(chunks: list[np.ndarray], dtype: str, config: Any = None) -> DynamicCache:
-    """A DynamicCache holding the concatenated chunks ([L, 2, H, T, D] each)."""
-    full = chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=3)
-    t = to_torch(full, dtype)
+class TensorTier:
+    """An LRU of decoded chunk tensors on a torch device (the GPU when there is one), in front of the client.
+
+    It implements the engine's tier interface (``get``/``put``/``delete``/``contains``, ``used``, ``budget``)
+    with ``Entry`` objects whose value is a [L, 2, H, T, D] tensor. ``warmup_ratio``: at start, fill up to
+    that fraction of the budget from a host ``LocalTier`` (most recently used chunks first), see ``warmup``.
+    """
+
+    name = "hbm"
+    OVERHEAD = 256
+
+    def __init__(self, budget: int, device: Any = None, warmup_ratio: float = 0.0, warm_from: Any = None) -> None:
+        from collections import OrderedDict
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._budget = int(budget)
+        self._used = 0
+        self._entries: OrderedDict[bytes, Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self.evictions = 0
+        self.warmup_ratio = warmup_ratio
+        if warm_from is not None and warmup_ratio > 0:
+            self.warmup(warm_from)
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def budget(self) -> int:
+        return self._budget
+
+    def _size(self, key: bytes, entry: Entry) -> int:
+        t = entry.value
+        return len(key) + t.numel() * t.element_size() + self.OVERHEAD
+
+    def get(self, key: bytes) -> Entry | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def put(self, key: bytes, entry: Entry) -> None:
+        if entry.value.device != self.device:
+            entry = Entry(entry.value.to(self.device), entry.version, entry.expire_at)
+        size = self._size(key, entry)
+        if size > self._budget:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._used -= self._size(key, old)
+            while self._entries and self._used + size > self._budget:
+                k, e = self._entries.popitem(last=False)
+                self._used -= self._size(k, e)
+                self.evictions += 1
+            self._entries[key] = entry
+            self._used += size
+
+    def delete(self, key: bytes) -> bool:
+        with self._lock:
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                self._used -= self._size(key, entry)
+            return entry is not None
+
+    def contains(self, key: bytes) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def warmup(self, host: Any) -> int:
+        """Copy the most recently used chunks of a host ``LocalTier`` here, up to ``warmup_ratio`` of the budget."""
+        from kvstrata.client.codec import CodecError, decode
+
+        n = 0
+        target = self.warmup_ratio * self._budget
+        for key in reversed(list(host._entries)):
+            if self._used >= target:
+                break
+            entry = host.get(key)
+            if entry is None:
+                continue
+            try:
+                arr, hdr = decode(entry.value)
+            except CodecError:
+                continue
+            self.put(key, Entry(_chunk_tensor(arr, hdr.dtype).clone(), 0, entry.expire_at))
+            n += 1
+        return n
+
+
+def _chunk_tensor(arr: np.ndarray, dtype: str) -> torch.Tensor:
+    """A torch view of a decoded chunk (no copy, also for read-only buffers: it is only read from)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+        t = torch.from_numpy(arr)
+    if dtype == "bfloat16":
+        t = t.view(torch.bfloat16)
+    return t
+
+
+def restore_cache(chunks: list[Any], dtype: str, device: Any = None) -> DynamicCache:
+    """A DynamicCache holding the chunks ([L, 2, H, T, D] arrays or tensors) concatenated along T: one copy per
+    layer, into the cache's own tensors (on ``device`` when given)."""
+    views = [c if isinstance(c, torch.Tensor) else _chunk_tensor(c, dtype) for c in chunks]
+    if device is not None:
+        views = [v.to(device, non_blocking=True) for v in views]
     cache = DynamicCache()
-    for layer in range(t.shape[0]):
-        cache.update(t[layer, 0].unsqueeze(0), t[layer, 1].unsqueeze(0), layer)
+    for layer in range(views[0].shape[0]):
+        k = torch.cat([v[layer, 0] for v in views], dim=1).unsqueeze(0)
+        val = torch.cat([v[layer, 1] for v in views], dim=1).unsqueeze(0)
+        _set_layer(cache, layer, k, val)
     return cache
+
+
+def _set_layer(cache: DynamicCache, idx: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Install a layer's tensors without the extra copy ``update`` makes (torch.cat with an empty tensor)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None and len(layers) == idx and hasattr(cache, "layer_class_to_replicate"):
+        cls = cache.layer_class_to_replicate
+        if cls is not None:
+            layer = cls()
+            layer.lazy_initialization(keys)
+            layer.keys, layer.values = keys, values
+            layers.append(layer)
+            return
+    cache.update(keys, values, idx)
 
 
 @dataclass
@@ -96,10 +224,12 @@ class CachedGenerator:
     """Greedy generation with kvstrata prefix reuse. ``client=None`` recomputes everything (the baseline)."""
 
     def __init__(self, model: Any, client: KVCacheClient | None = None, *, background_store: bool = True,
-                 ttl_class: str | None = None) -> None:
+                 ttl_class: str | None = None, device_tier: TensorTier | None = None) -> None:
         check_version()
         self.model = model
         self.client = client
+        self.device_tier = device_tier
+        self.device = next(model.parameters()).device
         self.ttl_class = ttl_class
         self.background_store = background_store
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvstrata-store") if background_store else None
@@ -108,6 +238,7 @@ class CachedGenerator:
         self.last_store_s = 0.0
         self.store_errors: list[BaseException] = []
         self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.device_hits = 0
 
     def flush(self) -> None:
         """Wait until the background store of the previous generate (if any) has finished."""
@@ -132,6 +263,12 @@ class CachedGenerator:
     def _store(self, tokens: list[int], cache: Any, start: int) -> None:
         t0 = time.perf_counter()
         layers = cache_layers(cache)
+        tier = self.device_tier
+        if tier is not None:
+            cs = self.client.chunk_size
+            for i, key in enumerate(self.client.keys(tokens)):
+                if not tier.contains(key):
+                    tier.put(key, Entry(chunk_tensor(layers, i * cs, (i + 1) * cs), 0))
         self.client.store(tokens, lambda s, e: chunk_from_cache(layers, s, e), start=start,
                           ttl_class=self.ttl_class)
         self.last_store_s = time.perf_counter() - t0
@@ -151,14 +288,24 @@ class CachedGenerator:
             cs = self.client.chunk_size
             limit = (len(ids) - 1) // cs * cs  # keep at least one token to compute the next-token logits
             if limit:
-                n_cached, chunks = self.client.retrieve_chunks(ids[:limit])
+                held: list[torch.Tensor] = []
+                if self.device_tier is not None:
+                    for key in self.client.keys(ids[:limit]):
+                        entry = self.device_tier.get(key)
+                        if entry is None:
+                            break
+                        held.append(entry.value)
+                n_cached, chunks = self.client.retrieve_chunks(ids[:limit], skip_chunks=len(held))
                 if n_cached:
-                    cache = restore_cache(chunks, self.dtype)
-                    restored_bytes = sum(c.nbytes for c in chunks)
+                    cache = restore_cache([*held, *chunks], self.dtype, self.device)
+                    restored_bytes = sum(c.nbytes for c in chunks) + sum(
+                        t.numel() * t.element_size() for t in held)
+                self.device_hits = len(held)
             restore_s = time.perf_counter() - t0
         if cache is None:
             cache = DynamicCache()
-        out = self.model(input_ids=torch.tensor([ids[n_cached:]]), past_key_values=cache, use_cache=True)
+        out = self.model(input_ids=torch.tensor([ids[n_cached:]], device=self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
         logits = out.logits[0, -1]
         nxt = int(torch.argmax(logits))
         ttft = time.perf_counter() - t0
@@ -166,7 +313,7 @@ class CachedGenerator:
         if return_logits:
             result.first_logits = logits.float().clone()
         while len(result.tokens) < max_new_tokens and nxt not in eos:
-            out = self.model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True)
+            out = self.model(input_ids=torch.tensor([[nxt]], device=self.device), past_key_values=cache, use_cache=True)
             logits = out.logits[0, -1]
             nxt = int(torch.argmax(logits))
             result.tokens.append(nxt)
