@@ -24,6 +24,7 @@ ARGS: dict[str, list[str]] = {
     "hitrate": ["--trace", "all"],
     "ssd": [],
     "chat": ["--model", "smollm2"],
+    "large": [],
     "pool": [],
 }
 HEADER = (

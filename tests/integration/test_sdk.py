@@ -252,3 +252,28 @@ def test_sync_client_reads_what_async_wrote(url):
 
     asyncio.run(write())
     assert KVCacheClient(url, Namespace("x"), chunk_size=CS).lookup(list(range(32))) == 32
+
+
+def test_reads_into_reusable_buffers(url):
+    writer = client(url)
+    tokens = list(range(4 * CS))
+    kv = make_kv(4 * CS)
+    writer.store(tokens, kv)
+    reader = client(url)
+    n, first = reader.retrieve_chunks(tokens, reuse_buffers=True)  # no size known yet: redis-py reads
+    assert n == 4 * CS and reader._size_hint > 0
+    n, chunks = reader.retrieve_chunks(tokens, reuse_buffers=True)
+    assert n == 4 * CS
+    assert np.array_equal(np.concatenate(chunks, axis=3), kv)
+    assert getattr(reader._tls, "fast", None) is not None  # the FastClient path was taken
+    bufs = reader._tls.bufs
+    assert any(np.shares_memory(chunks[0], np.frombuffer(b, np.uint8)) for b in bufs)
+    # a value larger than the buffers: read again through redis-py, correct all the same
+    big_tokens = [7] * CS
+    big = make_kv(CS, layers=8, heads=4, dim=32)
+    writer.store(big_tokens, big)
+    n, chunks = reader.retrieve_chunks(big_tokens, reuse_buffers=True)
+    assert n == CS and np.array_equal(chunks[0], big)
+    n, chunks = reader.retrieve_chunks(big_tokens, reuse_buffers=True)  # buffers grew
+    assert n == CS and np.array_equal(chunks[0], big)
+    reader.close()

@@ -140,8 +140,8 @@ def test_forfeit_stops_tracking() -> None:
 def test_store_entries_hold_leases() -> None:
     store = Store(512 * MB)
     pool = BufferPool(64 * MB)
-    store.dram.pool = pool
-    store.dram.pool_min = pool.min_size
+    store.dram.bufpool = pool
+    store.dram.bufpool_min = pool.min_size
     v1 = pool.acquire(MB)
     v1[:3] = b"abc"
     store.put(b"k", v1)

@@ -258,8 +258,65 @@ class KVCacheClient(_Base):
                                                       socket_timeout=socket_timeout)
             self.redis = redis.Redis(connection_pool=self.pool)
         self._plain_redis: bool | None = None  # server without TAIR.KV.* (plain Redis): SET PX / MGET
+        self._tls = threading.local()  # per thread: a FastClient and its reusable receive buffers
+        self._fast_ok = url is not None
+        self._size_hint = 0  # largest value seen: the size of the reusable receive buffers
+
+    # ---- reads into reusable buffers (kvstrata.client.fast) ----
+    def _fast(self) -> Any:
+        """This thread's ``FastClient`` (values received straight into reusable buffers), or None when the
+        connection is not a plain TCP one without a database number (then redis-py reads them)."""
+        if not self._fast_ok:
+            return None
+        fc = getattr(self._tls, "fast", None)
+        if fc is None:
+            import redis
+
+            try:
+                from kvstrata.client.fast import FastClient
+            except ImportError:
+                self._fast_ok = False
+                return None
+            kw = self.pool.connection_kwargs
+            if self.pool.connection_class is not redis.Connection or kw.get("db", 0) or kw.get("username"):
+                self._fast_ok = False
+                return None
+            fc = FastClient(kw.get("host", "localhost"), int(kw.get("port", 6379)),
+                            timeout=kw.get("socket_timeout"), password=kw.get("password"))
+            self._tls.fast = fc
+            self._tls.bufs = []
+        return fc
+
+    def _mget_into(self, keys: list[bytes]) -> list[memoryview | None] | None:
+        """MGET into this thread's reusable buffers; None when that path is unavailable for this batch."""
+        if not self._size_hint:
+            return None
+        fc = self._fast()
+        if fc is None:
+            return None
+        from kvstrata.client.fast import RespError, ValueTooLarge
+
+        bufs: list[bytearray] = self._tls.bufs
+        for j in range(len(keys)):
+            if j == len(bufs):
+                bufs.append(bytearray(self._size_hint))
+            elif len(bufs[j]) < self._size_hint:
+                bufs[j] = bytearray(self._size_hint)
+        try:
+            lengths = fc.mget_into(keys, bufs[: len(keys)])
+        except ValueTooLarge:
+            return None  # read again through redis-py, which raises the size hint
+        except (OSError, RespError):
+            fc.close()
+            self._tls.fast = None
+            return None
+        return [None if n is None else memoryview(bufs[j])[:n] for j, n in enumerate(lengths)]
 
     def close(self) -> None:
+        fc = getattr(self._tls, "fast", None)
+        if fc is not None:
+            fc.close()
+            self._tls.fast = None
         if self.redis is not None:
             self.redis.close()
             self.pool.disconnect()
@@ -360,6 +417,7 @@ class KVCacheClient(_Base):
             batch = todo[b:b + self.batch_size]
             for i in batch:
                 parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
+                self._size_hint = max(self._size_hint, sum(_nbytes(p) for p in parts))
                 self._local_put(keys[i], parts, ttl_ms)
                 if self.redis is not None:
                     if self._is_plain():
@@ -392,10 +450,14 @@ class KVCacheClient(_Base):
             out += [i for i, found in zip(batch, pipe.execute(), strict=True) if not found]
         return out
 
-    def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None,
-                        skip_chunks: int = 0) -> tuple[int, list[np.ndarray]]:
+    def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None, skip_chunks: int = 0,
+                        reuse_buffers: bool = False) -> tuple[int, list[np.ndarray]]:
         """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``. With ``skip_chunks``
-        the caller already holds the first chunks (a device tier): they are counted in n_tokens, not read."""
+        the caller already holds the first chunks (a device tier): they are counted in n_tokens, not read.
+
+        ``reuse_buffers=True``: values are received straight into this thread's reusable buffers (no new
+        memory, no page faults) and the raw-codec arrays returned are views of them, valid only until this
+        thread's next ``retrieve_chunks``: copy them out first (the transformers integration does)."""
         keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
         out: list[np.ndarray] = []
         i = min(skip_chunks, len(keys))
@@ -420,16 +482,19 @@ class KVCacheClient(_Base):
                 ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
                 if ahead and not plain:
                     self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
-                values = self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *batch)
+                values = self._mget_into(batch) if reuse_buffers else None
+                if values is None:
+                    values = self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *batch)
                 stop = False
                 for key, value in zip(batch, values, strict=True):
                     arr = None if value is None else self._decode(key, value)
                     if arr is None:
                         stop = True
                         break
+                    self._size_hint = max(self._size_hint, len(value))
                     self._count(bytes_received=len(value))
                     if self.local is not None:
-                        self.local.put(key, Entry(value, 0))
+                        self.local.put(key, Entry(bytes(value) if isinstance(value, memoryview) else value, 0))
                     out.append(arr)
                     i += 1
                 if stop:

@@ -77,7 +77,7 @@ def hello(ctx: Context, args: list[bytes]) -> Any:
             _check_password(ctx, args[i + 1], args[i + 2])
             i += 3
         elif opt == b"SETNAME" and i + 1 < len(args):
-            name = args[i + 1]
+            name = bytes(args[i + 1])  # a large argument may be a pool buffer: keep a copy
             if not _valid_name(name):
                 raise CommandError("Client names cannot contain spaces, newlines or special characters.")
             i += 2
@@ -166,7 +166,7 @@ def client_id(ctx: Context, args: list[bytes]) -> Any:
 def client_setname(ctx: Context, args: list[bytes]) -> Any:
     if not _valid_name(args[2]):
         raise CommandError("Client names cannot contain spaces, newlines or special characters.")
-    ctx.client.name = args[2]
+    ctx.client.name = bytes(args[2])
     return OK
 
 
@@ -212,9 +212,9 @@ def client_setinfo(ctx: Context, args: list[bytes]) -> Any:
     if not _valid_name(args[3]):
         raise CommandError(f"{attr.decode().lower()} cannot contain spaces, newlines or special characters.")
     if attr == b"LIB-NAME":
-        ctx.client.lib_name = args[3]
+        ctx.client.lib_name = bytes(args[3])
     elif attr == b"LIB-VER":
-        ctx.client.lib_ver = args[3]
+        ctx.client.lib_ver = bytes(args[3])
     else:
         raise CommandError(f"Unrecognized option '{args[2].decode(errors='replace')}'")
     return OK

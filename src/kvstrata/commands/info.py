@@ -65,9 +65,9 @@ def _memory(ctx: Context) -> list[tuple[str, Any]]:
         ("eviction_policy", ctx.config.get("eviction-policy")),
         ("water_level_pct", _pct(dram.used, dram.budget)),
     ]
-    pool = store.dram.pool
-    if pool is not None:
-        rows.extend(pool.info().items())
+    bufpool = store.dram.bufpool
+    if bufpool is not None:
+        rows.extend(bufpool.info().items())
     for tier in store.tier_info():
         rows.append((f"{tier['name']}_used", tier["used"]))
         rows.append((f"{tier['name']}_budget", tier["budget"]))

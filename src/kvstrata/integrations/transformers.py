@@ -295,7 +295,8 @@ class CachedGenerator:
                         if entry is None:
                             break
                         held.append(entry.value)
-                n_cached, chunks = self.client.retrieve_chunks(ids[:limit], skip_chunks=len(held))
+                n_cached, chunks = self.client.retrieve_chunks(ids[:limit], skip_chunks=len(held),
+                                                               reuse_buffers=True)  # copied just below
                 if n_cached:
                     cache = restore_cache([*held, *chunks], self.dtype, self.device)
                     restored_bytes = sum(c.nbytes for c in chunks) + sum(

@@ -36,17 +36,18 @@ _STREAM_BATCH = 16 * 1024 * 1024
 
 
 def server_pool(server: Server) -> BufferPool | None:
-    """The server's pool of receive buffers, created on first use; None when an SSD tier is configured.
+    """The server's pool of receive buffers, created on first use; None unless DRAM is the only tier.
 
-    With an SSD tier a stored value can be shared with the SSD writer thread (demotion, write-through), which
-    holds no leases, so large values are then received into plain bytearrays.
+    With an SSD tier or the cluster pool tier a stored value can be shared with a writer thread (demotion,
+    write-through, publishing), which holds no leases, so large values are then received into plain bytearrays.
     """
     pool = getattr(server, "bufpool", None)
-    if pool is None and server.store.ssd is None:
-        dram = server.store.dram
+    store = server.store
+    if pool is None and store.ssd is None and getattr(store, "pool", None) is None:
+        dram = store.dram
         pool = BufferPool(min(1024**3, max(dram.budget // 4, 0)), room=lambda: dram.budget - dram.used)
-        dram.pool = pool
-        dram.pool_min = pool.min_size
+        dram.bufpool = pool
+        dram.bufpool_min = pool.min_size
         server.bufpool = pool  # type: ignore[attr-defined]
         tune_malloc()
     return pool

@@ -27,8 +27,8 @@ class DramTier:
         # A BufferPool whose buffers stored values may be (kvstrata.engine.bufpool): each entry holding one
         # holds a lease on it, given back when the entry leaves this tier. Set only when DRAM is the last tier
         # (a demoted value would otherwise be shared with the SSD writer).
-        self.pool: Any = None
-        self.pool_min = 1 << 62
+        self.bufpool: Any = None
+        self.bufpool_min = 1 << 62
 
     def size(self, key: bytes, value: bytes | bytearray) -> int:
         """Bytes charged for an entry: key, value and the fixed per-entry overhead."""
@@ -57,10 +57,10 @@ class DramTier:
         self.used += size
         if entry.pinned:
             self.pinned_bytes += size
-        if len(entry.value) >= self.pool_min:
-            self.pool.retain(entry.value)
-        if old is not None and len(old.value) >= self.pool_min:
-            self.pool.release(old.value)
+        if len(entry.value) >= self.bufpool_min:
+            self.bufpool.retain(entry.value)
+        if old is not None and len(old.value) >= self.bufpool_min:
+            self.bufpool.release(old.value)
 
     def resize(self, key: bytes, entry: Entry, old_len: int) -> None:
         """Account for an entry whose value was replaced in place (old value length ``old_len``)."""
@@ -85,8 +85,8 @@ class DramTier:
         bucket.discard(key)
         if not bucket:
             del self.buckets[b]
-        if len(entry.value) >= self.pool_min:
-            self.pool.release(entry.value)
+        if len(entry.value) >= self.bufpool_min:
+            self.bufpool.release(entry.value)
         return entry
 
     def set_pinned(self, key: bytes, entry: Entry, pinned: bool) -> None:
@@ -97,10 +97,10 @@ class DramTier:
         self.pinned_bytes += size if pinned else -size
 
     def clear(self) -> None:
-        if self.pool is not None:
+        if self.bufpool is not None:
             for entry in self.entries.values():
-                if len(entry.value) >= self.pool_min:
-                    self.pool.release(entry.value)
+                if len(entry.value) >= self.bufpool_min:
+                    self.bufpool.release(entry.value)
         self.entries.clear()
         self.buckets.clear()
         self.used = 0
