@@ -249,11 +249,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results["no cache"] = {"mode": "no cache", "asked_chunks": asked, "found_chunks": 0, "hit_ratio": 0.0,
                            "load_s_median": 0.0, "load_s_total": 0.0, "turns": []}
     for r in results.values():
-        # Estimated TTFT of a turn with a prefix: load what is cached, recompute what is not (median over turns).
+        # Estimated TTFT of a turn with a prefix: load what is cached, recompute what is not, and prefill the
+        # turn's new message (``suffix_tokens``, every mode alike). Median over turns.
         turns = [t for t in r["turns"] if t["asked"]] or [
             {"asked": t, "found": 0, "load_s": 0.0}
             for _ in range(args.conversations) for t in range(1, args.turns)]
-        ttft = [t["load_s"] + (t["asked"] - t["found"]) * args.chunk_tokens * ms_per_token / 1000 for t in turns]
+        ttft = [t["load_s"] + ((t["asked"] - t["found"]) * args.chunk_tokens + args.suffix_tokens) * ms_per_token
+                / 1000 for t in turns]
         r["ttft_est_s_median"] = statistics.median(ttft)
         r["ttft_est_s_total"] = sum(ttft)
     base = results["no cache"]["ttft_est_s_total"]
@@ -265,6 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command": (f"kvstrata bench pool --conversations {args.conversations} --turns {args.turns} "
                     f"--chunk-tokens {args.chunk_tokens}"),
         "chunk_tokens": args.chunk_tokens,
+        "suffix_tokens": args.suffix_tokens,
         "chunk_bytes": chunk_bytes,
         "bytes_per_token": BYTES_PER_TOKEN,
         "conversations": args.conversations,
@@ -337,7 +340,8 @@ def write_markdown(result: dict[str, Any]) -> str:
         "turn through node A. *split*: turn N through node A, turn N+1 through node B, no pool. *split+pool*: the "
         "same alternation with both nodes on one 3-master Redis Cluster. Load time is the SDK's "
         "`retrieve_chunks` of the prefix (the KV load path, measured); the TTFT column is an estimate: load time "
-        f"plus the prefill of the tokens not found at {result['prefill_ms_per_token']:.2f} ms/token "
+        f"plus the prefill of the prefix tokens not found and of the turn's {result['suffix_tokens']}-token new "
+        f"message, at {result['prefill_ms_per_token']:.2f} ms/token "
         f"({result['prefill_source']}); the model itself is not run per turn.\n\n"
         "| mode | prefix chunks found | hit ratio | prefix load ms (median) | est. TTFT s (median) | "
         "est. TTFT vs no cache (total) |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n" + cold_line +
@@ -353,6 +357,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--chunk-tokens", type=int, default=256)
     parser.add_argument("--pool-values", type=int, default=24)
+    parser.add_argument("--suffix-tokens", type=int, default=32,
+                        help="tokens of each turn's new message, prefilled in every mode (TTFT estimate)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-prefill", dest="prefill", action="store_false",
                         help="do not measure the prefill cost with SmolLM2; use DESIGN.md's figure")
