@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import uuid
 
+import os
+
 import pytest
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see scripts/test.sh)
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 

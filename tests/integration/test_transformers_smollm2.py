@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import uuid
 
+import os
+
 import pytest
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see scripts/test.sh)
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
