@@ -3,9 +3,8 @@ greedy tokens identical with and without reuse, logits allclose, restored cache 
 
 from __future__ import annotations
 
-import uuid
-
 import os
+import uuid
 
 import pytest
 

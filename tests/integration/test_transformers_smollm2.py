@@ -6,9 +6,8 @@ Slow (the first run converts the GGUF file, ~30-45 s; later loads take about a s
 
 from __future__ import annotations
 
-import uuid
-
 import os
+import uuid
 
 import pytest
 
