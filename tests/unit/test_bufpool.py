@@ -198,3 +198,18 @@ def test_pool_never_hands_out_a_referenced_buffer(ops: list[tuple[str, int, int]
     for vs in views.values():
         for v in vs:
             v.release()
+
+
+def test_classes_nobody_asks_for_make_room_for_new_ones() -> None:
+    pool = BufferPool(8 * MB)
+    small = [pool.acquire(MB) for _ in range(8)]
+    for b in small:
+        pool.release(b)
+    big = [pool.acquire(4 * MB) for _ in range(2)]  # reclaims the 1 MB buffers: the pool is full of them
+    assert pool.free_bytes == 8 * MB
+    for b in big:
+        pool.release(b)
+    pool.settle()
+    assert pool.free_bytes <= 8 * MB
+    again = pool.acquire(4 * MB)
+    assert any(again is b for b in big)

@@ -105,6 +105,8 @@ class BufferPool:
         self._free_bytes = 0
         self._quarantine: list[bytearray] = []
         self._limbo: list[list[Any]] = []
+        self._tick = 0
+        self._class_tick: dict[int, int] = {}  # class -> when it was last asked for
         # id(buffer) -> [buffer, leases, class size]; the list keeps the buffer alive, so its id stays unique.
         self._leases: dict[int, list[Any]] = {}
         self.slack = 0
@@ -123,6 +125,8 @@ class BufferPool:
         if n < self.min_size:
             return bytearray(n)
         c = class_size(n, self.min_size)
+        self._tick += 1
+        self._class_tick[c] = self._tick
         if self._limbo:
             self._reclaim()
         buf = self._take(c, n)
@@ -223,8 +227,12 @@ class BufferPool:
         if self.room is not None:
             limit = min(limit, self.room() - self.slack)
         if self._free_bytes + c > limit:
-            self.dropped += 1
-            return
+            # Make room by dropping free buffers of the classes used least recently (a workload that moved
+            # on to other sizes must not leave the pool full of classes nobody asks for).
+            self._evict(self._free_bytes + c - limit, keep=c)
+            if self._free_bytes + c > limit:
+                self.dropped += 1
+                return
         if probe:
             try:
                 _reshape(buf, c)
@@ -234,6 +242,19 @@ class BufferPool:
                 return
         self._free.setdefault(c, []).append(buf)
         self._free_bytes += c
+
+    def _evict(self, need: int, keep: int) -> None:
+        for cls in sorted(self._free, key=lambda k: self._class_tick.get(k, -1)):
+            if cls == keep:
+                continue
+            free = self._free[cls]
+            while free and need > 0:
+                free.pop()
+                self._free_bytes -= cls
+                need -= cls
+                self.dropped += 1
+            if need <= 0:
+                return
 
     def trim(self) -> None:
         """Drop free buffers until the pool fits ``max_bytes`` and the DRAM room (largest classes first)."""

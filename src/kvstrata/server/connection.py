@@ -149,11 +149,13 @@ class Connection(asyncio.BufferedProtocol):
         srv = self.server
         srv.stats.net_in += nbytes
         self.client.last_ms = srv.now_ms
+        parser = self.parser
         try:
-            self.parser.buffer_updated(nbytes)
+            parser.buffer_updated(nbytes)
         except ProtocolError as exc:
             self._pending_error = exc
-        if not self.busy:
+        # Nothing to run while a large value is still arriving (no command completed): skip the batch work.
+        if not self.busy and (parser._ready or self._pending_error is not None or parser._target is None):
             self._run()
 
     def eof_received(self) -> bool | None:
