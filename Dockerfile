@@ -13,8 +13,9 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
-# Wheels of kvstrata and its server dependencies only (no extras: no torch, no transformers).
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# Wheels of kvstrata, its server dependencies and redis-py (the `sdk` extra: the client of the Redis Cluster pool
+# tier). Not the `llm` or `sglang` extras: no torch, no transformers.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[sdk]"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="kvstrata" \
@@ -28,7 +29,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     KVSTRATA_HTTP_PORT=9379
 
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels /wheels/kvstrata-*.whl \
+    pip install --no-cache-dir --no-index --find-links=/wheels /wheels/*.whl \
     && groupadd --system --gid 10001 kvstrata \
     && useradd --system --uid 10001 --gid kvstrata --home-dir /data --shell /usr/sbin/nologin kvstrata \
     && mkdir -p /data/essd \

@@ -193,7 +193,9 @@ def test_dockerfile_essentials():
     text = (REPO / "Dockerfile").read_text()
     assert "python:3.11-slim" in text
     pip_lines = [line for line in text.splitlines() if "pip " in line and not line.lstrip().startswith("#")]
-    assert pip_lines and not any("torch" in line or "[" in line for line in pip_lines)  # no torch, no extras
+    # No torch, and none of the extras that bring it (llm, sglang); `sdk` is redis-py, for the pool tier.
+    assert pip_lines and not any(word in line for line in pip_lines for word in ("torch", "llm", "sglang"))
+    assert '".[sdk]"' in text
     assert "\nUSER 10001" in text and "\nHEALTHCHECK " in text and 'VOLUME ["/data"]' in text
     assert "ESSD_PATH=/data/essd" in text
     assert 'ENTRYPOINT ["kvstrata-entrypoint"]' in text
