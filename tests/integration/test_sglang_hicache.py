@@ -243,3 +243,60 @@ def test_oom_refusal_is_a_failed_write(make_server):
     assert b2.batch_set_v1(HASHES[:1], page_indices([0], 64)) == [False]  # 2 x 512 KiB: over the budget
     assert b2.batch_exists(HASHES[:1]) == 0
     assert b.batch_exists(HASHES[:1]) == 1
+
+
+def test_pages_demoted_to_the_ssd_tier_come_back(make_server, tmp_path):
+    """L3 as deployed: a small DRAM tier, pages demoted to the SSD tier, then read back into the host pool."""
+    srv = make_server({"dram-size": "4mb", "essd-path": str(tmp_path / "essd")})
+    src = MHAHostPool(size=64 * 16, page_size=16, layer_num=8, head_num=8, head_dim=64, dtype=torch.float16)
+    b = backend(srv, src)
+    hashes = [f"{i:064x}" for i in range(40)]  # 40 pages of 2 x 128 KiB: 10 MiB, over the DRAM budget
+    assert b.batch_set_v1(hashes, page_indices(range(40), 16)) == [True] * 40
+    client = srv.client()
+    tiers = {client.execute_command("TAIR.KV.TIER", k) for h in hashes[:4] for k in b.object_keys(h)}
+    assert b"ssd" in tiers
+    client.close()
+    dst = MHAHostPool(size=64 * 16, page_size=16, layer_num=8, head_num=8, head_dim=64, dtype=torch.float16, seed=5)
+    reader = backend(srv, dst)
+    assert reader.batch_exists(hashes) == 40
+    assert reader.batch_get_v1(hashes, page_indices(range(40), 16)) == [True] * 40
+    assert torch.equal(dst.kv_buffer[:, : 40 * 16], src.kv_buffer[:, : 40 * 16])
+
+
+def test_prefetch_and_backup_threads_share_one_backend(r, srv):
+    """SGLang calls one backend from its prefetch and backup threads at once: each gets its own connection."""
+    import threading
+
+    src = MHAHostPool(size=256, seed=11)
+    dst = MHAHostPool(size=256, seed=12)
+    b = backend(srv, src)
+    b.register_mem_pool_host(src)
+    hashes = [f"{i:064x}" for i in range(64)]
+    assert all(b.batch_set_v1(hashes[:32], page_indices(range(32), 4)))
+    reader = backend(srv, dst)
+    errors = []
+
+    def backup():
+        try:
+            for start in range(32, 64, 4):
+                assert all(b.batch_set_v1(hashes[start:start + 4], page_indices(range(start, start + 4), 4)))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    def prefetch():
+        try:
+            for _ in range(8):
+                assert reader.batch_get_v1(hashes[:32], page_indices(range(32), 4)) == [True] * 32
+                assert all(b.batch_exists(hashes[:32]) == 32 for _ in range(2))
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=backup), threading.Thread(target=prefetch), threading.Thread(target=prefetch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert b.batch_exists(hashes) == 64
+    assert torch.equal(dst.kv_buffer[:, :128], src.kv_buffer[:, :128])
+    assert len(b._conns) >= 2
