@@ -132,3 +132,8 @@ def test_get_stats_without_traffic():
     stats = make().get_stats()
     assert stats.prefetch_pgs == [] and stats.backup_pgs == []
     assert stats.kvstrata["get_pages"] == 0
+
+
+def test_clear_refuses_an_empty_namespace():
+    b = make(model_name=None, extra={"key_prefix": ""})
+    assert b.clear() is False  # it would delete every key on the node; refused before any connection

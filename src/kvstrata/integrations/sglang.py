@@ -626,7 +626,11 @@ class KvstrataHiCacheStorage(_Base):
 
     # -- housekeeping -----------------------------------------------------------------------------------------
     def clear(self) -> bool:
-        """Delete every object of this backend's namespace (``key_prefix`` + model); other keys stay."""
+        """Delete every object of this backend's namespace (``key_prefix`` + model); other keys stay. Refused
+        (False) when the namespace is empty: that would delete every key on the node."""
+        if not self._prefix:
+            logger.warning("kvstrata HiCache backend: clear() refused: no key_prefix and no model name")
+            return False
         pattern = self._prefix.replace("\\", "\\\\")
         for ch in "*?[]":
             pattern = pattern.replace(ch, "\\" + ch)
