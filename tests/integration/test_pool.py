@@ -296,3 +296,18 @@ def test_metrics_and_info_report_the_pool(node):
         body = resp.read().decode()
     assert "kvstrata_pool_degraded 0.0" in body
     assert 'kvstrata_tier_used_bytes{tier="pool"}' in body
+
+
+def test_write_through_keeps_adopted_chunks_on_ssd(node, make_server, tmp_path):
+    """Under write-through, a chunk node B got from the pool is also on B's SSD: B restarted without the pool
+    still has it. SETEX acknowledges after both the SSD and the pool have the value."""
+    a = node({"durability": "write-through"}).client()
+    b_srv = node({"durability": "write-through"}, name="b-wt")
+    b = b_srv.client()
+    v = a.execute_command("TAIR.KV.SETEX", "wt:k", 0, value_for("wt:k", 32 * KB))
+    assert b.execute_command("TAIR.KV.MGET", "wt:k", "WITHVERSIONS") == [[value_for("wt:k", 32 * KB), v]]
+    wait_for(lambda: b.info("tier_ssd")["pending"] == 0, what="B's SSD writer")
+    b.close()
+    b_srv.stop()
+    again = make_server({"essd-path": str(tmp_path / "b-wt"), "dram-size": "256kb", "http-port": 0}).client()
+    assert again.execute_command("TAIR.KV.MGET", "wt:k", "WITHVERSIONS") == [[value_for("wt:k", 32 * KB), v]]
