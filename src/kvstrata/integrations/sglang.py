@@ -38,6 +38,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,12 @@ class RespConnection:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def __del__(self) -> None:  # a finished thread's connection: close its socket quietly
+        sock = getattr(self, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
 
     # -- sending ----------------------------------------------------------------------------------------------
     @staticmethod
@@ -351,8 +358,10 @@ class KvstrataHiCacheStorage(_Base):
             self._conn_args["password"] = str(extra_config["password"])
         self._timeout = float(extra_config.get("timeout", 30.0))
         # SGLang calls from its prefetch and backup threads at once: one connection per thread.
+        # A thread's connection lives in its thread-local slot; _conns only lets close() reach the live ones (a
+        # finished thread's connection is freed, and its socket closed, with the thread).
         self._local = threading.local()
-        self._conns: list[RespConnection] = []
+        self._conns: weakref.WeakSet[RespConnection] = weakref.WeakSet()
         self._lock = threading.Lock()  # guards _conns and the counters
         self.mem_pool_host: Any = None
         self.counters = _Counters()
@@ -376,7 +385,7 @@ class KvstrataHiCacheStorage(_Base):
             conn = RespConnection(**self._conn_args, timeout=self._timeout)
             self._local.conn = conn
             with self._lock:
-                self._conns.append(conn)
+                self._conns.add(conn)
         return conn
 
     def _drop_connection(self) -> None:
@@ -385,8 +394,7 @@ class KvstrataHiCacheStorage(_Base):
             self._local.conn = None
             conn.close()
             with self._lock:
-                with contextlib.suppress(ValueError):
-                    self._conns.remove(conn)
+                self._conns.discard(conn)
 
     def _run(self, fn: Any, default: Any) -> Any:
         """Run ``fn(conn)`` on this thread's connection; on an I/O or protocol error drop the connection (it
@@ -401,7 +409,8 @@ class KvstrataHiCacheStorage(_Base):
 
     def close(self) -> None:
         with self._lock:
-            conns, self._conns = self._conns, []
+            conns = list(self._conns)
+            self._conns.clear()
         for conn in conns:
             conn.close()
 
