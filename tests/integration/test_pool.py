@@ -181,6 +181,22 @@ def test_strong_read_across_nodes_sees_the_latest_write(node):
     assert a.execute_command("TAIR.KV.MGET", "strong:k", "CONSISTENCY_LEVEL", "STRONG") == [b"third"]
 
 
+def test_strong_read_of_ssd_keys_stays_off_the_event_loop(node):
+    """A STRONG read suspends for the pool's versions; the SSD records loaded before it are kept for its second
+    run, so no LMDB read happens on the event loop (ssd_sync_reads stays put)."""
+    srv = node({"tier-order": "dram,ssd,pool"})
+    a = srv.client()
+    keys = [f"sync:{i}" for i in range(30)]
+    for k in keys:
+        a.execute_command("TAIR.KV.SETEX", k, 0, value_for(k, 16 * KB))
+    on_ssd = [k for k in keys if tier(a, k) == "ssd"]
+    assert on_ssd
+    before = a.info("stats")["ssd_sync_reads"]
+    got = a.execute_command("TAIR.KV.MGET", *on_ssd[:4], "CONSISTENCY_LEVEL", "STRONG")
+    assert got == [value_for(k, 16 * KB) for k in on_ssd[:4]]
+    assert a.info("stats")["ssd_sync_reads"] == before
+
+
 def test_highest_version_wins_in_the_pool(cluster, pool_client):
     pool = PoolTier(cluster.url, 1 << 30, threaded=False)
     try:

@@ -29,7 +29,7 @@ class PoolWait:
     reads). The server fills ``result`` and ``done``; the handler runs again and finds them.
     """
 
-    __slots__ = ("args", "check", "done", "pool_seq", "reply", "result", "ssd_seq", "ticket", "tries")
+    __slots__ = ("args", "check", "done", "overlay", "pool_seq", "reply", "result", "ssd_seq", "ticket", "tries")
 
     def __init__(self, args: Any, *, pool_seq: int = 0, ssd_seq: int = 0, reply: Any = None,
                  check: dict[bytes, int] | None = None, tries: int = 0) -> None:
@@ -42,6 +42,17 @@ class PoolWait:
         self.ticket: list[Any] | None = None
         self.done = False
         self.tries = tries
+        # The loader's records of the first run, kept for the second (see Store.keep_overlay).
+        self.overlay: Any = None
+
+    def release(self, store: Any) -> None:
+        """Drop the watch tickets of a wait that will not be used."""
+        if self.ticket is not None and store.pool is not None:
+            store.pool.unwatch(self.ticket)
+            self.ticket = None
+        if self.overlay is not None:
+            store.restore_overlay(self.overlay, install=False)
+            self.overlay = None
 
     def __bool__(self) -> bool:
         return True
@@ -53,7 +64,9 @@ class PoolWait:
 def kv_setex(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
     w = ctx.extra.pop(_WAIT, None)
-    if w is not None and w.args is args:
+    if w is not None and w.args is not args:
+        w.release(store)
+    elif w is not None:
         # Second run, after the pool (and, under write-through, the SSD) acknowledged the write.
         if w.ssd_seq and store.ssd is not None:
             failed = store.ssd.failed.get(w.ssd_seq)
@@ -151,6 +164,11 @@ def _strong_pool_check(ctx: Context, args: list[bytes], keys: list[bytes]) -> No
         if w.ticket is not None:
             pool.unwatch(w.ticket)
             w.ticket = None
+        if w.overlay is not None:
+            # The records loaded before the first run, still valid unless the SSD changed them meanwhile: the
+            # reads below stay off the event loop.
+            store.restore_overlay(w.overlay)
+            w.overlay = None
         if not stale:
             store.refresh_from_pool(w.result)
             return
@@ -158,10 +176,13 @@ def _strong_pool_check(ctx: Context, args: list[bytes], keys: list[bytes]) -> No
             return
         tries = w.tries + 1
     else:
+        if w is not None:
+            w.release(store)
         tries = 0
     if not pool.active:
         return
     w = PoolWait(args, check=store.local_versions(keys), tries=tries)
+    w.overlay = store.keep_overlay(keys)
     ctx.extra[_WAIT] = w
     raise WaitForCommit(w)  # type: ignore[arg-type]
 

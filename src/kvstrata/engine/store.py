@@ -227,6 +227,23 @@ class Store:
     def end_command(self) -> None:
         self._overlay = None
 
+    def keep_overlay(self, keys: list[bytes]) -> tuple[dict[bytes, Any], list[Any]] | None:
+        """Keep the current overlay for a later run of the same command (a STRONG read suspended for the pool),
+        watched so that an SSD change of these keys in between invalidates it."""
+        if self._overlay is None or self.ssd is None:
+            return None
+        return dict(self._overlay), self.ssd.watch(keys)
+
+    def restore_overlay(self, kept: tuple[dict[bytes, Any], list[Any]], *, install: bool = True) -> bool:
+        """Reinstall a kept overlay if nothing changed its keys on the SSD since; False when it went stale."""
+        overlay, ticket = kept
+        assert self.ssd is not None
+        self.ssd.unwatch(ticket)
+        if ticket[0] or not install:
+            return False
+        self._overlay = overlay
+        return True
+
     # ---- lookups ----
     def _below(self, key: bytes) -> Entry | None:
         """The lower tiers' entry for a key that is not in DRAM, unexpired, or None.
