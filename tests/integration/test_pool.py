@@ -327,3 +327,27 @@ def test_write_through_keeps_adopted_chunks_on_ssd(node, make_server, tmp_path):
     b_srv.stop()
     again = make_server({"essd-path": str(tmp_path / "b-wt"), "dram-size": "256kb", "http-port": 0}).client()
     assert again.execute_command("TAIR.KV.MGET", "wt:k", "WITHVERSIONS") == [[value_for("wt:k", 32 * KB), v]]
+
+
+def test_single_redis_pool_down_and_back(make_server, tmp_path):
+    """``--pool redis://``: a refused pool never becomes a client error, and is used again once it answers."""
+    single = LocalCluster(standalone=True).start()
+    try:
+        cfg = {"dram-size": "256kb", "pool": single.url, "pool-timeout": 300, "pool-connect-timeout": 200,
+               "pool-backoff-max": 200, "http-port": 0}
+        a = make_server({**cfg, "essd-path": str(tmp_path / "a")}).client()
+        b = make_server({**cfg, "essd-path": str(tmp_path / "b")}).client()
+        a.execute_command("TAIR.KV.SETEX", "single:1", 0, b"one")
+        assert b.execute_command("TAIR.KV.MGET", "single:1") == [b"one"]
+        single.kill(0)
+        assert a.execute_command("TAIR.KV.SETEX", "single:2", 0, b"two")  # acknowledged from local tiers
+        assert a.execute_command("TAIR.KV.MGET", "single:2") == [b"two"]
+        assert b.execute_command("TAIR.KV.MGET", "single:2", "CONSISTENCY_LEVEL", "STRONG") == [None]
+        assert pool_info(a)["pool_degraded"] == 1 and pool_info(a)["skipped_writes"] >= 1
+        single.restart(0)
+        wait_for(lambda: pool_info(a)["pool_degraded"] == 0, what="node A to use the pool again")
+        wait_for(lambda: pool_info(b)["pool_degraded"] == 0, what="node B to use the pool again")
+        a.execute_command("TAIR.KV.SETEX", "single:3", 0, b"three")
+        assert b.execute_command("TAIR.KV.MGET", "single:3", "CONSISTENCY_LEVEL", "EVENTUAL") == [b"three"]
+    finally:
+        single.stop()
