@@ -143,6 +143,19 @@ def test_two_nodes_share_chunks(node):
     assert b.execute_command("TAIR.KV.MGET", "share:none", "CONSISTENCY_LEVEL", "EVENTUAL") == [None]
 
 
+def test_prefetch_brings_pool_chunks_into_dram(node):
+    a, b = node().client(), node().client()
+    keys = [f"prefetch:{i}" for i in range(4)]
+    for k in keys:
+        a.execute_command("TAIR.KV.SETEX", k, 0, value_for(k, 8 * KB))
+    assert {tier(b, k) for k in keys} == {"pool"}  # found there, not promoted by TIER
+    assert b.execute_command("TAIR.KV.PREFETCH", *keys) == len(keys)
+    wait_for(lambda: all(k in b.execute_command("KEYS", "prefetch:*") for k in (k.encode() for k in keys)),
+             what="the prefetched chunks to be local on B")
+    assert {tier(b, k) for k in keys} == {"dram"}
+    assert pool_info(b)["promotions"] >= len(keys)
+
+
 def test_hash_tag_keeps_a_shard_key_on_one_master(node, cluster):
     a = node().client()
     tagged = [f"{{user42}}:chunk:{i}" for i in range(12)]
