@@ -277,3 +277,17 @@ def test_reads_into_reusable_buffers(url):
     n, chunks = reader.retrieve_chunks(big_tokens, reuse_buffers=True)  # buffers grew
     assert n == CS and np.array_equal(chunks[0], big)
     reader.close()
+
+
+def test_reusable_buffers_across_batches(url):
+    """Every batch of one call gets its own buffers: a later batch never overwrites an earlier one's chunks."""
+    tokens = list(range(7 * CS))
+    kv = make_kv(7 * CS)
+    client(url).store(tokens, kv)
+    reader = client(url, batch_size=2)
+    reader.retrieve_chunks(tokens, reuse_buffers=True)  # learns the value size
+    for _ in range(2):
+        n, chunks = reader.retrieve_chunks(tokens, reuse_buffers=True)
+        assert n == 7 * CS and getattr(reader._tls, "fast", None) is not None
+        assert np.array_equal(np.concatenate(chunks, axis=3), kv)
+    reader.close()

@@ -161,3 +161,14 @@ def test_device_tier_in_front_of_the_server(url, model):
     for key in client.keys(ids):
         small.put(key, Entry(torch.zeros(2, 2, 2, 16, 16), 0))
     assert len(small) == 3 and small.evictions == 1
+
+
+def test_restore_across_several_batches(url, model):
+    """Chunks read in several batches (batch_size 2: four round trips) restore the same cache."""
+    ids = prompt(130, seed=17)
+    with CachedGenerator(model, fresh_client(url, model, batch_size=2)) as gen, CachedGenerator(model) as plain:
+        gen.generate(ids, 2)
+        gen.generate(ids, 2)  # the second read goes into reusable buffers
+        r = gen.generate(ids, 8)
+        assert r.cached_tokens == 128
+        assert r.tokens == plain.generate(ids, 8).tokens

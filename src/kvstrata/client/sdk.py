@@ -287,8 +287,9 @@ class KVCacheClient(_Base):
             self._tls.bufs = []
         return fc
 
-    def _mget_into(self, keys: list[bytes]) -> list[memoryview | None] | None:
-        """MGET into this thread's reusable buffers; None when that path is unavailable for this batch."""
+    def _mget_into(self, keys: list[bytes], offset: int) -> list[memoryview | None] | None:
+        """MGET into this thread's reusable buffers ``offset ..`` (a call's earlier batches keep theirs); None
+        when that path is unavailable for this batch."""
         if not self._size_hint:
             return None
         fc = self._fast()
@@ -297,20 +298,21 @@ class KVCacheClient(_Base):
         from kvstrata.client.fast import RespError, ValueTooLarge
 
         bufs: list[bytearray] = self._tls.bufs
-        for j in range(len(keys)):
-            if j == len(bufs):
-                bufs.append(bytearray(self._size_hint))
-            elif len(bufs[j]) < self._size_hint:
+        while len(bufs) < offset + len(keys):
+            bufs.append(bytearray(self._size_hint))
+        for j in range(offset, offset + len(keys)):
+            if len(bufs[j]) < self._size_hint:
                 bufs[j] = bytearray(self._size_hint)
+        mine = bufs[offset: offset + len(keys)]
         try:
-            lengths = fc.mget_into(keys, bufs[: len(keys)])
+            lengths = fc.mget_into(keys, mine)
         except ValueTooLarge:
             return None  # read again through redis-py, which raises the size hint
         except (OSError, RespError):
             fc.close()
             self._tls.fast = None
             return None
-        return [None if n is None else memoryview(bufs[j])[:n] for j, n in enumerate(lengths)]
+        return [None if n is None else memoryview(mine[j])[:n] for j, n in enumerate(lengths)]
 
     def close(self) -> None:
         fc = getattr(self._tls, "fast", None)
@@ -482,7 +484,7 @@ class KVCacheClient(_Base):
                 ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
                 if ahead and not plain:
                     self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
-                values = self._mget_into(batch) if reuse_buffers else None
+                values = self._mget_into(batch, i - first_remote) if reuse_buffers else None
                 if values is None:
                     values = self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *batch)
                 stop = False
@@ -499,7 +501,6 @@ class KVCacheClient(_Base):
                     i += 1
                 if stop:
                     break
-            del first_remote
         self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
         return i * self.chunk_size, out
 
