@@ -42,6 +42,10 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
     if config.get("pool"):
         if ssd is None:
             raise ValueError("--pool needs the SSD tier (--essd-path): pool reads run in its loader thread")
+        try:
+            import redis  # noqa: F401  (the pool is reached with redis-py)
+        except ImportError:
+            raise ValueError("--pool needs redis-py: pip install 'kvstrata[sdk]'") from None
         pool = PoolTier(
             config.get("pool"), int(config.get("pool-size")),
             ttl_ms=max(1, int(float(config.get("pool-ttl")) * 1000)),
