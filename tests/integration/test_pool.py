@@ -176,6 +176,32 @@ def test_hash_tag_keeps_a_shard_key_on_one_master(node, cluster):
     assert len(masters) >= 2  # without a tag, chunks spread by their own hash
 
 
+def test_sdk_shard_key_puts_a_sessions_chunks_on_one_master(node, cluster):
+    import numpy as np
+
+    from kvstrata.client import KVCacheClient
+
+    srv = node()
+    tokens = list(range(64))
+    kv = np.arange(64 * 8, dtype=np.float32).reshape(1, 1, 1, 64, 8)  # L K H T D, T = tokens
+    client = KVCacheClient(f"redis://127.0.0.1:{srv.port}", "shard-test", chunk_size=16, shard_key="user-7")
+    try:
+        assert client.store(tokens, kv) == 4
+        keys = client.keys(tokens)
+        assert client.lookup(tokens) == 64
+    finally:
+        client.close()
+    a = srv.client()
+    pool_settled(a)
+    slots = {cluster.keyslot(PREFIX + k) for k in keys}
+    assert len(slots) == 1
+    direct = redis.Redis(host="127.0.0.1", port=cluster.master_of_slot(slots.pop()))
+    try:
+        assert all(direct.exists(PREFIX + k) for k in keys)
+    finally:
+        direct.close()
+
+
 def test_strong_read_across_nodes_sees_the_latest_write(node):
     a, b = node().client(), node().client()
     v1 = a.execute_command("TAIR.KV.SETEX", "strong:k", 0, b"first")

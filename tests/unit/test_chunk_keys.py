@@ -112,3 +112,23 @@ def test_same_keys_in_another_process():
                          env={"PYTHONPATH": src, "PYTHONHASHSEED": "123"}).stdout.strip()
     assert out == chunk_keys(list(range(300)), Namespace("x", salt="y"), 128)[1].decode()
     assert struct.calcsize("<I") == 4
+
+
+def test_shard_key_becomes_the_hash_tag_of_every_key():
+    ns = Namespace("m")
+    tokens = list(range(12))
+    tagged = chunk_keys(tokens, ns, 4, shard_key="user-42")
+    plain = chunk_keys(tokens, ns, 4)
+    assert len(tagged) == len(plain) == 3
+    for t, p in zip(tagged, plain, strict=True):
+        # The first {...} of a key decides its Redis Cluster slot: the shard key, for every chunk.
+        assert t[t.index(b"{") + 1 : t.index(b"}")] == b"user-42"
+        assert t.startswith(ns.prefix) and t.endswith(p[len(ns.prefix) :])
+    assert not set(tagged) & set(plain)
+
+
+def test_shard_key_with_braces_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError):
+        chunk_keys(list(range(4)), Namespace("m"), 4, shard_key="a}b")

@@ -92,9 +92,19 @@ class Namespace:
         return KEY_PREFIX + self.id.encode() + b":"
 
 
-def chunk_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[bytes]:
-    """The keys of the full chunks of ``tokens`` in ``namespace``."""
+def chunk_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DEFAULT_CHUNK_SIZE,
+               shard_key: str | None = None) -> list[bytes]:
+    """The keys of the full chunks of ``tokens`` in ``namespace``.
+
+    With ``shard_key`` (a user or document id) every key carries it as a Redis Cluster hash tag,
+    ``kvs:<ns>:{<shard_key>}:<digest>``, so all chunks of that session land on one shard of a cluster pool.
+    The tag changes the keys: chunks stored under one shard key are not found under another (docs/pool.md).
+    """
     prefix = namespace.prefix
+    if shard_key:
+        if "{" in shard_key or "}" in shard_key:
+            raise ValueError("a shard key may not contain braces")
+        prefix += b"{" + shard_key.encode() + b"}:"
     return [prefix + d.hex().encode() for d in chunk_digests(tokens, chunk_size)]
 
 

@@ -132,11 +132,13 @@ class _Base:
                  batch_size: int = DEFAULT_BATCH_SIZE, prefetch_window: int = DEFAULT_PREFETCH_WINDOW,
                  compression: str | None = None, fp8_scale: str = "head",
                  ttl_classes: dict[str, float | None] | None = None, default_ttl_class: str = DEFAULT_TTL_CLASS,
-                 local_tier: LocalTier | int | None = None) -> None:
+                 local_tier: LocalTier | int | None = None, shard_key: str | None = None) -> None:
         if chunk_size <= 0 or batch_size <= 0 or prefetch_window < 0:
             raise ValueError("chunk_size and batch_size must be positive, prefetch_window >= 0")
         self.namespace = namespace if isinstance(namespace, Namespace) else Namespace(model=str(namespace))
         self.chunk_size = chunk_size
+        # The Redis Cluster hash tag of every key (a session's user or document id): see chunk_keys.
+        self.shard_key = shard_key
         self.batch_size = batch_size
         self.prefetch_window = prefetch_window
         self.compression = check_codec(compression) if compression else default_codec()
@@ -155,7 +157,7 @@ class _Base:
     # ---- keys and TTLs ----
     def keys(self, tokens: Sequence[int]) -> list[bytes]:
         """The keys of the full chunks of ``tokens`` (a partial last chunk has none)."""
-        return chunk_keys(tokens, self.namespace, self.chunk_size)
+        return chunk_keys(tokens, self.namespace, self.chunk_size, self.shard_key)
 
     def ttl_ms(self, ttl_class: str | None = None, ttl: float | None = None) -> int:
         """Milliseconds for TAIR.KV.SETEX (0 = no expiry): ``ttl`` seconds if given (0 = none), else the class's."""
