@@ -78,6 +78,7 @@ class RequestParser:
         # slow-mode state
         self._buf = bytearray()
         self._pos = 0
+        self._end = -1  # logical end of _buf while it is the receive buffer itself (-1: len(_buf))
         self._args: list[bytes | bytearray] = []
         self._remaining = 0
         self._target: bytearray | None = None
@@ -141,6 +142,9 @@ class RequestParser:
                 or (data.find(b"*", 1, total) >= 0 and _BIG_ARRAY.search(data, 0, total) is not None)):
             self._fallback(data, total)
             return
+        if total >= self._large and self._first_frame_cut_large(data, total):
+            self._fallback(data, total)
+            return
         reader = self._reader
         ready = self._ready
         before = len(ready)
@@ -174,11 +178,47 @@ class RequestParser:
         self._reader = hiredis.Reader()
         self._fallback(data, total)
 
+    def _first_frame_cut_large(self, data: bytes | bytearray, total: int) -> bool:
+        """Whether the chunk's first frame is cut inside a large bulk (a big SET's first chunk): hiredis would
+        copy it only for the Python parser to take over; a few header lookups decide it."""
+        eol = data.find(b"\r\n", 1, 16)
+        if eol < 0:
+            return False
+        try:
+            n = int(data[1:eol])
+            pos = eol + 2
+            for _ in range(min(n, 8)):
+                if pos >= total or data[pos] != _DOLLAR:
+                    return False
+                eol = data.find(b"\r\n", pos, pos + 24)
+                if eol < 0:
+                    return False
+                length = int(data[pos + 1 : eol])
+                pos = eol + 4 + length
+                if pos > total:
+                    return length >= self._large
+        except ValueError:
+            return False
+        return False
+
     def _fallback(self, data: bytes | bytearray | memoryview, total: int) -> None:
         self._fast = False
+        self._pos = 0
+        if data is self._recv:
+            # Parse the receive buffer in place (a chunk that starts a large value is mostly that value, which
+            # goes straight into its own buffer); whatever is left is copied out before the next read.
+            self._buf = self._recv
+            self._end = total
+            try:
+                self._parse_slow()
+            finally:
+                self._end = -1
+                if self._buf is self._recv:
+                    self._buf = bytearray(self._recv_view[self._pos : total])
+                    self._pos = 0
+            return
         with memoryview(data) as view:
             self._buf = bytearray(view[:total])  # one copy (slicing a bytearray would make two)
-        self._pos = 0
         self._parse_slow()
 
     def _finish_target(self) -> None:
@@ -198,7 +238,7 @@ class RequestParser:
     def _parse_slow(self) -> None:
         buf = self._buf
         pos = self._pos
-        end = len(buf)
+        end = len(buf) if self._end < 0 else self._end
         try:
             while True:
                 if self._need_crlf:
@@ -215,7 +255,7 @@ class RequestParser:
                     if pos >= end:
                         break
                     if buf[pos] != _STAR:
-                        eol = buf.find(b"\n", pos)
+                        eol = buf.find(b"\n", pos, end)
                         if eol < 0:
                             if end - pos > _MAX_INLINE:
                                 raise self._error("too big inline request")
@@ -228,7 +268,7 @@ class RequestParser:
                         if args:
                             self._ready.append(list(args))
                         continue
-                    eol = buf.find(b"\r\n", pos)
+                    eol = buf.find(b"\r\n", pos, end)
                     if eol < 0:
                         if end - pos > _MAX_HEADER:
                             raise self._error("too big mbulk count string")
@@ -248,7 +288,7 @@ class RequestParser:
                         break
                     if buf[pos] != _DOLLAR:
                         raise self._error(f"expected '$', got '{chr(buf[pos])}'")
-                    eol = buf.find(b"\r\n", pos)
+                    eol = buf.find(b"\r\n", pos, end)
                     if eol < 0:
                         if end - pos > _MAX_HEADER:
                             raise self._error("too big bulk count string")
@@ -296,11 +336,12 @@ class RequestParser:
             if self._buf is buf:
                 self._pos = pos
         # Compact, and go back to hiredis once nothing is pending.
-        if self._pos >= len(self._buf) and self._remaining == 0 and not self._need_crlf:
+        end = len(self._buf) if self._end < 0 or self._buf is not self._recv else self._end
+        if self._pos >= end and self._remaining == 0 and not self._need_crlf:
             self._buf = bytearray()
             self._pos = 0
             self._fast = True
-        elif self._pos > 64 * 1024:
+        elif self._pos > 64 * 1024 and self._buf is not self._recv:
             del self._buf[: self._pos]
             self._pos = 0
 
