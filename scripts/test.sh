@@ -6,6 +6,7 @@ export PIP_BREAK_SYSTEM_PACKAGES=1
 # under load). It only works when set before torch is first imported, hence here.
 export OMP_WAIT_POLICY=PASSIVE
 cd "$(dirname "$0")/.."
+bash scripts/system-deps.sh
 # torch exactly as `torch==2.13.0` first: that spec takes the CPU build from local disk (any other downloads GBs).
 python3 -m pip install -q --disable-pip-version-check torch==2.13.0
 python3 -m pip install -q --disable-pip-version-check -e ".[test,llm]"
