@@ -144,8 +144,6 @@ class Connection(asyncio.BufferedProtocol):
         return self.parser.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._reply_leases:
-            self.settle()
         srv = self.server
         srv.stats.net_in += nbytes
         self.client.last_ms = srv.now_ms
@@ -155,7 +153,7 @@ class Connection(asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self._pending_error = exc
         # Nothing to run while a large value is still arriving (no command completed): skip the batch work.
-        if not self.busy and (parser._ready or self._pending_error is not None or parser._target is None):
+        if not self.busy and (parser._target is None or parser._ready or self._pending_error is not None):
             self._run()
 
     def eof_received(self) -> bool | None:
@@ -289,6 +287,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         pool = self.pool
         if pool is not None:
+            if self._reply_leases:
+                self.settle()
             leases = self._reply_leases
             for part in out:
                 if len(part) >= _JOIN_LIMIT and pool.retain(part):
