@@ -14,6 +14,7 @@ import time
 import lmdb
 import pytest
 import redis
+from polling import wait_for
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -66,15 +67,6 @@ def server_ms(r):
     return sec * 1000 + usec // 1000
 
 
-def wait_for(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)  # poll interval
 
 
 def value_for(key, size):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 
 import pytest
 import redis
+from polling import wait_for
 
 from kvstrata.bench.cluster import LocalCluster
 from kvstrata.engine.tiers.pool import HEADER_SIZE, PoolTier, decode_header, decode_record
@@ -30,15 +30,6 @@ KB = 1024
 PREFIX = b"kvs:"
 
 
-def wait_for(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)  # poll interval
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ versions, PREFETCH, MARKHOT / UNMARKHOT pins, VERSION and TIER.
 Waits on the server are polls with a deadline, never fixed sleeps.
 """
 
-import time
 
 import pytest
 import redis
+from polling import wait_for
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -61,15 +61,6 @@ def tier_info(r, name):
     return r.info(f"tier_{name}")
 
 
-def wait_for(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)  # poll interval
 
 
 def fill(r, prefix, n, size=1000):

@@ -9,10 +9,10 @@ deadline, never fixed sleeps.
 import os
 import random
 import threading
-import time
 
 import pytest
 import redis
+from polling import wait_for
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -47,16 +47,6 @@ def tier_info(r, name):
     return r.info(f"tier_{name}")
 
 
-def wait_for(predicate, timeout=10.0, what="condition"):
-    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)  # poll interval
 
 
 def ssd_settled(r):
