@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import xxhash
 
 from kvstrata.engine.entry import Entry
+from kvstrata.engine.tiers.watch import Watchers
 
 log = logging.getLogger("kvstrata.pool")
 
@@ -207,7 +208,7 @@ class PoolTier:
         self._last_error_log = 0.0
         self._lock = threading.Lock()
         self._client: Any = None
-        self._watchers: dict[bytes, list[Any]] = {}
+        self._watchers = Watchers()
         self._deliver: Callable[[Callable[[], None]], None] = lambda fn: fn()
         self._threaded = threaded
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
@@ -384,24 +385,11 @@ class PoolTier:
 
     # ---- watch tickets (owner's thread) ----
     def watch(self, keys: Iterable[bytes]) -> list[Any]:
-        ticket: list[Any] = [False, list(keys)]
-        for key in ticket[1]:
-            self._watchers.setdefault(key, []).append(ticket)
-        return ticket
+        """A ticket that turns stale when any of ``keys`` is written or deleted here before ``unwatch``."""
+        return self._watchers.watch(keys)
 
     def unwatch(self, ticket: list[Any]) -> None:
-        for key in ticket[1]:
-            lst = self._watchers.get(key)
-            if lst is not None:
-                lst.remove(ticket)
-                if not lst:
-                    del self._watchers[key]
-
-    def _touched(self, key: bytes) -> None:
-        lst = self._watchers.get(key)
-        if lst:
-            for ticket in lst:
-                ticket[0] = True
+        self._watchers.unwatch(ticket)
 
     # ---- writes (owner's thread) ----
     def lookup_pending(self, key: bytes) -> tuple[bool, Entry | None]:
@@ -450,7 +438,7 @@ class PoolTier:
                 return 0
         snap = Entry(entry.value, entry.version, entry.expire_at)
         self.pending[key] = snap
-        self._touched(key)
+        self._watchers.touched(key)
         self._forget(key)
         charged = len(self.prefix) + len(key) + len(entry.value) + HEADER_SIZE + RECORD_OVERHEAD
         self.index[key] = (entry.version, charged, now + px)
@@ -476,7 +464,7 @@ class PoolTier:
             return 0
         tomb = Tombstone()
         self.pending[key] = tomb
-        self._touched(key)
+        self._watchers.touched(key)
         return self._enqueue((_DEL, key, tomb, 0))
 
     def _evict_over_budget(self, exclude: bytes | None = None) -> None:

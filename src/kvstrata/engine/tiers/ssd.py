@@ -28,6 +28,7 @@ import xxhash
 
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.keyspace import bucket_of
+from kvstrata.engine.tiers.watch import Watchers
 
 log = logging.getLogger("kvstrata.ssd")
 
@@ -169,7 +170,7 @@ class SsdTier:
         self.expired = 0
         self.write_errors = 0
         self.on_commit = on_commit
-        self._watchers: dict[bytes, list[Any]] = {}
+        self._watchers = Watchers()
         self._threaded = threaded
         self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._deliver: Callable[[Callable[[], None]], None] = lambda fn: fn()
@@ -250,24 +251,10 @@ class SsdTier:
     # ---- writes (owner's thread) ----
     def watch(self, keys: Iterable[bytes]) -> list[Any]:
         """A ticket that turns stale when any of ``keys`` is written or deleted here before ``unwatch``."""
-        ticket: list[Any] = [False, list(keys)]
-        for key in ticket[1]:
-            self._watchers.setdefault(key, []).append(ticket)
-        return ticket
+        return self._watchers.watch(keys)
 
     def unwatch(self, ticket: list[Any]) -> None:
-        for key in ticket[1]:
-            lst = self._watchers.get(key)
-            if lst is not None:
-                lst.remove(ticket)
-                if not lst:
-                    del self._watchers[key]
-
-    def _touched(self, key: bytes) -> None:
-        lst = self._watchers.get(key)
-        if lst:
-            for ticket in lst:
-                ticket[0] = True
+        self._watchers.unwatch(ticket)
 
     def _enqueue(self, op: tuple[Any, ...], nbytes: int = 0) -> int:
         self.enqueued_seq += 1
@@ -283,22 +270,20 @@ class SsdTier:
         """Queue a write of a snapshot of ``entry``; returns its sequence number (see ``committed_seq``)."""
         snap = Entry(entry.value, entry.version, entry.expire_at)
         self.pending[key] = snap
-        self._touched(key)
+        self._watchers.touched(key)
         return self._enqueue((_PUT, key, snap), len(entry.value))
 
     def delete(self, key: bytes) -> bool:
         tomb = Tombstone()
         self.pending[key] = tomb
-        self._touched(key)
+        self._watchers.touched(key)
         self._enqueue((_DEL, key, tomb))
         return True
 
     def flush(self) -> int:
         self.pending.clear()
         self.flush_pending = True
-        for lst in self._watchers.values():
-            for ticket in lst:
-                ticket[0] = True
+        self._watchers.touch_all()
         self._flush_seq = self.enqueued_seq + 1
         return self._enqueue((_FLUSH, None, None))
 
