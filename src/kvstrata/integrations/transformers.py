@@ -31,6 +31,7 @@ import transformers
 from transformers import DynamicCache
 
 from kvstrata.client.keys import Namespace
+from kvstrata.client.local import LOCAL_ENTRY_OVERHEAD, LocalTier
 from kvstrata.client.sdk import KVCacheClient
 from kvstrata.engine.entry import Entry
 
@@ -73,78 +74,31 @@ def chunk_from_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], start: int
     return chunk_tensor(layers, start, end).cpu().numpy()
 
 
-class TensorTier:
+class TensorTier(LocalTier):
     """An LRU of decoded chunk tensors on a torch device (the GPU when there is one), in front of the client.
 
-    It implements the engine's tier interface (``get``/``put``/``delete``/``contains``, ``used``, ``budget``)
-    with ``Entry`` objects whose value is a [L, 2, H, T, D] tensor. ``warmup_ratio``: at start, fill up to
-    that fraction of the budget from a host ``LocalTier`` (most recently used chunks first), see ``warmup``.
+    The host ``LocalTier``'s LRU with tensor values: ``Entry.value`` is a [L, 2, H, T, D] tensor, moved to
+    ``device`` on ``put`` and charged by its bytes. ``warmup_ratio``: at start, fill up to that fraction of the
+    budget from a host ``LocalTier`` (most recently used chunks first), see ``warmup``.
     """
 
     name = "hbm"
-    OVERHEAD = 256
 
     def __init__(self, budget: int, device: Any = None, warmup_ratio: float = 0.0, warm_from: Any = None) -> None:
-        from collections import OrderedDict
-
+        super().__init__(budget)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self._budget = int(budget)
-        self._used = 0
-        self._entries: OrderedDict[bytes, Entry] = OrderedDict()
-        self._lock = threading.Lock()
-        self.evictions = 0
         self.warmup_ratio = warmup_ratio
         if warm_from is not None and warmup_ratio > 0:
             self.warmup(warm_from)
 
-    @property
-    def used(self) -> int:
-        return self._used
-
-    @property
-    def budget(self) -> int:
-        return self._budget
-
     def _size(self, key: bytes, entry: Entry) -> int:
         t = entry.value
-        return len(key) + t.numel() * t.element_size() + self.OVERHEAD
-
-    def get(self, key: bytes) -> Entry | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-            return entry
+        return len(key) + t.numel() * t.element_size() + LOCAL_ENTRY_OVERHEAD
 
     def put(self, key: bytes, entry: Entry) -> None:
         if entry.value.device != self.device:
             entry = Entry(entry.value.to(self.device), entry.version, entry.expire_at)
-        size = self._size(key, entry)
-        if size > self._budget:
-            return
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._used -= self._size(key, old)
-            while self._entries and self._used + size > self._budget:
-                k, e = self._entries.popitem(last=False)
-                self._used -= self._size(k, e)
-                self.evictions += 1
-            self._entries[key] = entry
-            self._used += size
-
-    def delete(self, key: bytes) -> bool:
-        with self._lock:
-            entry = self._entries.pop(key, None)
-            if entry is not None:
-                self._used -= self._size(key, entry)
-            return entry is not None
-
-    def contains(self, key: bytes) -> bool:
-        return key in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().put(key, entry)
 
     def warmup(self, host: Any) -> int:
         """Copy the most recently used chunks of a host ``LocalTier`` here, up to ``warmup_ratio`` of the budget."""
