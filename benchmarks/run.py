@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "BENCHMARKS.md"
 ARGS: dict[str, list[str]] = {
-    "small": ["--repeats", "5"],
+    "small": ["--repeats", "3"],
     "hitrate": ["--trace", "all"],
     "ssd": [],
     "chat": ["--model", "smollm2"],
