@@ -30,9 +30,9 @@ from kvstrata.engine.keyspace import SCAN_BUCKETS, bucket_of, glob_match
 from kvstrata.engine.policy import EvictionPolicy, create_policy
 from kvstrata.engine.stats import EngineStats, TierStats
 from kvstrata.engine.tiers.dram import DramTier
-from kvstrata.engine.tiers.pool import Corrupt as PoolCorrupt
+from kvstrata.engine.tiers.markers import Corrupt
 from kvstrata.engine.tiers.pool import PoolTier
-from kvstrata.engine.tiers.ssd import Corrupt, SsdTier
+from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.errors import OutOfMemoryError, VersionMismatchError
 
 log = logging.getLogger("kvstrata.engine")
@@ -195,7 +195,7 @@ class Store:
             rest = list(rest)
             for k in ticket.pool_first:
                 rec = got.get(k)
-                if rec is not None and not isinstance(rec, PoolCorrupt):
+                if rec is not None and not isinstance(rec, Corrupt):
                     found[k] = PoolHit(rec)
                 else:
                     rest.append(k)
@@ -206,7 +206,7 @@ class Store:
                 got = pool.read_many(ask)
                 for k in ask:
                     rec = got.get(k)
-                    if rec is not None and not isinstance(rec, PoolCorrupt):
+                    if rec is not None and not isinstance(rec, Corrupt):
                         found[k] = PoolHit(rec)
         return found
 

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import xxhash
 
 from kvstrata.engine.entry import Entry
+from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.watch import Watchers
 
 log = logging.getLogger("kvstrata.pool")
@@ -80,18 +81,6 @@ return 0
 
 _PUT, _DEL, _DEL_IF = range(3)
 _ERRORS_LOGGED_EVERY = 10.0
-
-
-class Tombstone:
-    __slots__ = ()
-
-
-class Corrupt:
-    __slots__ = ("key", "reason")
-
-    def __init__(self, key: bytes, reason: str) -> None:
-        self.key = key
-        self.reason = reason
 
 
 def encode_record(key: bytes, value: Any, version: int, expire_at: int) -> bytes:

@@ -28,6 +28,7 @@ import xxhash
 
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.keyspace import bucket_of
+from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.watch import Watchers
 
 log = logging.getLogger("kvstrata.ssd")
@@ -46,22 +47,6 @@ _DISK_MARGIN = 8 * 1024 * 1024
 MAX_INLINE_KEY = 400  # LMDB keys are limited to 511 bytes; longer keys are stored under their hash.
 
 _PUT, _DEL, _FLUSH, _SWEEP, _META, _SYNC = range(6)
-
-
-class Tombstone:
-    """A pending delete. Each delete gets its own, so a commit only clears the pending state it wrote."""
-
-    __slots__ = ()
-
-
-class Corrupt:
-    """Marker returned by reads when a record fails its checksum."""
-
-    __slots__ = ("key", "reason")
-
-    def __init__(self, key: bytes, reason: str) -> None:
-        self.key = key
-        self.reason = reason
 
 
 def data_key(key: bytes) -> bytes:
