@@ -34,7 +34,6 @@ entry's own TTL when sooner); the index forgets them at the same time.
 from __future__ import annotations
 
 import logging
-import queue
 import struct
 import threading
 import time
@@ -48,6 +47,7 @@ import xxhash
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.watch import Watchers
+from kvstrata.engine.tiers.writer import BatchWriter
 
 log = logging.getLogger("kvstrata.pool")
 
@@ -139,7 +139,7 @@ def parse_url(url: str) -> tuple[bool, list[tuple[str, int]], str | None]:
     return parts.scheme == "redis-cluster", nodes, password
 
 
-class PoolTier:
+class PoolTier(BatchWriter):
     """A shared Redis/Valkey (Cluster) pool with this node's own byte budget, TTL and degradation handling."""
 
     name = "pool"
@@ -171,8 +171,6 @@ class PoolTier:
         self.index: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
         self.used = 0
         self.own = 0  # records in ``index`` written by this node (the others were only read here)
-        self.queued_bytes = 0
-        self.enqueued_seq = 0
         self.committed_seq = 0
         self.degraded: str | None = None
         self.degraded_since = 0.0
@@ -199,13 +197,8 @@ class PoolTier:
         self._client: Any = None
         self._watchers = Watchers()
         self._deliver: Callable[[Callable[[], None]], None] = lambda fn: fn()
-        self._threaded = threaded
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         self._closed = False
-        if threaded:
-            self._thread = threading.Thread(target=self._writer, name="kvstrata-pool-writer", daemon=True)
-            self._thread.start()
+        self._start_writer(threaded, "kvstrata-pool-writer", 64 * 1024 * 1024)
 
     # ---- the redis-py client (created lazily, off the loop) ----
     def _connect(self) -> Any:
@@ -397,16 +390,6 @@ class PoolTier:
         got = self.index.get(key)
         return got is not None and got[0] == version and got[1] > 0
 
-    def _enqueue(self, op: tuple[Any, ...], nbytes: int = 0) -> int:
-        self.enqueued_seq += 1
-        self.queued_bytes += nbytes
-        op = (self.enqueued_seq, nbytes, *op)
-        if self._threaded:
-            self._queue.put(op)
-        else:
-            self._process([op])
-        return self.enqueued_seq
-
     def _forget(self, key: bytes) -> None:
         got = self.index.pop(key, None)
         if got is not None and got[1]:
@@ -492,28 +475,6 @@ class PoolTier:
         return last
 
     # ---- the writer ----
-    def _writer(self) -> None:
-        while True:
-            op = self._queue.get()
-            if op is None:
-                return
-            batch = [op]
-            stop = False
-            nbytes = op[1]
-            while nbytes < 64 * 1024 * 1024:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-                nbytes += nxt[1]
-            self._process(batch)
-            if stop:
-                return
-
     def _process(self, batch: list[tuple[Any, ...]]) -> None:
         error: str | None = None
         results: list[Any] = []
@@ -564,9 +525,7 @@ class PoolTier:
     def close(self) -> None:
         if self._closed:
             return
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
+        self._stop_writer(10)
         self._closed = True
         self._drop_client()
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import struct
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,6 +28,7 @@ from kvstrata.engine.entry import Entry
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.watch import Watchers
+from kvstrata.engine.tiers.writer import BatchWriter
 
 log = logging.getLogger("kvstrata.ssd")
 
@@ -99,7 +98,7 @@ def _record_key(lkey: bytes, rec: Any) -> bytes:
     return bytes(memoryview(rec)[HEADER_SIZE : HEADER_SIZE + klen])
 
 
-class SsdTier:
+class SsdTier(BatchWriter):
     """LMDB-backed last tier with a byte budget; evicts oldest-demoted first when over it."""
 
     name = "ssd"
@@ -140,8 +139,6 @@ class SsdTier:
                 self._seq = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         self.pending: dict[bytes, Entry | Tombstone] = {}
         self.flush_pending = False
-        self.queued_bytes = 0
-        self.enqueued_seq = 0
         self.committed_seq = 0
         self.failed: dict[int, str] = {}
         # Writes whose batch failed: still in ``pending`` (readable), retried by retry_stuck().
@@ -156,15 +153,10 @@ class SsdTier:
         self.write_errors = 0
         self.on_commit = on_commit
         self._watchers = Watchers()
-        self._threaded = threaded
-        self._queue: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._deliver: Callable[[Callable[[], None]], None] = lambda fn: fn()
-        self._thread: threading.Thread | None = None
         self._closed = False
         self._flush_seq = 0
-        if threaded:
-            self._thread = threading.Thread(target=self._writer, name="kvstrata-ssd-writer", daemon=True)
-            self._thread.start()
+        self._start_writer(threaded, "kvstrata-ssd-writer", None)
 
     def _meta_int(self, txn: lmdb.Transaction, name: bytes) -> int:
         raw = txn.get(name, db=self._meta)
@@ -241,16 +233,6 @@ class SsdTier:
     def unwatch(self, ticket: list[Any]) -> None:
         self._watchers.unwatch(ticket)
 
-    def _enqueue(self, op: tuple[Any, ...], nbytes: int = 0) -> int:
-        self.enqueued_seq += 1
-        self.queued_bytes += nbytes
-        op = (self.enqueued_seq, nbytes, *op)
-        if self._threaded:
-            self._queue.put(op)
-        else:
-            self._process([op])
-        return self.enqueued_seq
-
     def put(self, key: bytes, entry: Entry) -> int:
         """Queue a write of a snapshot of ``entry``; returns its sequence number (see ``committed_seq``)."""
         snap = Entry(entry.value, entry.version, entry.expire_at)
@@ -284,26 +266,6 @@ class SsdTier:
         return self._enqueue((_SYNC if sync else _META, None, None))
 
     # ---- the writer ----
-    def _writer(self) -> None:
-        while True:
-            op = self._queue.get()
-            if op is None:
-                return
-            batch = [op]
-            stop = False
-            while True:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            self._process(batch)
-            if stop:
-                return
-
     def _process(self, batch: list[tuple[Any, ...]]) -> None:
         error: str | None = None
         evicted: list[bytes] = []
@@ -517,9 +479,7 @@ class SsdTier:
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=30)
+        self._stop_writer(30)
         self.env.sync(True)
         self.env.close()
 
