@@ -5,10 +5,15 @@ chained SHA-256 key (``kvstrata.client.keys``), encodes each chunk's KV tensor w
 (``kvstrata.client.codec``) and talks to the server with redis-py: pipelined ``EXISTS`` for lookups,
 ``TAIR.KV.SETEX`` for writes (large values sent as separate buffers, never joined), ``TAIR.KV.MGET`` for reads
 and ``TAIR.KV.PREFETCH`` to have the server promote chunks from SSD before they are read.
+
+``retrieve_chunks`` reads in windows and, with ``overlap=True`` (the default), has the next window's MGET on the
+wire while the current one is decoded: a background thread in the sync client, a task in the asyncio one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
@@ -21,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import (
+    FLAG_FP8,
+    FLAG_ZSTD,
     CodecError,
     FormatVersionError,
     as_array,
@@ -41,6 +48,13 @@ DEFAULT_PREFETCH_WINDOW = 4
 DEFAULT_TTL_CLASSES: dict[str, float | None] = {"session": 30 * 60.0, "profile": 24 * 3600.0, "shared": None}
 DEFAULT_TTL_CLASS = "session"
 SMALL_VALUE = 16 * 1024  # values below this are packed into the command buffer; larger ones are sent as is
+# The asyncio client decodes a window in a thread (asyncio.to_thread, ~75 us a hop here) only when decoding
+# costs clearly more than the hop, since only then does freeing the event loop to receive the next window pay.
+# zstd and fp8 both decode at ~0.5 GB/s of their encoded bytes (fp8+zstd ~0.25), so 64 KiB is >= 0.1 ms; the raw
+# codec is only an xxh3 checksum and a view (~25-40 GB/s: 8 MiB is ~0.3 ms).
+OFFLOAD_CODED_BYTES = 64 * 1024
+OFFLOAD_RAW_BYTES = 8 * 1024 * 1024
+_FLAGS_OFFSET = 5  # the flags byte of the codec's header
 
 KV = Any  # a numpy array or a torch tensor
 KVSource = KV | Callable[[int, int], KV]
@@ -132,7 +146,8 @@ class _Base:
                  batch_size: int = DEFAULT_BATCH_SIZE, prefetch_window: int = DEFAULT_PREFETCH_WINDOW,
                  compression: str | None = None, fp8_scale: str = "head",
                  ttl_classes: dict[str, float | None] | None = None, default_ttl_class: str = DEFAULT_TTL_CLASS,
-                 local_tier: LocalTier | int | None = None, shard_key: str | None = None) -> None:
+                 local_tier: LocalTier | int | None = None, shard_key: str | None = None,
+                 overlap: bool = True) -> None:
         if chunk_size <= 0 or batch_size <= 0 or prefetch_window < 0:
             raise ValueError("chunk_size and batch_size must be positive, prefetch_window >= 0")
         self.namespace = namespace if isinstance(namespace, Namespace) else Namespace(model=str(namespace))
@@ -141,6 +156,8 @@ class _Base:
         self.shard_key = shard_key
         self.batch_size = batch_size
         self.prefetch_window = prefetch_window
+        # retrieve_chunks: fetch window i+1 while window i is decoded (False: one batch after the other).
+        self.overlap = overlap
         self.compression = check_codec(compression) if compression else default_codec()
         if fp8_scale not in ("tensor", "head"):
             raise ValueError("fp8_scale must be 'tensor' or 'head'")
@@ -169,6 +186,15 @@ class _Base:
         seconds = self.ttl_classes[name]
         return 0 if seconds is None else max(1, int(seconds * 1000))
 
+    def _window(self) -> int:
+        """Chunks per MGET when reads overlap decoding.
+
+        One prefetch window: the PREFETCH sent with window i's MGET then covers exactly window i+1, which the
+        server has a whole fetch-and-decode of window i to promote. It is also small enough (4 by default) that a
+        prefix of a few to tens of chunks splits into several windows, so that only the first fetch and the
+        last decode are not hidden. No prefetch (0) still reads in windows of the default size."""
+        return max(1, min(self.batch_size, self.prefetch_window or DEFAULT_PREFETCH_WINDOW))
+
     # ---- encoding ----
     def _layout(self) -> str:
         return self.namespace.layout
@@ -195,6 +221,21 @@ class _Base:
         except CodecError as exc:
             self._error("corrupt", f"{key.decode()}: {exc}")
         return None
+
+    def _decode_window(self, keys: list[bytes], values: Sequence[Any], out: list[np.ndarray]) -> int:
+        """Decode one MGET's values in order into ``out``; returns how many were usable (fewer than ``keys``:
+        the prefix ends at the first missing or undecodable value, the rest is never decoded)."""
+        for n, (key, value) in enumerate(zip(keys, values, strict=True)):
+            arr = None if value is None else self._decode(key, value)
+            if arr is None:
+                return n
+            self._received(key, value)
+            self._count(bytes_received=len(value))
+            out.append(arr)
+        return len(keys)
+
+    def _received(self, key: bytes, value: Any) -> None:
+        """A value read from the server was usable (the sync client remembers its size and fills the local tier)."""
 
     def _error(self, kind: str, message: str) -> None:
         with self._stats_lock:
@@ -263,6 +304,14 @@ class KVCacheClient(_Base):
         self._tls = threading.local()  # per thread: a FastClient and its reusable receive buffers
         self._fast_ok = url is not None
         self._size_hint = 0  # largest value seen: the size of the reusable receive buffers
+        # Every thread's FastClient (the fetch threads' too), so that close() reaches them all.
+        self._fast_clients: list[Any] = []
+        self._lock = threading.Lock()
+        # The thread that fetches the next window while the caller decodes (started on first use), and the slot
+        # for its one fetch in flight. A caller that finds the slot taken (another thread's call is using it)
+        # reads its next window itself after decoding, as without overlap, instead of queueing behind that call.
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._fetch_slot = threading.Lock()
 
     # ---- reads into reusable buffers (kvstrata.client.fast) ----
     def _fast(self) -> Any:
@@ -286,11 +335,28 @@ class KVCacheClient(_Base):
             fc = FastClient(kw.get("host", "localhost"), int(kw.get("port", 6379)),
                             timeout=kw.get("socket_timeout"), password=kw.get("password"))
             self._tls.fast = fc
-            self._tls.bufs = []
+            with self._lock:
+                self._fast_clients.append(fc)
         return fc
 
-    def _mget_into(self, keys: list[bytes], offset: int) -> list[memoryview | None] | None:
-        """MGET into this thread's reusable buffers ``offset ..`` (a call's earlier batches keep theirs); None
+    def _drop_fast(self, fc: Any) -> None:
+        fc.close()
+        self._tls.fast = None
+        with self._lock:
+            if fc in self._fast_clients:
+                self._fast_clients.remove(fc)
+
+    def _bufs(self) -> list[bytearray]:
+        """This thread's reusable receive buffers: the arrays ``retrieve_chunks(reuse_buffers=True)`` returns are
+        views of them, whichever thread's connection received the bytes."""
+        bufs = getattr(self._tls, "bufs", None)
+        if bufs is None:
+            bufs = self._tls.bufs = []
+        return bufs
+
+    def _mget_into(self, keys: list[bytes], bufs: list[bytearray],
+                   offset: int) -> list[memoryview | None] | None:
+        """MGET on this thread's FastClient into ``bufs[offset ..]`` (a call's other windows keep theirs); None
         when that path is unavailable for this batch."""
         if not self._size_hint:
             return None
@@ -299,7 +365,6 @@ class KVCacheClient(_Base):
             return None
         from kvstrata.client.fast import RespError, ValueTooLarge
 
-        bufs: list[bytearray] = self._tls.bufs
         while len(bufs) < offset + len(keys):
             bufs.append(bytearray(self._size_hint))
         for j in range(offset, offset + len(keys)):
@@ -311,16 +376,46 @@ class KVCacheClient(_Base):
         except ValueTooLarge:
             return None  # read again through redis-py, which raises the size hint
         except (OSError, RespError):
-            fc.close()
-            self._tls.fast = None
+            self._drop_fast(fc)
             return None
         return [None if n is None else memoryview(mine[j])[:n] for j, n in enumerate(lengths)]
 
+    def _fetch_executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="kvstrata-fetch")
+            return self._executor
+
+    def _fetch_behind(self, fetch: Callable[[int], list[Any]],
+                      start: int) -> concurrent.futures.Future[list[Any]] | None:
+        """``fetch(start)`` on the fetch thread, or None when it is busy with another call's window."""
+        if not self._fetch_slot.acquire(blocking=False):
+            return None
+
+        def run() -> list[Any]:
+            try:
+                return fetch(start)
+            finally:
+                # Freed before the result is set, so that the caller's next window finds the slot free.
+                self._fetch_slot.release()
+
+        try:
+            return self._fetch_executor().submit(run)
+        except BaseException:
+            self._fetch_slot.release()
+            raise
+
     def close(self) -> None:
-        fc = getattr(self._tls, "fast", None)
-        if fc is not None:
-            fc.close()
-            self._tls.fast = None
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)  # no fetch may still be using a connection closed below
+        with self._lock:
+            fast, self._fast_clients = self._fast_clients, []
+        for fc in fast:
+            fc.close()  # another thread's FastClient, found closed, is replaced on its next use
+        self._tls.fast = None
         if self.redis is not None:
             self.redis.close()
             self.pool.disconnect()
@@ -459,9 +554,16 @@ class KVCacheClient(_Base):
         """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``. With ``skip_chunks``
         the caller already holds the first chunks (a device tier): they are counted in n_tokens, not read.
 
+        With ``overlap`` (the default) the chunks are read in windows of ``_window()`` chunks and the next
+        window is fetched on a background thread while this one decodes; a window fetched past the end of the
+        prefix (an undecodable chunk) is discarded, and the call returns only once no fetch of it is in flight.
+
         ``reuse_buffers=True``: values are received straight into this thread's reusable buffers (no new
         memory, no page faults) and the raw-codec arrays returned are views of them, valid only until this
-        thread's next ``retrieve_chunks``: copy them out first (the transformers integration does)."""
+        thread's next ``retrieve_chunks``: copy them out first (the transformers integration does). This holds
+        with ``overlap`` too: a background fetch receives into the calling thread's buffers (each window of a
+        call into buffers of its own, never those of an earlier window) over the fetch thread's own
+        connection, and it has finished before the call returns."""
         keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
         out: list[np.ndarray] = []
         i = min(skip_chunks, len(keys))
@@ -479,32 +581,85 @@ class KVCacheClient(_Base):
             i += 1
         self._count(local_hits=i - skipped)
         if i < len(keys) and self.redis is not None:
-            plain = self._is_plain()
-            first_remote = i
-            while i < len(keys):
-                batch = keys[i:i + self.batch_size]
-                ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
-                if ahead and not plain:
-                    self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
-                values = self._mget_into(batch, i - first_remote) if reuse_buffers else None
-                if values is None:
-                    values = self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *batch)
-                stop = False
-                for key, value in zip(batch, values, strict=True):
-                    arr = None if value is None else self._decode(key, value)
-                    if arr is None:
-                        stop = True
-                        break
-                    self._size_hint = max(self._size_hint, len(value))
-                    self._count(bytes_received=len(value))
-                    if self.local is not None:
-                        self.local.put(key, Entry(bytes(value) if isinstance(value, memoryview) else value, 0))
-                    out.append(arr)
-                    i += 1
-                if stop:
-                    break
+            bufs = self._bufs() if reuse_buffers else None
+            if self.overlap:
+                i = self._read_overlapped(keys, i, out, bufs)
+            else:
+                i = self._read_sequential(keys, i, out, bufs)
         self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
         return i * self.chunk_size, out
+
+    def _fetch_window(self, keys: list[bytes], ahead: list[bytes], plain: bool, bufs: list[bytearray] | None,
+                      offset: int) -> list[Any]:
+        """PREFETCH ``ahead``, then MGET ``keys`` (into ``bufs[offset ..]`` when given and possible)."""
+        if ahead and not plain:
+            self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
+        values = self._mget_into(keys, bufs, offset) if bufs is not None else None
+        if values is None:
+            values = self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *keys)
+        return values
+
+    def _read_sequential(self, keys: list[bytes], i: int, out: list[np.ndarray],
+                         bufs: list[bytearray] | None) -> int:
+        """Fetch a batch, decode it, fetch the next (``overlap=False``); returns the index past the last chunk."""
+        plain = self._is_plain()
+        first = i
+        while i < len(keys):
+            batch = keys[i:i + self.batch_size]
+            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            values = self._fetch_window(batch, ahead, plain, bufs, i - first)
+            n = self._decode_window(batch, values, out)
+            i += n
+            if n < len(batch):
+                break
+        return i
+
+    def _read_overlapped(self, keys: list[bytes], i: int, out: list[np.ndarray],
+                         bufs: list[bytearray] | None) -> int:
+        """Decode window k while window k+1 is fetched on a fetch thread; returns the index past the last chunk."""
+        plain = self._is_plain()
+        size = self._window()
+        first = i
+
+        def fetch(start: int) -> list[Any]:
+            end = min(start + size, len(keys))
+            return self._fetch_window(keys[start:end], keys[end:end + self.prefetch_window], plain, bufs,
+                                      start - first)
+
+        # The first window is fetched here: there is nothing to overlap it with yet, and a one-window prefix
+        # then costs no thread hop.
+        values = fetch(i)
+        pending: concurrent.futures.Future[list[Any]] | None = None
+        try:
+            while True:
+                batch = keys[i:i + size]
+                nxt = i + len(batch)
+                # A missing value ends the prefix in this window: nothing after it is worth fetching.
+                more = nxt < len(keys) and all(v is not None for v in values)
+                if more:
+                    pending = self._fetch_behind(fetch, nxt)
+                n = self._decode_window(batch, values, out)
+                i += n
+                if n < len(batch) or not more:
+                    return i
+                if pending is None:
+                    values = fetch(nxt)
+                else:
+                    future, pending = pending, None
+                    values = future.result()
+        finally:
+            if pending is not None:
+                if pending.cancel():
+                    self._fetch_slot.release()  # never ran, so never freed it
+                else:
+                    # Fetched past the end of the prefix: wait for it (its buffers and connection must be free
+                    # when this returns) and drop it, error included, since the prefix ended before it.
+                    concurrent.futures.wait([pending])
+
+    def _received(self, key: bytes, value: Any) -> None:
+        self._size_hint = max(self._size_hint, len(value))
+        if self.local is not None:
+            self.local.put(key, Entry(bytes(value) if isinstance(value, memoryview) else value, 0))
 
     def retrieve(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
         """(n_tokens, kv): the leading cached tokens and their KV concatenated along the token axis (None if 0)."""
@@ -657,6 +812,9 @@ class AsyncKVCacheClient(_Base):
 
     async def retrieve_chunks(self, tokens: Sequence[int],
                               max_tokens: int | None = None) -> tuple[int, list[np.ndarray]]:
+        """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``. With ``overlap`` (the
+        default) the next window's MGET is sent before the current window is decoded, and its reply is read by
+        a task meanwhile; large or compressed windows are decoded in a thread so that the loop is free to."""
         keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
         out: list[np.ndarray] = []
         i = 0
@@ -668,24 +826,114 @@ class AsyncKVCacheClient(_Base):
             out.append(arr)
             i += 1
         plain = await self._is_plain()
+        if self.overlap:
+            if i < len(keys):
+                i = await self._read_overlapped(keys, i, out, plain)
+            return i * self.chunk_size, out
         while i < len(keys):
             batch = keys[i:i + self.batch_size]
             ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
             if ahead and not plain:
                 await self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
             values = await self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *batch)
-            stop = False
-            for key, value in zip(batch, values, strict=True):
-                arr = None if value is None else self._decode(key, value)
-                if arr is None:
-                    stop = True
-                    break
-                self._count(bytes_received=len(value))
-                out.append(arr)
-                i += 1
-            if stop:
+            n = self._decode_window(batch, values, out)
+            i += n
+            if n < len(batch):
                 break
         return i * self.chunk_size, out
+
+    async def _send_window(self, keys: list[bytes], ahead: list[bytes], plain: bool) -> tuple[Any, int]:
+        """Send PREFETCH ``ahead`` and MGET ``keys`` in one write on a pooled connection; returns it and the
+        number of replies to read. Sending here, not in the reading task, puts the request on the wire before
+        the caller goes on to decode, even when it decodes on the event loop."""
+        cmds: list[tuple[Any, ...]] = []
+        if ahead and not plain:
+            cmds.append(("TAIR.KV.PREFETCH", *ahead))
+        cmds.append(("MGET" if plain else "TAIR.KV.MGET", *keys))
+        conn = await self.pool.get_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands(cmds), check_health=False)
+        except BaseException:
+            await conn.disconnect()
+            await self.pool.release(conn)
+            raise
+        return conn, len(cmds)
+
+    async def _recv_window(self, conn: Any, n_replies: int) -> list[Any]:
+        """Read the replies of ``_send_window``; returns the MGET's values. The connection is given back by the
+        caller (``_done_with``), not here: a task cancelled before it started never runs its own ``finally``."""
+        reply = None
+        for _ in range(n_replies):
+            reply = await conn.read_response()
+        return reply  # type: ignore[return-value]
+
+    async def _done_with(self, conn: Any, clean: bool) -> None:
+        if not clean:
+            await conn.disconnect()  # replies may be left unread (an error, a dropped window)
+        await self.pool.release(conn)
+
+    async def _recv_and_release(self, conn: Any, n_replies: int) -> list[Any]:
+        clean = False
+        try:
+            values = await self._recv_window(conn, n_replies)
+            clean = True
+            return values
+        finally:
+            await self._done_with(conn, clean)
+
+    @staticmethod
+    def _offload(values: Sequence[Any]) -> bool:
+        """Whether decoding these values is worth a thread hop (see OFFLOAD_CODED_BYTES)."""
+        total = coded = 0
+        for v in values:
+            if v is None:
+                continue
+            total += len(v)
+            if len(v) > _FLAGS_OFFSET and v[_FLAGS_OFFSET] & (FLAG_FP8 | FLAG_ZSTD):
+                coded += len(v)
+        return coded >= OFFLOAD_CODED_BYTES or total >= OFFLOAD_RAW_BYTES
+
+    async def _read_overlapped(self, keys: list[bytes], i: int, out: list[np.ndarray], plain: bool) -> int:
+        """Decode window k while window k+1's reply is read by a task; returns the index past the last chunk."""
+        size = self._window()
+
+        async def send(start: int) -> tuple[Any, int]:
+            end = min(start + size, len(keys))
+            return await self._send_window(keys[start:end], keys[end:end + self.prefetch_window], plain)
+
+        values = await self._recv_and_release(*await send(i))
+        pending: tuple[asyncio.Future[list[Any]], Any] | None = None  # the reading task and its connection
+        try:
+            while True:
+                batch = keys[i:i + size]
+                nxt = i + len(batch)
+                # A missing value ends the prefix in this window: nothing after it is worth fetching.
+                more = nxt < len(keys) and all(v is not None for v in values)
+                if more:
+                    conn, n_replies = await send(nxt)
+                    pending = asyncio.ensure_future(self._recv_window(conn, n_replies)), conn
+                if self._offload(values):
+                    n = await asyncio.to_thread(self._decode_window, batch, values, out)
+                else:
+                    n = self._decode_window(batch, values, out)
+                i += n
+                if n < len(batch) or pending is None:
+                    return i
+                (task, conn), pending = pending, None
+                clean = False
+                try:
+                    values = await task
+                    clean = True
+                finally:
+                    await self._done_with(conn, clean)
+        finally:
+            if pending is not None:
+                # Fetched past the end of the prefix (or given up on): drop it; its connection is closed rather
+                # than drained, which would mean receiving the whole window for nothing.
+                task, conn = pending
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await self._done_with(conn, False)
 
     async def retrieve(self, tokens: Sequence[int],
                        max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
