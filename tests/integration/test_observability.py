@@ -184,6 +184,11 @@ def test_tiered_metrics_and_alert_names(make_server, tmp_path):
     assert ("kvstrata_ssd_write_queue_bytes", frozenset()) in samples
     assert metric(samples, "kvstrata_tier_corrupt_reads_total", tier="ssd") == 0
     assert metric(samples, "kvstrata_prefetch_queued_total") >= 0
+    for name in ("issued", "used", "late", "wasted", "absent", "rejected", "predicted"):
+        assert (f"kvstrata_prefetch_{name}_total", frozenset()) in samples
+    assert 0 <= metric(samples, "kvstrata_prefetch_accuracy") <= 1
+    assert 0 <= metric(samples, "kvstrata_prefetch_coverage") <= 1
+    assert metric(samples, "kvstrata_profiled_keys") >= 40
     referenced = set()
     for path in ("deploy/prometheus/alerts.yml", "deploy/grafana/kvstrata-dashboard.json"):
         referenced |= set(re.findall(r"\bkvstrata_[a-z_]+", (REPO_ROOT / path).read_text()))

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvstrata.bench.report import target_lines, target_table
 from kvstrata.bench.traces import PRESETS, Request, generate, preset, trace_stats
 from kvstrata.clock import ManualClock
 from kvstrata.engine.policy import create_policy
@@ -221,8 +222,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{r['optimal']:>7.4f} {r['lru_k_over_optimal']:>6.3f}"
         )
     lines.append("")
-    for name, ok in result["targets"].items():
-        lines.append(f"{name}: {'PASS' if ok else 'MISS'}")
+    lines += target_lines(result["targets"])
     return "\n".join(lines)
 
 
@@ -252,9 +252,7 @@ def write_markdown(result: dict[str, Any]) -> str:
         "lru_k_at_20pct_ge_90pct_of_optimal": "LRU-K reaches >= 90% of the optimal hit ratio at 20% capacity",
         "lru_k_never_below_lru": "LRU-K is never below LRU",
     }
-    out += ["", "| target | result |", "|---|---|"]
-    for name, ok in result["targets"].items():
-        out.append(f"| {labels.get(name, name)} | {'PASS' if ok else 'MISS'} |")
+    out += ["", *target_table(result["targets"], labels)]
     out.append("")
     return "\n".join(out)
 

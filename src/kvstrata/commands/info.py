@@ -133,6 +133,14 @@ def _tier(name: str) -> Section:
     return section
 
 
+def _prefetch(ctx: Context) -> list[tuple[str, Any]]:
+    """Prefetch outcomes (issued, used, late, wasted, accuracy, coverage) and the predictor's state."""
+    rows: list[tuple[str, Any]] = list(ctx.store.prefetch_info().items())
+    if ctx.server is not None:
+        rows.append(("prefetch_queue_depth", len(ctx.server.prefetcher)))
+    return rows
+
+
 def _commandstats(ctx: Context) -> list[tuple[str, Any]]:
     if ctx.server is None:
         return []
@@ -165,10 +173,11 @@ SECTIONS: dict[str, Section] = {
     "keyspace": _keyspace,
     "tier_dram": _tier("dram"),
     "tier_ssd": _tier("ssd"),
+    "prefetch": _prefetch,
     "commandstats": _commandstats,
     "latencystats": _latencystats,
 }
-DEFAULT = ["server", "clients", "memory", "stats", "tier_dram", "tier_ssd", "keyspace"]
+DEFAULT = ["server", "clients", "memory", "stats", "tier_dram", "tier_ssd", "prefetch", "keyspace"]
 
 
 def render(ctx: Context, names: list[str]) -> str:
@@ -187,7 +196,7 @@ def render(ctx: Context, names: list[str]) -> str:
         if name in seen:
             continue
         seen.add(name)
-        if name == "tier_ssd" and ctx.store.ssd is None:
+        if name in ("tier_ssd", "prefetch") and ctx.store.ssd is None:
             continue
         rows = SECTIONS[name](ctx)
         title = name.capitalize() if not name.startswith("tier_") else "Tier_" + name[5:]

@@ -33,3 +33,12 @@ class EngineStats(Counters):
     prefetch_queued: int = 0
     prefetch_done: int = 0
     pin_rejected: int = 0
+    # Prefetch outcomes (docs/prefetch.md): every promotion by a prefetch is issued; it is then used (read while
+    # in DRAM), late (read while its load was still in flight: a subset of used) or wasted (left DRAM unread).
+    prefetch_predicted: int = 0
+    prefetch_issued: int = 0
+    prefetch_used: int = 0
+    prefetch_late: int = 0
+    prefetch_wasted: int = 0
+    prefetch_absent: int = 0
+    prefetch_rejected: int = 0

@@ -28,6 +28,8 @@ from kvstrata.engine.admission import Admission
 from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value
 from kvstrata.engine.keyspace import SCAN_BUCKETS, bucket_of, glob_match
 from kvstrata.engine.policy import EvictionPolicy, create_policy
+from kvstrata.engine.predict import Predictor
+from kvstrata.engine.profile import HEAD
 from kvstrata.engine.stats import EngineStats, TierStats
 from kvstrata.engine.tiers.dram import DramTier
 from kvstrata.engine.tiers.markers import Corrupt
@@ -42,6 +44,8 @@ VERSION_BLOCK = 100_000
 HLC_LOGICAL_BITS = 12
 NODE_BITS = 8
 HLC_VERSION_BLOCK = 1000 << (HLC_LOGICAL_BITS + NODE_BITS)  # one second of wall time
+HEAD_SCAN = 256  # chain-aware demotion passes over at most this many chain heads per choice
+LATE = -1.0  # Store.prefetched: a read waited for this key's prefetch
 
 
 class PoolHit:
@@ -87,6 +91,11 @@ class Store:
         pool: PoolTier | None = None,
         tier_order: str = "dram,pool,ssd",
         node_id: int = 0,
+        predictor: Predictor | None = None,
+        chain_evict: bool = False,
+        head_keep: float = 2.0,
+        prefetch_protect: float = 2.0,
+        profile_min_bytes: int = 0,
     ) -> None:
         self.clock = clock or SystemClock()
         self.dram = DramTier(dram_budget, entry_overhead)
@@ -120,6 +129,19 @@ class Store:
         self.pool_ack = 0
         self.pool_refreshed = 0
         self._origin = "ssd"
+        # Access profiles and prediction (docs/prefetch.md); None: no profiling (a DRAM-only server).
+        self.predictor = predictor
+        # Smaller values are not profiled: a KV chunk is large, and profiling costs ~3 us per access.
+        self.profile_min_bytes = profile_min_bytes
+        # The client stream the current command comes from (the server sets it per command).
+        self.stream = 0
+        # Chain-aware demotion (needs the predictor's profiles): chain heads stay head_keep times longer.
+        self.chain_evict = chain_evict and predictor is not None
+        self.head_keep = head_keep
+        # A prefetch never displaces a key used (or prefetched) within this many seconds, nor a hotter one.
+        self.prefetch_protect = prefetch_protect
+        # Keys a prefetch brought up that nobody has read yet: monotonic landing time (LATE once a read waited).
+        self.prefetched: dict[bytes, float] = {}
 
     # ---- versions ----
     def next_version(self) -> int:
@@ -303,6 +325,10 @@ class Store:
                 self._dram_stats.hits += 1
                 if not entry.pinned:
                     self.policy.touch(key)
+                if self.prefetched and key in self.prefetched:
+                    self._prefetch_used(key)
+                if self.predictor is not None and len(entry.value) >= self.profile_min_bytes:
+                    self.predictor.read(key, self.stream)
             return entry
         if touch:
             self._dram_stats.misses += 1
@@ -314,6 +340,8 @@ class Store:
                     self.tier_stats["pool"].misses += 1
             return None
         if touch:
+            if self.predictor is not None and len(entry.value) >= self.profile_min_bytes:
+                self.predictor.read(key, self.stream)
             if self._origin == "pool":
                 # Fetched over the network: keep it (no admission rule), replacing any older local copy.
                 self.tier_stats["pool"].hits += 1
@@ -346,6 +374,8 @@ class Store:
         expected_version: int | None = None,
     ) -> Entry:
         """Store a new value (replacing any old one in any tier) and give it a fresh version."""
+        if self.predictor is not None and len(value) >= self.profile_min_bytes:
+            self.predictor.write(key, self.stream)
         if expected_version is not None:
             current = self.get(key, touch=False)
             have = current.version if current is not None else 0
@@ -400,6 +430,8 @@ class Store:
         growth = size if old is None else size - (len(key) + len(old.value) + dram.overhead)
         if dram.used + growth > dram.budget:
             self.make_room(growth, exclude=key)
+        if old is not None and self.prefetched:
+            self._unprefetch(key)
         dram.put(key, entry, size, old)
         if old is None:
             self.policy.admit(key)
@@ -430,21 +462,56 @@ class Store:
         if kept + nbytes > dram.budget:
             raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
                                    "pinned keys.")
-        need = dram.used + nbytes - dram.budget
-        chosen: list[bytes] = []
+        chosen = self._choose_victims(dram.used + nbytes - dram.budget, exclude)
         entries = dram.entries
-        for victim in self.policy.victims():
-            if victim == exclude:
-                continue
-            chosen.append(victim)
-            need -= self.dram.size(victim, entries[victim].value)
-            if need <= 0:
-                break
         if self.ssd is not None:
             # Check the last tier can take them all before anything moves: a refused write loses nothing.
             self._check_last_tier_room(sum(len(entries[k].value) for k in chosen if not entries[k].on_ssd))
         for victim in chosen:
             self._demote(victim)
+
+    def _choose_victims(self, need: int, exclude: bytes | None) -> list[bytes]:
+        """The keys to move out of DRAM to free ``need`` bytes, lowest ranked first.
+
+        With chain-aware demotion, a chain head (a conversation's first chunk after a shared prefix) is passed
+        over until it has been idle ``head_keep`` times as long as the key taken instead: reading it is what
+        triggers the prefetch of the rest of the conversation, and the rest is not predictable without it.
+        """
+        chosen: list[bytes] = []
+        taken: set[bytes] = set()
+        entries = self.dram.entries
+        size = self.dram.size
+        heads: list[bytes] = []
+        profiles = self.predictor.profiles if self.chain_evict and self.predictor is not None else None
+        now = self.clock.monotonic()
+        keep = self.head_keep
+        for victim in self.policy.victims():
+            if victim == exclude or victim in taken:
+                continue
+            if profiles is not None:
+                s = profiles.slots.get(victim)
+                if s is not None and profiles.flags[s] & HEAD and len(heads) < HEAD_SCAN:
+                    heads.append(victim)
+                    continue
+                idle = now - profiles.last_access(victim)
+                while heads and need > 0 and now - profiles.last_access(heads[0]) >= keep * idle:
+                    head = heads.pop(0)
+                    chosen.append(head)
+                    taken.add(head)
+                    need -= size(head, entries[head].value)
+                if need <= 0:
+                    break
+            chosen.append(victim)
+            taken.add(victim)
+            need -= size(victim, entries[victim].value)
+            if need <= 0:
+                break
+        for victim in heads:
+            if need <= 0:
+                break
+            chosen.append(victim)
+            need -= size(victim, entries[victim].value)
+        return chosen
 
     def _check_last_tier_room(self, nbytes: int) -> None:
         ssd = self.ssd
@@ -459,6 +526,8 @@ class Store:
         self.policy.remove(key)
         if entry is None:
             return
+        if self.prefetched:
+            self._unprefetch(key)
         if self.ssd is None:
             self.tier_stats["dram"].evictions += 1
             self.stats.evicted_keys += 1
@@ -473,14 +542,19 @@ class Store:
         if not entry.on_ssd:
             self.ssd.put(key, entry)
 
-    def _promote(self, key: bytes, entry: Entry) -> bool:
+    def _promote(self, key: bytes, entry: Entry, *, prefetch: bool = False) -> bool:
         size = self.dram.size(key, entry.value)
         if size > self.dram.budget or self.ssd is None:
             return False
-        try:
-            self.make_room(size)
-        except OutOfMemoryError:
-            return False
+        if prefetch:
+            if not self._prefetch_room(key, size):
+                self.stats.prefetch_rejected += 1
+                return False
+        else:
+            try:
+                self.make_room(size)
+            except OutOfMemoryError:
+                return False
         fresh = Entry(entry.value, entry.version, entry.expire_at)
         self.dram.put(key, fresh, size, None)
         self.policy.admit(key)
@@ -497,13 +571,91 @@ class Store:
         return True
 
     def promote(self, key: bytes) -> bool:
-        """Move a lower-tier key up now (prefetch); False when it is missing or already in DRAM."""
+        """Move a lower-tier key up now (a prefetch); False when it is missing, already in DRAM, or could only
+        come up by displacing pinned, recently used or hotter data."""
         if key in self.dram.entries:
             return False
         entry = self._below(key)
-        if entry is not None and self._origin == "pool":
-            return self.adopt(key, entry)
-        return entry is not None and self._promote(key, entry)
+        if entry is None:
+            self.stats.prefetch_absent += 1
+            return False
+        if self._origin == "pool":
+            size = self.dram.size(key, entry.value)
+            if not self._prefetch_room(key, size):
+                self.stats.prefetch_rejected += 1
+                return False
+            done = self.adopt(key, entry)
+        else:
+            done = self._promote(key, entry, prefetch=True)
+        if done:
+            self.prefetched[key] = self.clock.monotonic()
+            self.stats.prefetch_issued += 1
+        return done
+
+    def _prefetch_room(self, key: bytes, size: int) -> bool:
+        """Make room for a prefetched key, but only by demoting colder data; False (nothing moved) otherwise."""
+        dram = self.dram
+        if dram.used + size <= dram.budget:
+            return True
+        if dram.pinned_bytes + size > dram.budget:
+            return False
+        chosen = self._choose_victims(dram.used + size - dram.budget, key)
+        if sum(dram.size(k, dram.entries[k].value) for k in chosen) < dram.used + size - dram.budget:
+            return False
+        now = self.clock.monotonic()
+        recent = now - self.prefetch_protect
+        predictor = self.predictor
+        heat = predictor.profiles.temporal(key, now) if predictor is not None else 0.0
+        for victim in chosen:
+            landed = self.prefetched.get(victim)
+            if landed is not None and landed >= recent:
+                return False
+            if predictor is not None:
+                profiles = predictor.profiles
+                if profiles.last_access(victim) >= recent or profiles.temporal(victim, now) > heat + 1.0:
+                    return False
+        try:
+            self.make_room(size, exclude=key)
+        except OutOfMemoryError:
+            return False
+        return True
+
+    def _prefetch_used(self, key: bytes) -> None:
+        landed = self.prefetched.pop(key)
+        self.stats.prefetch_used += 1
+        if landed < 0:
+            self.stats.prefetch_late += 1
+
+    def _unprefetch(self, key: bytes) -> None:
+        if self.prefetched.pop(key, None) is not None:
+            self.stats.prefetch_wasted += 1
+
+    def mark_late(self, keys: Iterable[bytes]) -> None:
+        """These prefetched keys were read while their load was still in flight (the read waited for it)."""
+        for key in keys:
+            if key in self.prefetched:
+                self.prefetched[key] = LATE
+
+    def prefetch_info(self) -> dict[str, float | int]:
+        """Prefetch outcomes and the ratios built from them (docs/prefetch.md)."""
+        st = self.stats
+        lower = self.tier_stats["ssd"].hits + self.tier_stats["pool"].hits
+        on_time = st.prefetch_used - st.prefetch_late
+        out: dict[str, float | int] = {
+            "prefetch_issued": st.prefetch_issued,
+            "prefetch_used": st.prefetch_used,
+            "prefetch_late": st.prefetch_late,
+            "prefetch_wasted": st.prefetch_wasted,
+            "prefetch_pending_use": len(self.prefetched),
+            "prefetch_absent": st.prefetch_absent,
+            "prefetch_rejected": st.prefetch_rejected,
+            "prefetch_predicted": st.prefetch_predicted,
+            "prefetch_accuracy": round(st.prefetch_used / st.prefetch_issued, 4) if st.prefetch_issued else 0.0,
+            "prefetch_coverage": round(on_time / (st.prefetch_used + lower), 4) if st.prefetch_used + lower else 0.0,
+        }
+        if self.predictor is not None:
+            out.update(self.predictor.info())
+        return out
 
     def adopt(self, key: bytes, entry: Entry) -> bool:
         """Install a record read from the pool in DRAM, keeping its version (a pool hit or a STRONG refresh).
@@ -579,6 +731,8 @@ class Store:
     def _drop_dram(self, key: bytes) -> None:
         if self.dram.pop(key) is not None:
             self.policy.remove(key)
+            if self.prefetched:
+                self._unprefetch(key)
 
     def delete(self, key: bytes) -> bool:
         if self.pool is not None:
@@ -587,6 +741,8 @@ class Store:
         now = self.clock.now_ms()
         if entry is not None:
             self.policy.remove(key)
+            if self.prefetched:
+                self._unprefetch(key)
             if entry.on_ssd and self.ssd is not None:
                 self.ssd.delete(key)
                 self._ack(self.ssd.enqueued_seq)
@@ -643,6 +799,8 @@ class Store:
         return self.ack_seq
 
     def flush(self) -> None:
+        self.stats.prefetch_wasted += len(self.prefetched)
+        self.prefetched.clear()
         self.dram.clear()
         self.policy.clear()
         self._ttl_heap.clear()
@@ -657,6 +815,8 @@ class Store:
         if entry is None:
             return
         self.policy.remove(key)
+        if self.prefetched:
+            self._unprefetch(key)
         self.stats.expired_keys += 1
         if entry.on_ssd and self.ssd is not None:
             self.ssd.delete(key)

@@ -183,6 +183,27 @@ class KvstrataCollector:
                                   value=pf["promoted"])
         yield CounterMetricFamily("kvstrata_prefetch_dropped", "Prefetch requests dropped: the queue was full.",
                                   value=pf["dropped"])
+        for name, doc in (
+            ("predicted", "Keys the predictor queued for prefetch."),
+            ("issued", "Prefetches that brought a key up to DRAM."),
+            ("used", "Prefetched keys read before they left DRAM (late ones included)."),
+            ("late", "Prefetched keys read while their load was still in flight."),
+            ("wasted", "Prefetched keys that left DRAM (demoted, overwritten, deleted) unread."),
+            ("absent", "Prefetches of keys found in no tier (harmless)."),
+            ("rejected", "Prefetches refused: room only by displacing pinned, recent or hotter keys."),
+        ):
+            yield CounterMetricFamily(f"kvstrata_prefetch_{name}", doc, value=pf[name])
+        yield GaugeMetricFamily("kvstrata_prefetch_accuracy", "Prefetched keys used / issued.",
+                                value=pf["accuracy"])
+        yield GaugeMetricFamily("kvstrata_prefetch_coverage",
+                                "Reads served in time by a prefetch / reads that needed a lower tier.",
+                                value=pf["coverage"])
+        if "profiled_keys" in pf:
+            yield GaugeMetricFamily("kvstrata_profiled_keys", "Keys with an access profile.",
+                                    value=pf["profiled_keys"])
+            yield GaugeMetricFamily("kvstrata_prefetch_session_score",
+                                    "Learned P(a returning session reads past its previous turn).",
+                                    value=pf["session_score"])
 
         # ---- the shared pool tier (only on nodes that run one) ----
         pool = snap.get("pool")

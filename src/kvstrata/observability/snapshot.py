@@ -233,6 +233,7 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
             "queued": store.stats.prefetch_queued,
             "promoted": store.stats.prefetch_done,
             "dropped": prefetcher.dropped,
+            **{k.removeprefix("prefetch_"): v for k, v in store.prefetch_info().items()},
         },
         "slowlog": {
             "length": len(slowlog.entries),

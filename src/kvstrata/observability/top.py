@@ -226,6 +226,16 @@ def render(sample: dict[str, Any], target: str) -> Any:
         ("   expired ", "dim"), (stats.get("expired_keys", "-"), "bold"),
         ("   evicted ", "dim"), (stats.get("evicted_keys", "-"), "bold"),
     )
+    pf = sample["info"].get("prefetch", {})
+    if pf:
+        prefetch.append_text(Text.assemble(
+            ("\nissued ", "dim"), (pf.get("prefetch_issued", "-"), "bold"),
+            ("   used ", "dim"), (pf.get("prefetch_used", "-"), "bold"),
+            ("   late ", "dim"), (pf.get("prefetch_late", "-"), "bold"),
+            ("   wasted ", "dim"), (pf.get("prefetch_wasted", "-"), "bold"),
+            ("   accuracy ", "dim"), (pf.get("prefetch_accuracy", "-"), "bold"),
+            ("   coverage ", "dim"), (pf.get("prefetch_coverage", "-"), "bold"),
+        ))
     parts: list[Any] = [Panel(head, border_style="cyan"), tiers, cmds, Panel(prefetch, title="Prefetch and expiry",
                                                                            title_align="left")]
     top = sample["memory"].get("prefixes.top-by-bytes")

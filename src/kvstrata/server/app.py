@@ -17,6 +17,7 @@ from kvstrata.commands import REGISTRY, CommandSpec
 from kvstrata.commands.tairkv import PoolWait
 from kvstrata.config import Config
 from kvstrata.engine.policy import create_policy
+from kvstrata.engine.predict import Predictor
 from kvstrata.engine.store import LoadTicket, Store
 from kvstrata.engine.tiers.pool import PoolTier
 from kvstrata.engine.tiers.ssd import SsdTier
@@ -58,8 +59,20 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
         node_id = int(config.get("pool-node-id"))
         if node_id < 0:
             node_id = int.from_bytes(os.urandom(1), "little")
+    predictor = None
+    if ssd is not None and config.get("prefetch-predict"):
+        predictor = Predictor(clock, max_keys=int(config.get("profile-max-keys")),
+                              window=int(config.get("prefetch-window")),
+                              session_max=int(config.get("prefetch-session-max")),
+                              min_confidence=float(config.get("prefetch-min-confidence")),
+                              session_gap=float(config.get("prefetch-session-gap")))
     return Store(
         int(config.get("dram-size")),
+        predictor=predictor,
+        chain_evict=bool(config.get("chain-evict")),
+        head_keep=float(config.get("head-keep")),
+        prefetch_protect=float(config.get("prefetch-protect")),
+        profile_min_bytes=int(config.get("prefetch-min-value")),
         policy=policy,
         clock=clock,
         ssd=ssd,
@@ -196,6 +209,12 @@ class Server:
         store.admission.hits = int(self.config.get("promote-hits"))
         store.admission.window_ms = int(float(self.config.get("promote-window")) * 1000)
         store.hot_max_fraction = float(self.config.get("hot-max-fraction"))
+        store.prefetch_protect = float(self.config.get("prefetch-protect"))
+        store.profile_min_bytes = int(self.config.get("prefetch-min-value"))
+        store.chain_evict = bool(self.config.get("chain-evict")) and store.predictor is not None
+        store.head_keep = float(self.config.get("head-keep"))
+        if store.predictor is not None:
+            store.predictor.min_confidence = float(self.config.get("prefetch-min-confidence"))
         if store.ssd is not None:
             store.ssd.stuck_limit = int(self.config.get("ssd-write-queue"))
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))

@@ -127,6 +127,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.clients.pop(self.client.id, None)
+        if self.store.predictor is not None:
+            self.store.predictor.forget_stream(self.client.id)
         self._stream = None
         self._stream_bytes = 0
         pool = self.pool
@@ -404,6 +406,7 @@ class Connection(asyncio.BufferedProtocol):
         store = self.store
         ssd = store.ssd
         assert ssd is not None
+        store.stream = self.client.id
         sub = resolve(args) if spec.subcommands else spec
         keys = sub.keys(args) if sub is not None else []
         needs_io = bool(keys and store.missing(keys))
@@ -437,6 +440,8 @@ class Connection(asyncio.BufferedProtocol):
             return None
         finally:
             store.end_command()
+            if store.predictor is not None and store.predictor.pending:
+                self.server.prefetcher.submit_predicted()
             usec = (perf_counter_ns() - t0) // 1000
             counts.usec += usec
             counts.hist[usec.bit_length()] += 1
@@ -470,6 +475,10 @@ class Connection(asyncio.BufferedProtocol):
             await srv.wait_commit(ssd.enqueued_seq)
         if spec.name == "dbsize" and not ssd.settled:
             await srv.wait_commit(ssd.enqueued_seq)
+        if keys:
+            missing = store.missing(keys)
+            if missing and srv.prefetcher.in_flight(missing):
+                await srv.prefetcher.claim(missing)
         for _ in range(3):
             if await srv.load(keys):
                 break

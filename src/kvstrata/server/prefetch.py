@@ -1,4 +1,12 @@
-"""The prefetch queue: a bounded priority queue of keys to promote from lower tiers, drained in the background."""
+"""The prefetch queue: a bounded priority queue of keys to promote from lower tiers, drained in the background.
+
+Two producers: clients (``TAIR.KV.PREFETCH``, hot-key marking) and the engine's predictor, whose keys go in at
+``PREDICTED_PRIORITY``, below every client request. One batch is loaded at a time (bounded concurrency: the
+loader thread reads it off the event loop), so prefetching never competes with more than one batch of reads.
+A command that needs a key still waiting here takes it over (the key leaves the queue and the command reads
+it itself); one that needs a key of the batch being loaded waits for that batch instead of reading the key
+twice, and the prefetch counts as late.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +20,8 @@ from kvstrata.engine.store import Store
 
 log = logging.getLogger("kvstrata.prefetch")
 
+PREDICTED_PRIORITY = -1
+
 
 class Prefetcher:
     def __init__(self, store: Store, load: Callable[[list[bytes]], Awaitable[bool]], capacity: int = 65536,
@@ -22,6 +32,8 @@ class Prefetcher:
         self.batch = batch
         self._heap: list[tuple[int, int, bytes]] = []
         self._queued: set[bytes] = set()
+        self._loading: set[bytes] = set()
+        self._loaded: asyncio.Future[None] | None = None
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.dropped = 0
@@ -32,9 +44,9 @@ class Prefetcher:
         queued = 0
         entries = self.store.dram.entries
         for key in keys:
-            if key in entries or key in self._queued or self.store.ssd is None:
+            if key in entries or key in self._queued or key in self._loading or self.store.ssd is None:
                 continue
-            if len(self._heap) >= self.capacity:
+            if len(self._queued) >= self.capacity:
                 self.dropped += 1
                 continue
             heapq.heappush(self._heap, (-priority, next(self._seq), key))
@@ -45,17 +57,45 @@ class Prefetcher:
             self._wake.set()
         return queued
 
+    def submit_predicted(self) -> None:
+        """Queue what the predictor expects the clients to read next."""
+        keys = self.store.predictor.take() if self.store.predictor is not None else []
+        if keys:
+            self.store.stats.prefetch_predicted += self.submit(keys, PREDICTED_PRIORITY)
+
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._queued)
+
+    def in_flight(self, keys: list[bytes]) -> bool:
+        """Whether any of ``keys`` is queued or being loaded."""
+        return any(k in self._queued or k in self._loading for k in keys)
+
+    async def claim(self, keys: list[bytes]) -> None:
+        """A command is about to read ``keys``: take queued ones back, wait for the batch loading any of them."""
+        queued = self._queued
+        for key in keys:
+            queued.discard(key)  # its heap entry is skipped when popped
+        loaded = self._loaded
+        late = [k for k in keys if k in self._loading]
+        if late and loaded is not None:
+            await asyncio.shield(loaded)
+            self.store.mark_late(late)
 
     async def run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
             while self._heap:
-                keys = []
+                keys: list[bytes] = []
                 while self._heap and len(keys) < self.batch:
-                    keys.append(heapq.heappop(self._heap)[2])
+                    key = heapq.heappop(self._heap)[2]
+                    if key in self._queued:
+                        self._queued.discard(key)
+                        keys.append(key)
+                if not keys:
+                    continue
+                self._loading = set(keys)
+                self._loaded = asyncio.get_running_loop().create_future()
                 try:
                     await self._load(keys)
                     for key in keys:
@@ -66,4 +106,6 @@ class Prefetcher:
                     log.exception("prefetch batch failed")
                 finally:
                     self.store.end_command()
-                    self._queued.difference_update(keys)
+                    self._loading = set()
+                    self._loaded.set_result(None)
+                    self._loaded = None

@@ -1,0 +1,77 @@
+"""The predictor in a running server: a returning reader's chain comes up from SSD before it reads it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.polling import wait_for
+
+pytestmark = pytest.mark.kvstrata_only
+
+VALUE = b"x" * 4096
+
+
+def info(client: Any) -> dict[str, Any]:
+    return client.info("prefetch")
+
+
+@pytest.fixture
+def srv(make_server: Any, tmp_path: Path) -> Any:
+    # ~10 values fit in DRAM; a prefetch may displace anything not pinned (no protection window); every read of
+    # an idle chunk counts as a returning session.
+    return make_server({"essd-path": str(tmp_path / "ssd"), "dram-size": "48kb", "prefetch-protect": "0",
+                        "prefetch-session-gap": "0"})
+
+
+def test_a_returning_reader_finds_its_chain_prefetched(srv: Any) -> None:
+    writer = srv.client()
+    chain = [f"chat:{i}".encode() for i in range(8)]
+    for key in chain:  # one connection, in chain order: the profiler learns the links
+        writer.set(key, VALUE)
+    first = srv.client()
+    for key in chain:  # a first reader follows them (a chain nobody has read is trusted one chunk at a time)
+        assert first.get(key) == VALUE
+    for i in range(24):
+        writer.set(f"filler:{i}", VALUE)
+    wait_for(lambda: all(writer.execute_command("TAIR.KV.TIER", k) == b"ssd" for k in chain),
+             what="the chain demoted to SSD")
+    reader = srv.client()
+    assert reader.get(chain[0]) == VALUE
+    got = wait_for(lambda: (i := info(reader))["prefetch_issued"] >= len(chain) - 1 and i,
+                   what="the rest of the chain prefetched")
+    assert got["prefetch_predicted"] >= len(chain) - 1
+    tiers = [reader.execute_command("TAIR.KV.TIER", k) for k in chain[1:]]
+    assert tiers == [b"dram"] * (len(chain) - 1), repr((tiers, got, reader.info("tier_dram")))
+    for key in chain[1:]:
+        assert reader.get(key) == VALUE
+    after = info(reader)
+    assert after["prefetch_used"] == got["prefetch_issued"] >= len(chain) - 1
+    assert after["prefetch_wasted"] == 0
+    assert after["prefetch_accuracy"] == 1.0
+    assert 0 < after["prefetch_coverage"] <= 1.0
+    assert after["profiled_keys"] >= len(chain)
+
+
+def test_prefetch_of_missing_and_expired_keys_is_harmless(srv: Any) -> None:
+    c = srv.client()
+    c.set("gone-soon", VALUE, px=50)
+    for i in range(24):
+        c.set(f"filler:{i}", VALUE)
+    c.execute_command("TAIR.KV.PREFETCH", "never-written", "gone-soon")
+    wait_for(lambda: info(c)["prefetch_queue_depth"] == 0 and c.get("gone-soon") is None,
+             what="the prefetch queue drained and the key expired")
+    c.execute_command("TAIR.KV.PREFETCH", "never-written", "gone-soon")
+    wait_for(lambda: info(c)["prefetch_absent"] >= 2, what="both prefetches found nothing")
+    assert c.get("never-written") is None and c.get("gone-soon") is None
+    assert c.get("filler:23") == VALUE
+    assert c.ping()
+
+
+def test_default_info_has_the_prefetch_section(srv: Any) -> None:
+    c = srv.client()
+    fields = c.info()  # INFO with no section: the default set
+    for name in ("prefetch_issued", "prefetch_used", "prefetch_late", "prefetch_wasted", "prefetch_accuracy",
+                 "prefetch_coverage", "session_score", "profiled_keys"):
+        assert name in fields, name

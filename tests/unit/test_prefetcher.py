@@ -1,0 +1,94 @@
+"""The server's prefetch queue against a real engine: priorities, take-over by a command, late loads."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from kvstrata.clock import ManualClock
+from kvstrata.engine.entry import ENTRY_OVERHEAD
+from kvstrata.engine.policy import create_policy
+from kvstrata.engine.store import LATE, Store
+from kvstrata.engine.tiers.ssd import SsdTier
+from kvstrata.server.prefetch import PREDICTED_PRIORITY, Prefetcher
+
+VALUE = b"v" * 100
+
+
+def make_store(tmp_path: Path) -> Store:
+    clock = ManualClock()
+    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
+    store = Store(8 * (3 + len(VALUE) + ENTRY_OVERHEAD), policy=create_policy("lru", clock=clock), clock=clock,
+                  ssd=ssd)
+    for i in range(12):
+        store.put(b"k%02d" % i, VALUE)
+    store.make_room(store.dram.budget)  # everything on SSD
+    clock.advance(60.0)
+    return store
+
+
+class GatedLoad:
+    """The server's load (begin_load, read_lower in the caller, finish_load), held at a gate to freeze a batch
+    in flight."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+        self.batches: list[list[bytes]] = []
+
+    async def __call__(self, keys: list[bytes]) -> bool:
+        self.batches.append(list(keys))
+        self.started.set()
+        await self.gate.wait()
+        ticket = self.store.begin_load(self.store.missing(keys))
+        return self.store.finish_load(ticket, self.store.read_lower(ticket))
+
+
+def test_client_prefetches_go_before_predicted_ones(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+
+    async def main() -> list[list[bytes]]:
+        load = GatedLoad(store)
+        pf = Prefetcher(store, load, batch=2)
+        pf.submit([b"k00", b"k01"], PREDICTED_PRIORITY)
+        pf.submit([b"k02", b"k03"], 0)
+        load.gate.set()
+        task = asyncio.create_task(pf.run())
+        while len(pf):
+            await asyncio.sleep(0)  # yield to the queue's task until it has drained (no timing involved)
+        while pf.in_flight([b"k00", b"k01"]):
+            await asyncio.sleep(0)
+        task.cancel()
+        return load.batches
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [[b"k02", b"k03"], [b"k00", b"k01"]]
+    assert store.stats.prefetch_issued == 4
+
+
+def test_a_command_waits_for_a_batch_in_flight_and_takes_over_queued_keys(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+
+    async def main() -> None:
+        load = GatedLoad(store)
+        pf = Prefetcher(store, load, batch=2)
+        pf.submit([b"k00", b"k01", b"k02", b"k03"], PREDICTED_PRIORITY)
+        task = asyncio.create_task(pf.run())
+        await load.started.wait()
+        assert pf.in_flight([b"k00"]) and pf.in_flight([b"k03"])
+        claim = asyncio.create_task(pf.claim([b"k00", b"k03"]))  # k00 is loading, k03 still queued
+        await asyncio.sleep(0)
+        assert not claim.done()  # waiting for the batch holding k00
+        assert not pf.in_flight([b"k03"])  # taken over: the command will read it itself
+        load.gate.set()
+        await claim
+        assert store.prefetched.get(b"k00") == LATE
+        assert store.get(b"k00") is not None
+        while pf.in_flight([b"k02"]):
+            await asyncio.sleep(0)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert store.stats.prefetch_used == 1 and store.stats.prefetch_late == 1
+    assert b"k03" not in store.dram.entries  # never prefetched
+    assert store.stats.prefetch_issued == 3  # k00, k01, k02
