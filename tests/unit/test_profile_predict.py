@@ -216,6 +216,19 @@ def test_keys_of_different_families_are_not_linked(pred: Predictor, clock: Manua
     assert p.next_key(b"other:c") == b"other:d"
 
 
+def test_clear_forgets_every_profile_and_stream(pred: Predictor, clock: ManualClock) -> None:
+    chain = keys("c", 4)
+    write_chain(pred, clock, chain, 1)
+    read_chain(pred, clock, chain, 2)
+    pred.read(chain[0], 3)
+    pred.clear()
+    assert len(pred.profiles) == 0 and pred.profiles.next_key(chain[0]) is None
+    assert pred.take() == []
+    clock.advance(30.0)
+    pred.read(chain[0], 4)
+    assert pred.take() == []
+
+
 def test_unknown_keys_and_forgotten_streams_are_harmless(pred: Predictor) -> None:
     pred.read(b"never-written", 1)
     assert pred.take() == []

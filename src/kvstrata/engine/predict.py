@@ -82,6 +82,13 @@ class Predictor:
             st = self._streams[sid] = _Stream()
         return st
 
+    def clear(self) -> None:
+        """Forget every profile and stream (FLUSHALL: the chains they describe are gone)."""
+        p = self.profiles
+        self.profiles = AccessProfiles(self.clock, max_keys=p.max_keys, half_life=p.half_life)
+        self._streams.clear()
+        self._dirty.clear()
+
     def forget_stream(self, sid: int) -> None:
         """The stream ended (a connection closed, a request finished): drop its state and pending predictions."""
         self._streams.pop(sid, None)

@@ -126,13 +126,6 @@ class AccessProfiles:
             self.aged_out += 1
         return hand
 
-    def forget(self, key: bytes) -> None:
-        s = self.slots.pop(key, None)
-        if s is not None:
-            self.keys[s] = None
-            self.gen[s] = (self.gen[s] + 1) & 0xFFFFFFFF
-            self._free.append(s)
-
     # ---- observations ----
     def touch(self, s: int, now: float) -> float:
         """Record an access of slot ``s`` at ``now``; returns the seconds since its previous access (inf if none)."""

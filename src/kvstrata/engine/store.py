@@ -801,6 +801,8 @@ class Store:
     def flush(self) -> None:
         self.stats.prefetch_wasted += len(self.prefetched)
         self.prefetched.clear()
+        if self.predictor is not None:
+            self.predictor.clear()
         self.dram.clear()
         self.policy.clear()
         self._ttl_heap.clear()
