@@ -26,7 +26,7 @@ ARGS: dict[str, list[str]] = {
     "chat": ["--model", "smollm2"],
     "large": [],
     "pool": [],
-    "prefetch": ["--slow-ssd-ms", "16"],
+    "prefetch": ["--slow-ssd-ms", "16", "--live"],
 }
 HEADER = (
     "# Benchmarks\n\n"

@@ -354,6 +354,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0, help="offset added to each preset's seed")
     parser.add_argument("--slow-ssd-ms", type=float, default=None,
                         help="also replay multi_turn at 10%% with this SSD read time (sensitivity rows)")
+    parser.add_argument("--live", action="store_true",
+                        help="also replay part of multi_turn against a live server (kvstrata.bench.prefetch_live)")
+    parser.add_argument("--live-arrivals", type=int, default=None,
+                        help="arrivals of the live replay (default: the whole multi_turn trace)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     names = list(DEFAULT_TRACES) if not args.trace else (list(PRESETS) if "all" in args.trace else args.trace)
@@ -369,6 +373,11 @@ def main(argv: list[str]) -> int:
 
     result = run(names, fractions, modes=modes, timing=timing, value_bytes=args.value_bytes,
                  seed_offset=args.seed, slow_ssd_ms=args.slow_ssd_ms, progress=progress)
+    if args.live:
+        from kvstrata.bench.prefetch_live import run_live
+
+        result["live"] = run_live(TARGET_TRACE, arrivals=args.live_arrivals, consume_ms=args.consume_ms,
+                                  modes=tuple(modes), progress=progress)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -411,7 +420,7 @@ def write_markdown(result: dict[str, Any]) -> str:
     out = [
         "## Prefetch: access profiles and the predictor",
         "",
-        "Command: `kvstrata bench prefetch --json --slow-ssd-ms 16`  ",
+        "Command: `kvstrata bench prefetch --json --slow-ssd-ms 16 --live`  ",
         f"Machine: {machine_summary(result['machine'])}",
         "",
         "Trace replay through the real engine (Store, LRU-K, admission, LMDB SSD tier, predictor; "
@@ -437,6 +446,31 @@ def write_markdown(result: dict[str, Any]) -> str:
             rule,
             *[_row_md(r) for r in result["sensitivity"]],
         ]
+    live = result.get("live")
+    if live:
+        out += [
+            "",
+            f"Live server against the engine replay, same requests: {live['arrivals']} arrivals of "
+            f"`{live['trace']}` ({live['stats']['requests']} requests, {live['stats']['chunk_reads']} chunk reads), "
+            f"{live['value_bytes'] // 1024} KiB chunks, DRAM {live['dram_chunks']} chunks (the whole trace's "
+            f"{live['fraction']:.0%} row). *live*: `kvstrata serve` on loopback, "
+            f"{live['speedup']:g}x faster than the trace (the server's time parameters scaled alike), one "
+            "connection per request reading with GET; figures from its INFO (`--live`, "
+            "`kvstrata.bench.prefetch_live`). Live timing is noisy: late and coverage vary between runs.",
+            "",
+            "| mode | run | DRAM hit ratio | SSD reads | issued | used | late | wasted | accuracy | coverage |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        replayed = {r["mode"]: r for r in live["replay"]}
+        for row in live["rows"]:
+            for kind, r in (("live", row), ("replay", replayed.get(row["mode"]))):
+                if r is None:
+                    continue
+                out.append(
+                    f"| {row['mode']} | {kind} | {_ratio(r['dram_hit_ratio'])} | {r['ssd_reads']} | "
+                    f"{r['prefetch_issued']} | {r['prefetch_used']} | {r['prefetch_late']} | "
+                    f"{r['prefetch_wasted']} | {_ratio(r['prefetch_accuracy'] if r['prefetch_issued'] else None)} | "
+                    f"{_ratio(r['prefetch_coverage'])} |")
     labels = {
         "multi_turn_accuracy_ge_95pct": "accuracy >= 95% on multi_turn at 10-30% DRAM",
         "multi_turn_coverage_ge_80pct": "coverage >= 80% on multi_turn at 10-30% DRAM",
