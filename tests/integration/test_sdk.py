@@ -7,15 +7,11 @@ import asyncio
 
 import numpy as np
 import pytest
+from tests.integration.sdk_support import make_kv
 
 from kvstrata.client import AsyncKVCacheClient, KVCacheClient, LocalTier, Namespace
 
 CS = 16
-
-
-def make_kv(n_tokens, seed=0, layers=2, heads=2, dim=8):
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((layers, 2, heads, n_tokens, dim)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")

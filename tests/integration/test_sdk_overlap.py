@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.integration.sdk_support import make_kv
 
 from kvstrata.client import AsyncKVCacheClient, KVCacheClient, Namespace
 from kvstrata.client.codec import encode
@@ -26,11 +27,6 @@ CS = 16
 N_CHUNKS = 10
 WINDOW = 3  # prefetch_window, so the window: 10 chunks are read as 3 + 3 + 3 + 1
 WAIT_S = 20.0  # how long a hook waits for a fetch that should already be under way; only reached on failure
-
-
-def make_kv(n_tokens: int, seed: int = 0, layers: int = 2, heads: int = 2, dim: int = 8) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((layers, 2, heads, n_tokens, dim)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
