@@ -59,7 +59,22 @@ def storage_config(mod, **overrides):
     return mod.HiCacheStorageConfig(**values)
 
 
-class MHAHostPool:
+class _PageChecks:
+    """What the tests read back from a host pool: a page's bytes; and a way to wipe the pool."""
+
+    kv_buffer: torch.Tensor
+
+    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
+        raise NotImplementedError
+
+    def page_bytes(self, index: int) -> bytes:
+        return self.get_data_page(index).contiguous().view(torch.uint8).numpy().tobytes()
+
+    def zero(self) -> None:
+        self.kv_buffer.zero_()
+
+
+class MHAHostPool(_PageChecks):
     """``MHATokenToKVPoolHost`` page methods (sglang 0.5.23) over ``kv_buffer`` with dims per ``layout``."""
 
     def __init__(self, layout="page_first", size=64, page_size=4, layer_num=3, head_num=2, head_dim=8,
@@ -138,15 +153,8 @@ class MHAHostPool:
             element_size_list = [element_size] * len(ptr_list)
         return ptr_list, element_size_list
 
-    # -- test helpers -----------------------------------------------------------------------------------------
-    def page_bytes(self, index: int) -> bytes:
-        return self.get_data_page(index).contiguous().view(torch.uint8).numpy().tobytes()
 
-    def zero(self) -> None:
-        self.kv_buffer.zero_()
-
-
-class MLAHostPool:
+class MLAHostPool(_PageChecks):
     """``MLATokenToKVPoolHost`` page methods (sglang 0.5.23, no DCP) over ``kv_buffer``."""
 
     def __init__(self, layout="page_first", size=64, page_size=4, layer_num=3, kv_cache_dim=24,
@@ -206,12 +214,6 @@ class MLAHostPool:
             element_size = self.layer_num * self.dtype.itemsize * self.page_size * self.kv_cache_dim
             element_size_list = [element_size] * len(ptr_list)
         return ptr_list, element_size_list
-
-    def page_bytes(self, index: int) -> bytes:
-        return self.get_data_page(index).contiguous().view(torch.uint8).numpy().tobytes()
-
-    def zero(self) -> None:
-        self.kv_buffer.zero_()
 
 
 def page_indices(pages, page_size: int) -> torch.Tensor:

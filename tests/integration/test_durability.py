@@ -15,6 +15,7 @@ import lmdb
 import pytest
 import redis
 from polling import wait_for
+from tests.integration.support import tier
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -51,11 +52,6 @@ def kill9(srv):
     proc.kill()
     proc.wait(10)
     srv.proc = None
-
-
-def tier(r, key):
-    reply = r.execute_command("TAIR.KV.TIER", key)
-    return None if reply is None else reply.decode()
 
 
 def version(r, key):

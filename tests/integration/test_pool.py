@@ -16,6 +16,7 @@ import threading
 import pytest
 import redis
 from polling import wait_for
+from tests.integration.support import tier
 
 from kvstrata.bench.cluster import LocalCluster
 from kvstrata.engine.tiers.pool import HEADER_SIZE, PoolTier, decode_header, decode_record
@@ -59,11 +60,6 @@ def node(make_server, tmp_path, cluster):
         return make_server(cfg)
 
     return start
-
-
-def tier(r, key):
-    reply = r.execute_command("TAIR.KV.TIER", key)
-    return None if reply is None else reply.decode()
 
 
 def pool_info(r):

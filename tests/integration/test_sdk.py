@@ -7,7 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from tests.integration.sdk_support import make_kv
+from tests.integration.support import make_kv
 
 from kvstrata.client import AsyncKVCacheClient, KVCacheClient, LocalTier, Namespace
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tests.integration.sdk_support import make_kv
+from tests.integration.support import make_kv
 
 from kvstrata.client import AsyncKVCacheClient, KVCacheClient, Namespace
 from kvstrata.client.codec import encode

@@ -8,6 +8,7 @@ Waits on the server are polls with a deadline, never fixed sleeps.
 import pytest
 import redis
 from polling import wait_for
+from tests.integration.support import tier, tier_info
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -48,17 +49,8 @@ def setex(r, key, value, ttl_ms=0, *opts):
     return kv(r, "TAIR.KV.SETEX", key, ttl_ms, value, *opts)
 
 
-def tier(r, key):
-    reply = kv(r, "TAIR.KV.TIER", key)
-    return None if reply is None else reply.decode()
-
-
 def version(r, key):
     return kv(r, "TAIR.KV.VERSION", key)
-
-
-def tier_info(r, name):
-    return r.info(f"tier_{name}")
 
 
 

@@ -13,6 +13,7 @@ import threading
 import pytest
 import redis
 from polling import wait_for
+from tests.integration.support import tier, tier_info
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -35,16 +36,6 @@ def tiered(make_server, tmp_path):
         return make_server(cfg)
 
     return start
-
-
-def tier(r, key):
-    """``TAIR.KV.TIER key`` as "dram", "ssd" or None."""
-    reply = r.execute_command("TAIR.KV.TIER", key)
-    return None if reply is None else reply.decode()
-
-
-def tier_info(r, name):
-    return r.info(f"tier_{name}")
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from kvstrata.bench.prefetch import Replay, Timing, _budget, targets, write_markdown
+from kvstrata.bench.prefetch import Replay, Timing, dram_budget, dram_slots, targets, write_markdown
 from kvstrata.bench.traces import generate, preset, trace_stats
 
 TRACE = generate(replace(preset("multi_turn"), arrivals=60))
@@ -14,8 +14,8 @@ DISTINCT = trace_stats(TRACE)["distinct_chunks"]
 
 def replay(tmp_path: Path, mode: str, fraction: float = 0.05, **timing: float) -> dict:
     path = tmp_path / f"{mode}-{fraction}-{sorted(timing.items())}"
-    r = Replay(TRACE, _budget(fraction, TRACE, DISTINCT, 64), str(path), mode=mode, timing=Timing(**timing),
-               value_bytes=64)
+    r = Replay(TRACE, dram_budget(dram_slots(fraction, DISTINCT), TRACE, 64), str(path), mode=mode,
+               timing=Timing(**timing), value_bytes=64)
     try:
         return r.run()
     finally:

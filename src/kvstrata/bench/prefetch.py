@@ -81,7 +81,7 @@ class Replay:
 
     def __init__(self, trace: Sequence[Request], budget: int, path: str, *, mode: str, timing: Timing,
                  value_bytes: int) -> None:
-        self.trace = [(r.time, [sdk_key(k) for k in r.reads], [sdk_key(k) for k in r.writes]) for r in trace]
+        self.trace = sdk_requests(trace)
         self.timing = timing
         self.clock = ManualClock()
         self.value = b"\x5a" * value_bytes
@@ -217,12 +217,8 @@ class Replay:
         info = store.prefetch_info()
         reads = self.reads
         waits = self.ssd_reads + self.late
-        st = store.stats
         # None where there is nothing to measure (no prefetch issued, no read needed a lower tier).
-        info["prefetch_accuracy"] = round(st.prefetch_used / st.prefetch_issued, 4) if st.prefetch_issued else None
-        lower = st.prefetch_used + self.ssd_reads
-        on_time = st.prefetch_used - st.prefetch_late
-        info["prefetch_coverage"] = round(on_time / lower, 4) if lower else None
+        info["prefetch_accuracy"], info["prefetch_coverage"] = store.prefetch_ratios()
         return {
             "reads": reads,
             "dram_hits": self.dram_hits,
@@ -249,9 +245,20 @@ def sdk_key(digest: bytes) -> bytes:
 SDK_PREFIX = b"kvs:6788bb73290c1167:"
 
 
-def _budget(fraction: float, trace: Sequence[Request], distinct: int, value_bytes: int) -> int:
+def sdk_requests(trace: Sequence[Request]) -> list[tuple[float, list[bytes], list[bytes]]]:
+    """(time, reads, writes) of each request, with the chunks named as the SDK names them."""
+    return [(r.time, [sdk_key(k) for k in r.reads], [sdk_key(k) for k in r.writes]) for r in trace]
+
+
+def dram_slots(fraction: float, distinct: int) -> int:
+    """How many chunks a DRAM of ``fraction`` of a working set of ``distinct`` chunks holds."""
+    return max(1, int(round(fraction * distinct)))
+
+
+def dram_budget(slots: int, trace: Sequence[Request], value_bytes: int) -> int:
+    """The DRAM budget, in bytes, that holds ``slots`` of the trace's chunks (key, value, entry overhead)."""
     key_len = len(sdk_key(trace[0].reads[0] if trace[0].reads else trace[0].writes[0]))
-    return max(1, int(round(fraction * distinct))) * (key_len + value_bytes + ENTRY_OVERHEAD)
+    return slots * (key_len + value_bytes + ENTRY_OVERHEAD)
 
 
 def run(traces: Sequence[str], fractions: Sequence[float] = DEFAULT_FRACTIONS, *,
@@ -283,7 +290,7 @@ def run(traces: Sequence[str], fractions: Sequence[float] = DEFAULT_FRACTIONS, *
                 f"{stats['distinct_chunks']} distinct chunks")
         trace = traces_cache[name]
         results = out[where]
-        budget = _budget(fraction, trace, trace_info[name]["stats"]["distinct_chunks"], value_bytes)
+        budget = dram_budget(dram_slots(fraction, trace_info[name]["stats"]["distinct_chunks"]), trace, value_bytes)
         for mode in modes:
             t0 = time.perf_counter()
             with tempfile.TemporaryDirectory(prefix="kvstrata-bench-prefetch-") as path:

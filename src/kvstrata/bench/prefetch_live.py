@@ -27,11 +27,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from kvstrata.bench.prefetch import Replay, Timing, sdk_key
+from kvstrata.bench.prefetch import Replay, Timing, dram_budget, dram_slots, sdk_requests
 from kvstrata.bench.procs import start_server
 from kvstrata.bench.rawclient import RawClient
 from kvstrata.bench.traces import generate, preset, trace_stats
-from kvstrata.engine.entry import ENTRY_OVERHEAD
 
 LIVE_MODES: dict[str, list[str]] = {
     "off": ["--prefetch-predict", "no"],
@@ -66,12 +65,12 @@ def run_live(trace_name: str = "multi_turn", *, arrivals: int | None = None, fra
     arrivals = full.arrivals if arrivals is None else arrivals
     trace = generate(replace(full, arrivals=arrivals))
     stats = trace_stats(trace)
-    requests = [(r.time, [sdk_key(k) for k in r.reads], [sdk_key(k) for k in r.writes]) for r in trace]
-    key_len = len(requests[0][1][0] if requests[0][1] else requests[0][2][0])
+    requests = sdk_requests(trace)
     # The same DRAM, in chunks, as the engine replay of the whole trace at this fraction: the first arrivals
     # see the same pressure from concurrent sessions as the whole trace does.
-    slots = max(1, round(fraction * trace_stats(generate(full))["distinct_chunks"]))
-    budget = slots * (key_len + value_bytes + ENTRY_OVERHEAD)
+    whole = stats if arrivals == full.arrivals else trace_stats(generate(full))
+    slots = dram_slots(fraction, whole["distinct_chunks"])
+    budget = dram_budget(slots, trace, value_bytes)
     value = b"\x5a" * value_bytes
     pause = consume_ms / 1000 / speedup
     scaled = {"--prefetch-session-gap": 1.0, "--lru-k-crp": 1.0, "--prefetch-protect": 2.0,

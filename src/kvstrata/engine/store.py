@@ -462,8 +462,11 @@ class Store:
         if kept + nbytes > dram.budget:
             raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
                                    "pinned keys.")
-        chosen = self._choose_victims(dram.used + nbytes - dram.budget, exclude)
-        entries = dram.entries
+        self._move_out(self._choose_victims(dram.used + nbytes - dram.budget, exclude))
+
+    def _move_out(self, chosen: list[bytes]) -> None:
+        """Demote ``chosen`` (or, in the last tier, evict them); -OOM, with nothing moved, if the SSD cannot take them."""
+        entries = self.dram.entries
         if self.ssd is not None:
             # Check the last tier can take them all before anything moves: a refused write loses nothing.
             self._check_last_tier_room(sum(len(entries[k].value) for k in chosen if not entries[k].on_ssd))
@@ -599,8 +602,9 @@ class Store:
             return True
         if dram.pinned_bytes + size > dram.budget:
             return False
-        chosen = self._choose_victims(dram.used + size - dram.budget, key)
-        if sum(dram.size(k, dram.entries[k].value) for k in chosen) < dram.used + size - dram.budget:
+        need = dram.used + size - dram.budget
+        chosen = self._choose_victims(need, key)
+        if sum(dram.size(k, dram.entries[k].value) for k in chosen) < need:
             return False
         now = self.clock.monotonic()
         recent = now - self.prefetch_protect
@@ -615,7 +619,7 @@ class Store:
                 if profiles.last_access(victim) >= recent or profiles.temporal(victim, now) > heat + 1.0:
                     return False
         try:
-            self.make_room(size, exclude=key)
+            self._move_out(chosen)
         except OutOfMemoryError:
             return False
         return True
@@ -636,11 +640,18 @@ class Store:
             if key in self.prefetched:
                 self.prefetched[key] = LATE
 
-    def prefetch_info(self) -> dict[str, float | int]:
-        """Prefetch outcomes and the ratios built from them (docs/prefetch.md)."""
+    def prefetch_ratios(self) -> tuple[float | None, float | None]:
+        """(accuracy, coverage), each None while there is nothing to measure (docs/prefetch.md)."""
         st = self.stats
-        lower = self.tier_stats["ssd"].hits + self.tier_stats["pool"].hits
-        on_time = st.prefetch_used - st.prefetch_late
+        lower = st.prefetch_used + self.tier_stats["ssd"].hits + self.tier_stats["pool"].hits
+        accuracy = round(st.prefetch_used / st.prefetch_issued, 4) if st.prefetch_issued else None
+        coverage = round((st.prefetch_used - st.prefetch_late) / lower, 4) if lower else None
+        return accuracy, coverage
+
+    def prefetch_info(self) -> dict[str, float | int]:
+        """Prefetch outcomes and the ratios built from them (0.0 while there is nothing to measure)."""
+        st = self.stats
+        accuracy, coverage = self.prefetch_ratios()
         out: dict[str, float | int] = {
             "prefetch_issued": st.prefetch_issued,
             "prefetch_used": st.prefetch_used,
@@ -650,8 +661,8 @@ class Store:
             "prefetch_absent": st.prefetch_absent,
             "prefetch_rejected": st.prefetch_rejected,
             "prefetch_predicted": st.prefetch_predicted,
-            "prefetch_accuracy": round(st.prefetch_used / st.prefetch_issued, 4) if st.prefetch_issued else 0.0,
-            "prefetch_coverage": round(on_time / (st.prefetch_used + lower), 4) if st.prefetch_used + lower else 0.0,
+            "prefetch_accuracy": 0.0 if accuracy is None else accuracy,
+            "prefetch_coverage": 0.0 if coverage is None else coverage,
         }
         if self.predictor is not None:
             out.update(self.predictor.info())

@@ -1,0 +1,24 @@
+"""Helpers the integration test modules share: KV tensors for the SDK tests, the tier of a key, a tier's INFO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def make_kv(n_tokens: int, seed: int = 0, layers: int = 2, heads: int = 2, dim: int = 8) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((layers, 2, heads, n_tokens, dim)).astype(np.float32)
+
+
+
+def tier(r: Any, key: Any) -> str | None:
+    """``TAIR.KV.TIER key`` as "dram", "ssd", "pool" or None."""
+    reply = r.execute_command("TAIR.KV.TIER", key)
+    return None if reply is None else reply.decode()
+
+
+def tier_info(r: Any, name: str) -> dict[str, Any]:
+    """``INFO tier_<name>`` as a dict."""
+    return r.info(f"tier_{name}")
