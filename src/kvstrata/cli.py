@@ -10,7 +10,7 @@ import os
 import sys
 
 from kvstrata import __version__
-from kvstrata.config import PARAMS, build_config
+from kvstrata.config import ALIASES, PARAMS, build_config
 
 _LOGLEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING}
 BENCHMARKS = ("small", "hitrate", "large", "ssd", "chat", "prefetch")
@@ -20,10 +20,8 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstrata serve", description="Run the kvstrata RESP server.")
     parser.add_argument("--config", metavar="FILE", help="TOML file with parameters (same names as the flags)")
     for p in PARAMS:
-        names = [f"--{p.name}"]
-        if p.name == "dram-size":
-            names.append("--maxmemory")
-        parser.add_argument(*names, dest=p.attr, default=None, metavar="VALUE",
+        names = [f"--{p.name}", *(f"--{alias}" for alias, target in ALIASES.items() if target == p.name)]
+        parser.add_argument(*names, dest=p.name, default=None, metavar="VALUE",
                             help=f"{p.help} (default: {p.render(p.default) or 'unset'})")
     return parser
 
@@ -32,7 +30,7 @@ def serve(argv: list[str]) -> int:
     args = _serve_parser().parse_args(argv)
     flags = {name: value for name, value in vars(args).items() if name != "config" and value is not None}
     try:
-        config = build_config({k.replace("_", "-"): v for k, v in flags.items()}, os.environ, args.config)
+        config = build_config(flags, os.environ, args.config)
     except (ValueError, OSError) as exc:
         print(f"kvstrata: bad configuration: {exc}", file=sys.stderr)
         return 2

@@ -70,11 +70,11 @@ class Param:
     help: str
     mutable: bool = False
     env: tuple[str, ...] = ()
-    secret: bool = False
 
     @property
-    def attr(self) -> str:
-        return self.name.replace("-", "_")
+    def env_names(self) -> tuple[str, ...]:
+        """Environment variables that set it: the documented ones (DRAM_SIZE, ...), then KVSTRATA_<NAME>."""
+        return (*self.env, "KVSTRATA_" + self.name.upper().replace("-", "_"))
 
     def render(self, value: Any) -> str:
         """The text CONFIG GET answers with."""
@@ -88,8 +88,7 @@ class Param:
 PARAMS: tuple[Param, ...] = (
     Param("bind", _str, "127.0.0.1", "Address to listen on (loopback by default)."),
     Param("port", _int, 6379, "TCP port for the RESP protocol."),
-    Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True,
-          secret=True),
+    Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),
     Param("dram-size", parse_size, None,
@@ -257,8 +256,7 @@ def env_values(environ: Mapping[str, str]) -> dict[str, str]:
     """Parameters from the environment: the documented names (DRAM_SIZE, ...) and KVSTRATA_<NAME> for all."""
     found: dict[str, str] = {}
     for p in PARAMS:
-        names = (*p.env, "KVSTRATA_" + p.name.upper().replace("-", "_"))
-        for env_name in names:
+        for env_name in p.env_names:
             if env_name in environ:
                 found[p.name] = environ[env_name]
     return found

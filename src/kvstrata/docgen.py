@@ -100,7 +100,7 @@ def configuration_markdown() -> str:
     ]
     for p in PARAMS:
         default = "¼ of RAM, at most 4 GiB" if p.name == "dram-size" else (p.render(p.default) or "(unset)")
-        env = ", ".join(f"`{e}`" for e in (*p.env, "KVSTRATA_" + p.name.upper().replace("-", "_")))
+        env = ", ".join(f"`{e}`" for e in p.env_names)
         lines.append(f"| `{p.name}` | `{default}` | {'yes' if p.mutable else ''} | {env} | {p.help} |")
     lines += [
         "",

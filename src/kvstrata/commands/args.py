@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from kvstrata.errors import NOT_FLOAT, NOT_INTEGER, CommandError
+from kvstrata.errors import NOT_FLOAT, NOT_INTEGER, CommandError, syntax_error
 
 _INT = re.compile(rb"(0|-?[1-9][0-9]*)\Z")
 _FLOAT = re.compile(rb"[+-]?(([0-9]+\.?[0-9]*)|(\.[0-9]+))([eE][+-]?[0-9]+)?\Z")
@@ -56,9 +56,9 @@ def parse_options(args: list[bytes], start: int, table: dict[bytes, Option]) -> 
         word = args[i].upper()
         opt = table.get(word)
         if opt is None or i + opt.nargs >= n:
-            raise CommandError("syntax error")
+            raise syntax_error()
         if any(x in found for x in opt.excludes):
-            raise CommandError("syntax error")
+            raise syntax_error()
         found[word] = args[i + 1 : i + 1 + opt.nargs]
         i += 1 + opt.nargs
     return found

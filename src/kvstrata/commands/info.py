@@ -13,6 +13,7 @@ from typing import Any
 from kvstrata import __version__
 from kvstrata.commands.context import Context
 from kvstrata.observability.latency import latencystats_line
+from kvstrata.observability.snapshot import hits_misses
 from kvstrata.sizes import format_size
 
 Section = Callable[[Context], list[tuple[str, Any]]]
@@ -96,12 +97,12 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
             ("protocol_errors", s.protocol_errors),
         ]
     e = store.stats
+    hits, misses = hits_misses(store)
     rows += [
         ("expired_keys", e.expired_keys),
         ("evicted_keys", e.evicted_keys),
-        ("keyspace_hits", store.tier_stats["dram"].hits + store.tier_stats["ssd"].hits),
-        ("keyspace_misses", store.tier_stats["ssd"].misses if store.ssd is not None
-         else store.tier_stats["dram"].misses),
+        ("keyspace_hits", hits),
+        ("keyspace_misses", misses),
         ("prefetch_queued", e.prefetch_queued),
         ("prefetch_done", e.prefetch_done),
         ("prefetch_dropped", srv.prefetcher.dropped if srv is not None else 0),
@@ -176,6 +177,7 @@ SECTIONS: dict[str, Section] = {
     "prefetch": _prefetch,
     "commandstats": _commandstats,
     "latencystats": _latencystats,
+    "tier_pool": _tier("pool"),
 }
 DEFAULT = ["server", "clients", "memory", "stats", "tier_dram", "tier_ssd", "prefetch", "keyspace"]
 

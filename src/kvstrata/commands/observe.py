@@ -17,7 +17,7 @@ from typing import Any
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, command, container
-from kvstrata.errors import CommandError, syntax_error
+from kvstrata.errors import CommandError, syntax_error, wrong_arity
 from kvstrata.observability.latency import cumulative_usec
 from kvstrata.observability.snapshot import count_keys, sample_dram, top_prefixes
 from kvstrata.protocol.encoder import OK, Status
@@ -37,7 +37,7 @@ container("slowlog", "admin loading stale", group="server", since="2.2.12",
          summary="Returns the slow log's entries.", syntax="GET [count]")
 def slowlog_get(ctx: Context, args: list[bytes]) -> Any:
     if len(args) > 3:
-        raise CommandError("wrong number of arguments for 'slowlog|get' command")
+        raise wrong_arity("slowlog|get")
     count = 10
     if len(args) == 3:
         count = parse_int(args[2], "count should be greater than or equal to -1")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstrata.errors import CommandError
+from kvstrata.errors import CommandError, wrong_arity
 
 Handler = Callable[[Any, list[bytes]], Any]
 
@@ -32,8 +32,6 @@ class CommandSpec:
     subcommands: dict[bytes, CommandSpec] = field(default_factory=dict)
     write: bool = False
     noauth: bool = False
-    # Whether the handler may read values from lower tiers (the server loads them off the event loop first).
-    reads_values: bool = True
 
     @property
     def full_name(self) -> str:
@@ -125,7 +123,7 @@ def container(
                 f"unknown subcommand '{args[1].decode(errors='replace')}'. Try {name.upper()} HELP."
             )
         if not sub.arity_ok(len(args)):
-            raise CommandError(f"wrong number of arguments for '{name}|{sub.name}' command")
+            raise wrong_arity(f"{name}|{sub.name}")
         ctx.client.last_cmd = sub
         if ctx.server is not None:
             ctx.server.command_counts[sub].calls += 1
@@ -141,9 +139,9 @@ def lookup(name: bytes) -> CommandSpec | None:
     return spec
 
 
-def resolve(args: list[bytes]) -> CommandSpec | None:
-    """The spec that will handle ``args`` (the subcommand's for containers, for key positions and flags)."""
-    spec = lookup(args[0])
-    if spec is not None and spec.subcommands and len(args) > 1:
+def resolve(spec: CommandSpec, args: list[bytes]) -> CommandSpec:
+    """The spec that will handle ``args`` given the command's (the subcommand's for containers, for key positions
+    and flags)."""
+    if spec.subcommands and len(args) > 1:
         return spec.subcommands.get(args[1].lower(), spec)
     return spec

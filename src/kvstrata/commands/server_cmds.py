@@ -9,8 +9,8 @@ from typing import Any
 from kvstrata.commands import info as info_report
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container
-from kvstrata.config import PARAMS, PARAMS_BY_NAME, canonical
-from kvstrata.errors import CommandError
+from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
+from kvstrata.errors import CommandError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import OK, Status, Verbatim
 
 _ACL = {"string": "@string", "generic": "@keyspace", "connection": "@connection", "server": "@admin",
@@ -107,9 +107,9 @@ def command_list(ctx: Context, args: list[bytes]) -> Any:
         elif kind == b"MODULE":
             names = []
         else:
-            raise CommandError("syntax error")
+            raise syntax_error()
     elif len(args) != 2:
-        raise CommandError("syntax error")
+        raise syntax_error()
     return names
 
 
@@ -141,14 +141,14 @@ container("config", "", group="server", summary="A container for server configur
          summary="Returns the effective values of configuration parameters.")
 def config_get(ctx: Context, args: list[bytes]) -> Any:
     out: dict[str, str] = {}
-    names = [p.name for p in PARAMS] + ["maxmemory"]
+    names = [*PARAMS_BY_NAME, *ALIASES]
     for raw in args[2:]:
         pattern = raw.decode(errors="replace").lower()
         for name in names:
             if fnmatch.fnmatchcase(name, pattern):
                 param = PARAMS_BY_NAME[canonical(name)]
                 value = ctx.config.get(name)
-                out[name] = param.render(value) if not (param.secret and value is None) else ""
+                out[name] = param.render(value)
     return out
 
 
@@ -156,7 +156,7 @@ def config_get(ctx: Context, args: list[bytes]) -> Any:
          summary="Sets configuration parameters in-flight.")
 def config_set(ctx: Context, args: list[bytes]) -> Any:
     if len(args) % 2 != 0:
-        raise CommandError("wrong number of arguments for 'config|set' command")
+        raise wrong_arity("config|set")
     pairs = [(args[i].decode(errors="replace"), args[i + 1].decode(errors="replace"))
              for i in range(2, len(args), 2)]
     old = {canonical(n): ctx.config.get(n) for n, _ in pairs if canonical(n) in PARAMS_BY_NAME}

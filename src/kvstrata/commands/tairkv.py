@@ -7,7 +7,7 @@ from typing import Any
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import command
-from kvstrata.errors import CommandError, syntax_error
+from kvstrata.errors import CommandError, syntax_error, wrong_arity
 
 _WAIT = "kvstrata.pool_wait"
 STRONG_RECHECKS = 3
@@ -121,7 +121,7 @@ def _mget_options(args: list[bytes], default: str) -> tuple[list[bytes], str, bo
         else:
             break
     if not keys:
-        raise CommandError("wrong number of arguments for 'tair.kv.mget' command")
+        raise wrong_arity("tair.kv.mget")
     return keys, level, with_versions
 
 
@@ -197,7 +197,7 @@ def kv_prefetch(ctx: Context, args: list[bytes]) -> Any:
         priority = parse_int(keys[-1])
         del keys[-2:]
     if not keys:
-        raise CommandError("wrong number of arguments for 'tair.kv.prefetch' command")
+        raise wrong_arity("tair.kv.prefetch")
     if ctx.server is not None:
         return ctx.server.prefetcher.submit(keys, priority)
     return sum(1 for k in keys if ctx.store.promote(k))
@@ -243,14 +243,3 @@ def kv_version(ctx: Context, args: list[bytes]) -> Any:
 def kv_tier(ctx: Context, args: list[bytes]) -> Any:
     return ctx.store.tier_of(args[1])
 
-
-def _register_info_section() -> None:
-    """INFO tier_pool (the pool tier's row of Store.tier_info). Belongs in commands/info.py's SECTIONS table;
-    registered from here until that module lists it."""
-    from kvstrata.commands import info
-
-    if "tier_pool" not in info.SECTIONS:
-        info.SECTIONS["tier_pool"] = info._tier("pool")
-
-
-_register_info_section()

@@ -106,6 +106,8 @@ class Server:
                 self.command_counts[sub] = CommandStats()
         self.slowlog = SlowLog()
         self.slow_usec = int(config.get("slowlog-log-slower-than"))
+        # Read per write command on the tiered path: kept here, refreshed by apply_config.
+        self.ssd_write_queue = int(config.get("ssd-write-queue"))
         self.tasks: set[asyncio.Task[Any]] = set()
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
@@ -220,6 +222,7 @@ class Server:
         if store.ssd is not None:
             store.ssd.stuck_limit = int(self.config.get("ssd-write-queue"))
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
+        self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
         for conn in self.clients.values():
             conn.parser.refresh()

@@ -28,19 +28,6 @@ class CommandStats:
         self.calls = self.failed = self.usec = 0
         self.hist = [0] * HIST_BUCKETS
 
-    def percentile(self, q: float) -> float:
-        """Upper bound (µs) of the histogram bucket holding the q-th quantile (0 < q <= 1); 0 with no samples."""
-        total = sum(self.hist)
-        if not total:
-            return 0.0
-        rank = q * total
-        seen = 0
-        for i, n in enumerate(self.hist):
-            seen += n
-            if seen >= rank:
-                return float(2**i)
-        return float(2 ** (HIST_BUCKETS - 1))
-
 
 @dataclass
 class SlowEntry:

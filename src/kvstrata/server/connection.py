@@ -19,7 +19,7 @@ from kvstrata.commands.context import ClientState, Context
 from kvstrata.commands.registry import CommandSpec, resolve
 from kvstrata.commands.tairkv import WaitForCommit
 from kvstrata.engine.bufpool import BufferPool, tune_malloc
-from kvstrata.errors import CommandError, NoAuthError, ProtocolError
+from kvstrata.errors import CommandError, NoAuthError, ProtocolError, wrong_arity
 from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import RequestParser
 from kvstrata.server.cmdstats import CommandStats
@@ -335,7 +335,9 @@ class Connection(asyncio.BufferedProtocol):
         self.server.stats.protocol_errors += 1
         log.info("protocol error from %s: %s", self.client.addr, exc.message)
         if self.transport is not None and not self.closed:
-            self.transport.write(b"-" + exc.message.encode() + b"\r\n")
+            out: list[Any] = []
+            encode(ErrorReply(exc.message), self.client.proto, out)
+            self.transport.write(b"".join(out))
         self._close()
 
     def _close(self, abort: bool = False) -> None:
@@ -363,7 +365,7 @@ class Connection(asyncio.BufferedProtocol):
         n = len(args)
         arity = spec.arity
         if arity != n and (arity >= 0 or n < -arity):
-            self._error(f"ERR wrong number of arguments for '{spec.name}' command")
+            self._error(wrong_arity(spec.name).message)
             return None
         client = self.client
         if not client.authenticated and not spec.noauth:
@@ -377,14 +379,8 @@ class Connection(asyncio.BufferedProtocol):
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args)
-        except CommandError as exc:
-            counts.failed += 1
-            self._error(exc.message)
-            return None
         except Exception as exc:  # a bug in one handler must not take the connection down
-            counts.failed += 1
-            log.error("command %s failed: %s", spec.name, traceback.format_exc())
-            self._error(f"ERR internal error: {type(exc).__name__}")
+            self._fail(spec, counts, exc)
             return None
         finally:
             usec = (perf_counter_ns() - t0) // 1000
@@ -401,16 +397,25 @@ class Connection(asyncio.BufferedProtocol):
         self.server.stats.errors += 1
         encode(ErrorReply(message), self.client.proto, self.out)
 
+    def _fail(self, spec: CommandSpec, counts: CommandStats, exc: Exception) -> None:
+        """A handler raised: its error reply (a CommandError's text, or an internal error, logged)."""
+        counts.failed += 1
+        if isinstance(exc, CommandError):
+            self._error(exc.message)
+            return
+        log.error("command %s failed: %s", spec.name, traceback.format_exc())
+        self._error(f"ERR internal error: {type(exc).__name__}")
+
     # ---- the tiered path: may need I/O before or after the handler ----
     def _tiered(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         store = self.store
         ssd = store.ssd
         assert ssd is not None
         store.stream = self.client.id
-        sub = resolve(args) if spec.subcommands else spec
-        keys = sub.keys(args) if sub is not None else []
+        sub = resolve(spec, args) if spec.subcommands else spec
+        keys = sub.keys(args)
         needs_io = bool(keys and store.missing(keys))
-        if spec.write and ssd.queued_bytes > int(self.config.get("ssd-write-queue")):
+        if spec.write and ssd.queued_bytes > self.server.ssd_write_queue:
             needs_io = True
         if spec.name == "dbsize" and not ssd.settled:
             needs_io = True
@@ -427,16 +432,9 @@ class Connection(asyncio.BufferedProtocol):
         try:
             reply = spec.handler(self.ctx, args)
         except WaitForCommit as w:
-            store.end_command()
-            return self._slow(spec, args, [], counts, wait_seq=w.seq)
-        except CommandError as exc:
-            counts.failed += 1
-            self._error(exc.message)
-            return None
+            return self._slow(spec, args, [], counts, wait_seq=w.seq)  # the coroutine runs after the finally
         except Exception as exc:
-            counts.failed += 1
-            log.error("command %s failed: %s", spec.name, traceback.format_exc())
-            self._error(f"ERR internal error: {type(exc).__name__}")
+            self._fail(spec, counts, exc)
             return None
         finally:
             store.end_command()
@@ -471,7 +469,7 @@ class Connection(asyncio.BufferedProtocol):
         srv = self.server
         if wait_seq:
             await srv.wait_commit(wait_seq)
-        if spec.write and ssd.queued_bytes > int(self.config.get("ssd-write-queue")):
+        if spec.write and ssd.queued_bytes > srv.ssd_write_queue:
             await srv.wait_commit(ssd.enqueued_seq)
         if spec.name == "dbsize" and not ssd.settled:
             await srv.wait_commit(ssd.enqueued_seq)

@@ -37,14 +37,15 @@ class Prefetcher:
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.dropped = 0
-        self.promoted = 0
 
     def submit(self, keys: list[bytes], priority: int = 0) -> int:
         """Queue keys that are not already in DRAM or queued; higher priority goes first. Returns how many."""
+        if self.store.ssd is None:
+            return 0
         queued = 0
         entries = self.store.dram.entries
         for key in keys:
-            if key in entries or key in self._queued or key in self._loading or self.store.ssd is None:
+            if key in entries or key in self._queued or key in self._loading:
                 continue
             if len(self._queued) >= self.capacity:
                 self.dropped += 1
@@ -100,7 +101,6 @@ class Prefetcher:
                     await self._load(keys)
                     for key in keys:
                         if self.store.promote(key):
-                            self.promoted += 1
                             self.store.stats.prefetch_done += 1
                 except Exception:  # a failed prefetch must never take the server down
                     log.exception("prefetch batch failed")
