@@ -283,11 +283,6 @@ class BufferPool:
     def free_bytes(self) -> int:
         return self._free_bytes
 
-    @property
-    def held_bytes(self) -> int:
-        """Memory the pool accounts for beyond the stored values' lengths: free buffers plus class slack."""
-        return self._free_bytes + self.slack
-
     def info(self) -> dict[str, int]:
         return {
             "buffer_pool_free_bytes": self._free_bytes,

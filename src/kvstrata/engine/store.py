@@ -26,7 +26,7 @@ from typing import Any
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.admission import Admission
 from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value
-from kvstrata.engine.keyspace import SCAN_BUCKETS, bucket_of, glob_match
+from kvstrata.engine.keyspace import SCAN_BUCKETS, glob_match
 from kvstrata.engine.policy import EvictionPolicy, create_policy
 from kvstrata.engine.predict import Predictor
 from kvstrata.engine.profile import HEAD
@@ -127,7 +127,6 @@ class Store:
         self.node_id = node_id & ((1 << NODE_BITS) - 1)
         # The pool write the current command's reply should wait for (0: none); set by put().
         self.pool_ack = 0
-        self.pool_refreshed = 0
         self._origin = "ssd"
         # Access profiles and prediction (docs/prefetch.md); None: no profiling (a DRAM-only server).
         self.predictor = predictor
@@ -223,7 +222,8 @@ class Store:
                     rest.append(k)
         found.update(ssd.read_many(rest))
         if ticket.pool_ticket is not None and pool is not None:
-            ask = [k for k in rest if found.get(k) is None and k not in ticket.pool_first]
+            # Keys not read in the pool yet: begin_load put each key in exactly one of pool_first and rest.
+            ask = [k for k in ticket.rest if found.get(k) is None]
             if ask:
                 got = pool.read_many(ask)
                 for k in ask:
@@ -441,7 +441,7 @@ class Store:
                 self.policy.admit(key)
         else:
             self.policy.touch(key)
-        if self.hot and not entry.pinned and self._hot_match(key):
+        if not entry.pinned and self._hot_match(key):
             self._pin(key, entry)
 
     def make_room(self, nbytes: int, *, exclude: bytes | None = None) -> None:
@@ -481,7 +481,6 @@ class Store:
         triggers the prefetch of the rest of the conversation, and the rest is not predictable without it.
         """
         chosen: list[bytes] = []
-        taken: set[bytes] = set()
         entries = self.dram.entries
         size = self.dram.size
         heads: list[bytes] = []
@@ -489,23 +488,22 @@ class Store:
         now = self.clock.monotonic()
         keep = self.head_keep
         for victim in self.policy.victims():
-            if victim == exclude or victim in taken:
+            if victim == exclude:
                 continue
             if profiles is not None:
                 s = profiles.slots.get(victim)
                 if s is not None and profiles.flags[s] & HEAD and len(heads) < HEAD_SCAN:
                     heads.append(victim)
                     continue
-                idle = now - profiles.last_access(victim)
-                while heads and need > 0 and now - profiles.last_access(heads[0]) >= keep * idle:
-                    head = heads.pop(0)
-                    chosen.append(head)
-                    taken.add(head)
-                    need -= size(head, entries[head].value)
-                if need <= 0:
-                    break
+                if heads:
+                    idle = now - profiles.last_access(victim)
+                    while heads and need > 0 and now - profiles.last_access(heads[0]) >= keep * idle:
+                        head = heads.pop(0)
+                        chosen.append(head)
+                        need -= size(head, entries[head].value)
+                    if need <= 0:
+                        break
             chosen.append(victim)
-            taken.add(victim)
             need -= size(victim, entries[victim].value)
             if need <= 0:
                 break
@@ -525,12 +523,9 @@ class Store:
                 raise OutOfMemoryError("command not allowed: the SSD tier is full and maxmemory-policy is noeviction.")
 
     def _demote(self, key: bytes) -> None:
-        entry = self.dram.pop(key)
-        self.policy.remove(key)
+        entry = self._drop_dram(key)
         if entry is None:
             return
-        if self.prefetched:
-            self._unprefetch(key)
         if self.ssd is None:
             self.tier_stats["dram"].evictions += 1
             self.stats.evicted_keys += 1
@@ -545,19 +540,14 @@ class Store:
         if not entry.on_ssd:
             self.ssd.put(key, entry)
 
-    def _promote(self, key: bytes, entry: Entry, *, prefetch: bool = False) -> bool:
+    def _promote(self, key: bytes, entry: Entry) -> bool:
         size = self.dram.size(key, entry.value)
         if size > self.dram.budget or self.ssd is None:
             return False
-        if prefetch:
-            if not self._prefetch_room(key, size):
-                self.stats.prefetch_rejected += 1
-                return False
-        else:
-            try:
-                self.make_room(size)
-            except OutOfMemoryError:
-                return False
+        try:
+            self.make_room(size)
+        except OutOfMemoryError:
+            return False
         fresh = Entry(entry.value, entry.version, entry.expire_at)
         self.dram.put(key, fresh, size, None)
         self.policy.admit(key)
@@ -567,7 +557,7 @@ class Store:
             self.ssd.delete(key)
         if fresh.expire_at:
             heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
-        if self.hot and self._hot_match(key):
+        if self._hot_match(key):
             self._pin(key, fresh)
         self.tier_stats["ssd"].promotions += 1
         self.admission.forget(key)
@@ -582,14 +572,15 @@ class Store:
         if entry is None:
             self.stats.prefetch_absent += 1
             return False
-        if self._origin == "pool":
-            size = self.dram.size(key, entry.value)
-            if not self._prefetch_room(key, size):
-                self.stats.prefetch_rejected += 1
-                return False
-            done = self.adopt(key, entry)
-        else:
-            done = self._promote(key, entry, prefetch=True)
+        from_pool = self._origin == "pool"
+        size = self.dram.size(key, entry.value)
+        if not from_pool and size > self.dram.budget:
+            return False
+        if not self._prefetch_room(key, size):
+            self.stats.prefetch_rejected += 1
+            return False
+        # Room is made: the usual paths up only install the entry.
+        done = self.adopt(key, entry) if from_pool else self._promote(key, entry)
         if done:
             self.prefetched[key] = self.clock.monotonic()
             self.stats.prefetch_issued += 1
@@ -702,7 +693,7 @@ class Store:
             ssd.delete(key)
         if fresh.expire_at:
             heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
-        if self.hot and self._hot_match(key):
+        if self._hot_match(key):
             self._pin(key, fresh)
         self.tier_stats["pool"].promotions += 1
         return True
@@ -720,7 +711,6 @@ class Store:
             self.observe_version(rec.version)
             if self.adopt(key, rec):
                 done += 1
-                self.pool_refreshed += 1
         return done
 
     def local_versions(self, keys: Iterable[bytes]) -> dict[bytes, int]:
@@ -739,21 +729,21 @@ class Store:
             out[key] = entry.version if entry is not None else 0
         return out
 
-    def _drop_dram(self, key: bytes) -> None:
-        if self.dram.pop(key) is not None:
-            self.policy.remove(key)
-            if self.prefetched:
-                self._unprefetch(key)
-
-    def delete(self, key: bytes) -> bool:
-        if self.pool is not None:
-            self.pool.delete(key)
+    def _drop_dram(self, key: bytes) -> Entry | None:
+        """Take a key out of DRAM and out of the policy's and the prefetch tracking's view; its entry or None."""
         entry = self.dram.pop(key)
-        now = self.clock.now_ms()
         if entry is not None:
             self.policy.remove(key)
             if self.prefetched:
                 self._unprefetch(key)
+        return entry
+
+    def delete(self, key: bytes) -> bool:
+        if self.pool is not None:
+            self.pool.delete(key)
+        entry = self._drop_dram(key)
+        now = self.clock.now_ms()
+        if entry is not None:
             if entry.on_ssd and self.ssd is not None:
                 self.ssd.delete(key)
                 self._ack(self.ssd.enqueued_seq)
@@ -824,12 +814,9 @@ class Store:
 
     # ---- expiry ----
     def _expire_dram(self, key: bytes) -> None:
-        entry = self.dram.pop(key)
+        entry = self._drop_dram(key)
         if entry is None:
             return
-        self.policy.remove(key)
-        if self.prefetched:
-            self._unprefetch(key)
         self.stats.expired_keys += 1
         if entry.on_ssd and self.ssd is not None:
             self.ssd.delete(key)
@@ -918,6 +905,8 @@ class Store:
 
     # ---- hot keys ----
     def _hot_match(self, key: bytes) -> bool:
+        if not self.hot:
+            return False
         now = self.clock.now_ms()
         return any((until == 0 or until > now) and glob_match(p, key) for p, until in self.hot.items())
 
@@ -967,7 +956,6 @@ class Store:
     def _ssd_committed(self, committed_seq: int, evicted: list[bytes]) -> None:
         if not evicted:
             return
-        self.tier_stats["ssd"].evictions += len(evicted)
         self.stats.evicted_keys += len(evicted)
         for key in evicted:
             entry = self.dram.entries.get(key)
@@ -984,8 +972,7 @@ class Store:
                          "pending": len(self.ssd.pending), "queued_bytes": self.ssd.queued_bytes,
                          "write_errors": self.ssd.write_errors, "expired": self.ssd.expired,
                          **self.tier_stats["ssd"].as_dict(),
-                         "evictions": self.ssd.evictions,
-                         "corrupt_reads": self.tier_stats["ssd"].corrupt_reads})
+                         "evictions": self.ssd.evictions})
         pool = self.pool
         if pool is not None:
             degraded = int(pool.degraded is not None)
@@ -995,5 +982,3 @@ class Store:
                          "pool_degraded": degraded, **pool.info()})
         return rows
 
-    def bucket_of(self, key: bytes) -> int:
-        return bucket_of(key)

@@ -62,13 +62,6 @@ class DramTier:
         if old is not None and len(old.value) >= self.bufpool_min:
             self.bufpool.release(old.value)
 
-    def resize(self, key: bytes, entry: Entry, old_len: int) -> None:
-        """Account for an entry whose value was replaced in place (old value length ``old_len``)."""
-        delta = len(entry.value) - old_len
-        self.used += delta
-        if entry.pinned:
-            self.pinned_bytes += delta
-
     def delete(self, key: bytes) -> bool:
         return self.pop(key) is not None
 

@@ -33,6 +33,7 @@ entry's own TTL when sooner); the index forgets them at the same time.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 import threading
@@ -457,7 +458,8 @@ class PoolTier(BatchWriter):
         """Forget records whose pool TTL has passed (the pool has dropped them itself)."""
         now = self._wall_ms()
         done = 0
-        for key, (_v, _c, exp) in list(self.index.items())[:4096]:
+        # The first 4096 only (listed, since _forget changes the dict): never a copy of the whole index.
+        for key, (_v, _c, exp) in list(itertools.islice(self.index.items(), 4096)):
             if exp <= now and key not in self.pending:
                 self._forget(key)
                 self.expired += 1

@@ -138,6 +138,8 @@ class SsdTier(BatchWriter):
             with txn.cursor(db=self._order) as cur:
                 self._seq = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         self.pending: dict[bytes, Entry | Tombstone] = {}
+        self._pending_groups: dict[int, list[tuple[bytes, Entry | Tombstone]]] = {}
+        self._pending_stamp = (-1, -1)
         self.flush_pending = False
         self.committed_seq = 0
         self.failed: dict[int, str] = {}
@@ -217,13 +219,24 @@ class SsdTier(BatchWriter):
                         if not lk.startswith(prefix):
                             break
                         keys.add(_record_key(lk, rec))
-        for key, entry in self.pending.items():
-            if bucket_of(key) == bucket:
-                if entry.__class__ is Tombstone:
-                    keys.discard(key)
-                else:
-                    keys.add(key)
+        for key, entry in self._pending_in(bucket):
+            if entry.__class__ is Tombstone:
+                keys.discard(key)
+            else:
+                keys.add(key)
         return list(keys)
+
+    def _pending_in(self, bucket: int) -> list[tuple[bytes, Entry | Tombstone]]:
+        """The pending writes of one scan bucket. KEYS, SCAN and MARKHOT ask bucket after bucket, so ``pending``
+        is grouped once and regrouped only when it changed (every change moves a sequence number)."""
+        stamp = (self.enqueued_seq, self.committed_seq)
+        if stamp != self._pending_stamp:
+            groups: dict[int, list[tuple[bytes, Entry | Tombstone]]] = {}
+            for key, entry in self.pending.items():
+                groups.setdefault(bucket_of(key), []).append((key, entry))
+            self._pending_groups = groups
+            self._pending_stamp = stamp
+        return self._pending_groups.get(bucket, [])
 
     # ---- writes (owner's thread) ----
     def watch(self, keys: Iterable[bytes]) -> list[Any]:
@@ -342,8 +355,10 @@ class SsdTier(BatchWriter):
                     self.evictions += 1
         return evicted
 
-    def _remove(self, txn: lmdb.Transaction, lkey: bytes) -> bool:
-        old = txn.get(lkey, db=self._data)
+    def _remove(self, txn: lmdb.Transaction, lkey: bytes, old: bytes | None = None) -> bool:
+        """Delete a record and its index entries (``old``: the record, when the caller has just read it)."""
+        if old is None:
+            old = txn.get(lkey, db=self._data)
         if old is None:
             return False
         try:
@@ -414,7 +429,7 @@ class SsdTier(BatchWriter):
                         self._remove(txn, lkey)
                     continue
                 key = _record_key(lkey, rec)
-                self._remove(txn, lkey)
+                self._remove(txn, lkey, rec)
                 evicted.append(key)
                 self.evictions += 1
                 if n is not None:
