@@ -31,6 +31,8 @@ from redis._parsers.base import BaseParser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kvstrata.bench.procs import free_port
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("kvstrata", "redis")
 TARGET = os.environ.get("KVSTRATA_TEST_TARGET", "kvstrata").strip().lower() or "kvstrata"
@@ -68,13 +70,6 @@ def pytest_collection_modifyitems(config, items):
 # --------------------------------------------------------------------------------------------------------------
 # Processes
 # --------------------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def config_args(config: dict | None) -> list[str]:

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvstrata.bench.procs import free_port
+
 pytestmark = pytest.mark.kvstrata_only
 
 HOST = "127.0.0.1"
@@ -31,12 +33,6 @@ CHROMIUM_TIMEOUT = 90.0
 # --------------------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def http_get(port: int, path: str, headers: dict | None = None, method: str = "GET", host: str = HOST):

@@ -50,6 +50,7 @@ from kvstrata.bench.procs import (
     machine_summary,
     start_server,
 )
+from kvstrata.bench.report import verdict
 
 KVSTRATA = "kvstrata"
 REDIS = "redis"
@@ -393,9 +394,8 @@ def _table_rows(result: dict[str, Any]) -> list[list[str]]:
 def _target_lines(result: dict[str, Any]) -> list[str]:
     lines = []
     for check in result["targets"]["checks"]:
-        verdict = "PASS" if check["pass"] else "MISS"
         lines.append(
-            f"{verdict}  kvstrata CPU/request, {check['test']} -P {check['pipeline']}: "
+            f"{verdict(check['pass'])}  kvstrata CPU/request, {check['test']} -P {check['pipeline']}: "
             f"{_fmt_ratio(check['ratio'])} redis (target <= {check['limit']:g}x)"
         )
     if not lines:
@@ -459,9 +459,8 @@ def write_markdown(result: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in _table_rows(result)]
     lines += ["", "Targets (kvstrata server CPU per request relative to Redis):", ""]
     for check in result["targets"]["checks"]:
-        verdict = "PASS" if check["pass"] else "MISS"
         lines.append(
-            f"- **{verdict}** {check['test']} `-P {check['pipeline']}`: {_fmt_ratio(check['ratio'])} "
+            f"- **{verdict(check['pass'])}** {check['test']} `-P {check['pipeline']}`: {_fmt_ratio(check['ratio'])} "
             f"(target ≤ {check['limit']:g}x)"
         )
     if not result["targets"]["checks"]:

@@ -139,10 +139,6 @@ class Request:
     writes: tuple[bytes, ...]
     kind: str = field(default="", compare=False)
 
-    @property
-    def n_writes(self) -> int:
-        return len(self.writes)
-
 
 class _Context:
     """A token context cut into chained chunks; only full chunks have keys."""

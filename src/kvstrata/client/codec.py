@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ FORMAT_VERSION = 1
 _FIXED = struct.Struct("<4sBBBBBBHQQIQ")
 HEADER_SIZE = _FIXED.size  # 40
 _CHECKSUM_OFFSET = 32
+FLAGS_OFFSET = 5  # magic (4), format version, then the flags byte
 
 FLAG_FP8 = 1
 FLAG_ZSTD = 2
@@ -194,15 +196,13 @@ def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale:
         nscales = groups
         data = memoryview(q.reshape(-1))
     if codec.endswith("zstd"):
-        import zstandard
-
         flags |= FLAG_ZSTD
         itemsize = 1 if flags & FLAG_FP8 else arr.dtype.itemsize
         body = np.frombuffer(data, dtype=np.uint8) if len(data) else np.zeros(0, np.uint8)
         if itemsize in (2, 4) and body.size:
             planes = itemsize
             body = np.ascontiguousarray(body.reshape(-1, itemsize).T)
-        payload = zstandard.ZstdCompressor(level=zstd_level).compress(scales + body.tobytes())
+        payload = _zstd_compressor(zstd_level).compress(scales + body.tobytes())
         parts_payload: list[Any] = [payload]
         scales = b""
     else:
@@ -270,10 +270,34 @@ def read_header(buf: Any) -> Header:
                   nscales, checksum, size)
 
 
-def verify(buf: Any, header: Header | None = None) -> Header:
+# zstd contexts cost more to make than a small chunk costs to (de)compress; one per thread, as they are not
+# safe to share between threads (the transformers integration stores from a thread of its own).
+_zstd = threading.local()
+
+
+def _zstd_compressor(level: int) -> Any:
+    cache = _zstd.__dict__.setdefault("compressors", {})
+    cctx = cache.get(level)
+    if cctx is None:
+        import zstandard
+
+        cctx = cache[level] = zstandard.ZstdCompressor(level=level)
+    return cctx
+
+
+def _zstd_decompressor() -> Any:
+    dctx = getattr(_zstd, "decompressor", None)
+    if dctx is None:
+        import zstandard
+
+        dctx = _zstd.decompressor = zstandard.ZstdDecompressor()
+    return dctx
+
+
+def verify(buf: Any) -> Header:
     """Check length and checksum; returns the header."""
     mv = memoryview(buf)
-    hdr = header or read_header(mv)
+    hdr = read_header(mv)
     if mv.nbytes != hdr.size + hdr.payload_len:
         raise CodecError(f"value length {mv.nbytes} != header {hdr.size} + payload {hdr.payload_len}")
     h = xxhash.xxh3_64()
@@ -297,9 +321,7 @@ def decode(buf: Any, out: np.ndarray | None = None) -> tuple[np.ndarray, Header]
     np_dtype = np.dtype(DTYPES[hdr.dtype][1])
     payload = mv[hdr.size:]
     if hdr.flags & FLAG_ZSTD:
-        import zstandard
-
-        payload = memoryview(zstandard.ZstdDecompressor().decompress(payload))
+        payload = memoryview(_zstd_decompressor().decompress(payload))
     scales = None
     if hdr.nscales:
         scales = np.frombuffer(payload[: 4 * hdr.nscales], dtype="<f4")

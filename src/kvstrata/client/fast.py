@@ -50,15 +50,34 @@ def _arg(a: Any) -> Any:
     return a
 
 
+def nbytes(p: Any) -> int:
+    """Bytes in a buffer (bytes, bytearray or a memoryview of any format)."""
+    return p.nbytes if isinstance(p, memoryview) else len(p)
+
+
 def pack(args: Sequence[Any], parts: list[Any]) -> int:
     """Append the RESP encoding of one command to ``parts``; returns its size in bytes.
 
-    Small arguments are joined into header bytes; large values are appended as they are (never copied).
+    Small arguments are joined into header bytes; large values are appended as they are (never copied). An
+    argument may also be a list of buffers, one value already split (``[header, payload, ...]``).
     """
-    head = [b"*%d\r\n" % len(args)]
+    head: list[Any] = [b"*%d\r\n" % len(args)]
     total = 0
     for a in args:
         a = _arg(a)
+        if isinstance(a, list):
+            head.append(b"$%d\r\n" % sum(nbytes(p) for p in a))
+            for p in a:
+                if nbytes(p) < LARGE:
+                    head.append(p)
+                else:
+                    h = b"".join(head)
+                    parts.append(h)
+                    parts.append(_bytes_view(p))
+                    total += len(h) + nbytes(p)
+                    head = []
+            head.append(b"\r\n")
+            continue
         if isinstance(a, (bytes, bytearray)):
             n = len(a)
         else:
@@ -78,6 +97,26 @@ def pack(args: Sequence[Any], parts: list[Any]) -> int:
     h = b"".join(head)
     parts.append(h)
     return total + len(h)
+
+
+def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
+    """Send every buffer in order with vectored writes (``sendmsg``, never joined), continuing after partial
+    sends; returns the bytes sent."""
+    views = [p if isinstance(p, bytes) else _bytes_view(p) for p in parts if nbytes(p)]
+    total = 0
+    i = 0
+    while i < len(views):
+        sent = sock.sendmsg(views[i:i + _IOV_MAX])
+        total += sent
+        while sent:
+            n = len(views[i])
+            if sent >= n:
+                sent -= n
+                i += 1
+            else:
+                views[i] = memoryview(views[i])[sent:]
+                sent = 0
+    return total
 
 
 class FastClient:
@@ -102,39 +141,18 @@ class FastClient:
         self.close()
 
     # ---- sending ----
-    def send_parts(self, parts: list[Any], total: int = 0) -> None:
-        """Send buffers in order with ``sendmsg`` (scatter-gather), continuing after partial sends.
-
-        ``parts`` (bytes, bytearray or byte memoryviews) is consumed.
-        """
-        sendmsg = self.sock.sendmsg
-        i = 0
-        while i < len(parts):
-            batch = parts[i : i + _IOV_MAX]
-            sent = sendmsg(batch)
-            for p in batch:
-                n = p.nbytes if p.__class__ is memoryview else len(p)
-                if sent >= n:
-                    sent -= n
-                    i += 1
-                else:
-                    if sent:
-                        parts[i] = memoryview(p)[sent:]
-                    break
-
     def send(self, *args: Any) -> None:
         parts: list[Any] = []
-        total = pack(args, parts)
-        self.send_parts(parts, total)
+        pack(args, parts)
+        sendmsg_all(self.sock, parts)
 
     def send_many(self, commands: Iterable[Sequence[Any]]) -> int:
         parts: list[Any] = []
-        total = 0
         count = 0
         for args in commands:
-            total += pack(args, parts)
+            pack(args, parts)
             count += 1
-        self.send_parts(parts, total)
+        sendmsg_all(self.sock, parts)
         return count
 
     # ---- receiving ----
@@ -264,9 +282,15 @@ class FastClient:
         self.send(b"GET", key)
         return self.read_reply(into=buf)  # type: ignore[no-any-return]
 
-    def mget_into(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[int | None]:
-        """One MGET whose values land in ``bufs`` (one per key); lengths, None for missing keys."""
-        self.send(b"MGET", *keys)
+    def mget_into(self, keys: Sequence[Any], bufs: Sequence[Any],
+                  before: Sequence[Any] | None = None) -> list[int | None]:
+        """One MGET whose values land in ``bufs`` (one per key); lengths, None for missing keys. ``before``: a
+        command sent in the same write ahead of it (its reply is read and dropped; an error reply raises)."""
+        if before:
+            self.send_many((before, (b"MGET", *keys)))
+            self.read_reply()
+        else:
+            self.send(b"MGET", *keys)
         return self._array_into(bufs)
 
     def get_many_into(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[int | None]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 KEY_PREFIX = b"kvs:"
@@ -107,8 +107,3 @@ def chunk_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DE
         prefix += b"{" + shard_key.encode() + b"}:"
     return [prefix + d.hex().encode() for d in chunk_digests(tokens, chunk_size)]
 
-
-def iter_chunks(n_tokens: int, chunk_size: int) -> Iterator[tuple[int, int]]:
-    """(start, end) of each full chunk of a sequence of ``n_tokens``."""
-    for i in range(n_tokens // chunk_size):
-        yield i * chunk_size, (i + 1) * chunk_size

@@ -16,7 +16,6 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ import numpy as np
 from kvstrata.client.codec import (
     FLAG_FP8,
     FLAG_ZSTD,
+    FLAGS_OFFSET,
     CodecError,
     FormatVersionError,
     as_array,
@@ -36,6 +36,7 @@ from kvstrata.client.codec import (
     default_codec,
     encode_parts,
 )
+from kvstrata.client.fast import nbytes, pack, sendmsg_all
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
 from kvstrata.engine.entry import Entry
@@ -47,14 +48,12 @@ DEFAULT_PREFETCH_WINDOW = 4
 # Seconds; None = no expiry. Session context ages in minutes, user profiles in a day, shared knowledge never.
 DEFAULT_TTL_CLASSES: dict[str, float | None] = {"session": 30 * 60.0, "profile": 24 * 3600.0, "shared": None}
 DEFAULT_TTL_CLASS = "session"
-SMALL_VALUE = 16 * 1024  # values below this are packed into the command buffer; larger ones are sent as is
 # The asyncio client decodes a window in a thread (asyncio.to_thread, ~75 us a hop here) only when decoding
 # costs clearly more than the hop, since only then does freeing the event loop to receive the next window pay.
 # zstd and fp8 both decode at ~0.5 GB/s of their encoded bytes (fp8+zstd ~0.25), so 64 KiB is >= 0.1 ms; the raw
 # codec is only an xxh3 checksum and a view (~25-40 GB/s: 8 MiB is ~0.3 ms).
 OFFLOAD_CODED_BYTES = 64 * 1024
 OFFLOAD_RAW_BYTES = 8 * 1024 * 1024
-_FLAGS_OFFSET = 5  # the flags byte of the codec's header
 
 KV = Any  # a numpy array or a torch tensor
 KVSource = KV | Callable[[int, int], KV]
@@ -78,65 +77,6 @@ class ClientStats:
         d = dict(self.__dict__)
         d["errors"] = list(self.errors[-10:])
         return d
-
-
-def _nbytes(p: Any) -> int:
-    return p.nbytes if isinstance(p, memoryview) else len(p)
-
-
-def pack_command(args: Sequence[Any]) -> list[Any]:
-    """RESP-encode a command as a list of buffers: small arguments joined, large ones left as they are."""
-    out: list[Any] = []
-    cur = bytearray(b"*%d\r\n" % len(args))
-    for a in args:
-        if isinstance(a, str):
-            a = a.encode()
-        elif isinstance(a, int):
-            a = b"%d" % a
-        if isinstance(a, list):  # already split value: [header, payload, ...]
-            n = sum(_nbytes(p) for p in a)
-            cur += b"$%d\r\n" % n
-            for p in a:
-                if _nbytes(p) < SMALL_VALUE:
-                    cur += p
-                else:
-                    out.append(bytes(cur))
-                    cur = bytearray()
-                    out.append(p)
-            cur += b"\r\n"
-            continue
-        n = _nbytes(a)
-        if n < SMALL_VALUE:
-            cur += b"$%d\r\n" % n
-            cur += a
-            cur += b"\r\n"
-        else:
-            cur += b"$%d\r\n" % n
-            out.append(bytes(cur))
-            out.append(a)
-            cur = bytearray(b"\r\n")
-    if cur:
-        out.append(bytes(cur))
-    return out
-
-
-def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
-    """Send every buffer with vectored writes (no joining); returns the bytes sent."""
-    views = [memoryview(p).cast("B") for p in parts if _nbytes(p)]
-    total = 0
-    while views:
-        batch = views[:512]  # IOV_MAX is 1024 on Linux
-        sent = sock.sendmsg(batch)
-        total += sent
-        while sent and views:
-            n = views[0].nbytes
-            if sent >= n:
-                sent -= n
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
-    return total
 
 
 class _Base:
@@ -245,7 +185,7 @@ class _Base:
 
     def _count(self, **deltas: int) -> None:
         with self._stats_lock:
-            for k, v in deltas.items():
+            for k, v in deltas.items():  # ClientStats also holds a list (errors): not a Counters
                 setattr(self.stats, k, getattr(self.stats, k) + v)
 
     # ---- local tier ----
@@ -354,10 +294,10 @@ class KVCacheClient(_Base):
             bufs = self._tls.bufs = []
         return bufs
 
-    def _mget_into(self, keys: list[bytes], bufs: list[bytearray],
-                   offset: int) -> list[memoryview | None] | None:
-        """MGET on this thread's FastClient into ``bufs[offset ..]`` (a call's other windows keep theirs); None
-        when that path is unavailable for this batch."""
+    def _mget_into(self, keys: list[bytes], bufs: list[bytearray], offset: int,
+                   before: list[bytes] | None = None) -> list[memoryview | None] | None:
+        """MGET on this thread's FastClient into ``bufs[offset ..]`` (a call's other windows keep theirs), after
+        ``before`` in the same write; None when that path is unavailable for this batch."""
         if not self._size_hint:
             return None
         fc = self._fast()
@@ -372,7 +312,7 @@ class KVCacheClient(_Base):
                 bufs[j] = bytearray(self._size_hint)
         mine = bufs[offset: offset + len(keys)]
         try:
-            lengths = fc.mget_into(keys, mine)
+            lengths = fc.mget_into(keys, mine, before)
         except ValueTooLarge:
             return None  # read again through redis-py, which raises the size hint
         except (OSError, RespError):
@@ -436,7 +376,7 @@ class KVCacheClient(_Base):
             sent = 0
             parts: list[Any] = []
             for cmd in commands:
-                parts += pack_command(cmd)
+                pack(cmd, parts)
             sock = getattr(conn, "_sock", None)
             if sock is None:
                 conn.connect()
@@ -516,7 +456,7 @@ class KVCacheClient(_Base):
             batch = todo[b:b + self.batch_size]
             for i in batch:
                 parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
-                self._size_hint = max(self._size_hint, sum(_nbytes(p) for p in parts))
+                self._size_hint = max(self._size_hint, sum(nbytes(p) for p in parts))
                 self._local_put(keys[i], parts, ttl_ms)
                 if self.redis is not None:
                     if self._is_plain():
@@ -591,12 +531,16 @@ class KVCacheClient(_Base):
 
     def _fetch_window(self, keys: list[bytes], ahead: list[bytes], plain: bool, bufs: list[bytearray] | None,
                       offset: int) -> list[Any]:
-        """PREFETCH ``ahead``, then MGET ``keys`` (into ``bufs[offset ..]`` when given and possible)."""
-        if ahead and not plain:
-            self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
-        values = self._mget_into(keys, bufs, offset) if bufs is not None else None
+        """PREFETCH ``ahead``, then MGET ``keys`` (into ``bufs[offset ..]`` when given and possible), in one round
+        trip: replies on one connection come back in order, so the server has queued the prefetch first."""
+        prefetch = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+        values = self._mget_into(keys, bufs, offset, prefetch) if bufs is not None else None
         if values is None:
-            values = self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *keys)
+            pipe = self.redis.pipeline(transaction=False)
+            if prefetch is not None:
+                pipe.execute_command(*prefetch)
+            pipe.execute_command("MGET" if plain else "TAIR.KV.MGET", *keys)
+            values = pipe.execute()[-1]
         return values
 
     def _read_sequential(self, keys: list[bytes], i: int, out: list[np.ndarray],
@@ -748,8 +692,7 @@ class AsyncKVCacheClient(_Base):
         conn = await self.pool.get_connection()
         try:
             parts: list[Any] = []
-            for cmd in commands:
-                parts += pack_command(cmd)
+            size = sum(pack(cmd, parts) for cmd in commands)
             await conn.send_packed_command(parts, check_health=False)  # writelines: buffers are not joined
             replies = []
             for _ in commands:
@@ -757,7 +700,7 @@ class AsyncKVCacheClient(_Base):
                     replies.append(await conn.read_response())
                 except redis.ResponseError as exc:
                     replies.append(exc)
-            self._count(bytes_sent=sum(_nbytes(p) for p in parts))
+            self._count(bytes_sent=size)
             return replies
         except BaseException:
             await conn.disconnect()
@@ -833,9 +776,7 @@ class AsyncKVCacheClient(_Base):
         while i < len(keys):
             batch = keys[i:i + self.batch_size]
             ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
-            if ahead and not plain:
-                await self.redis.execute_command("TAIR.KV.PREFETCH", *ahead)
-            values = await self.redis.execute_command("MGET" if plain else "TAIR.KV.MGET", *batch)
+            values = await self._recv_and_release(*await self._send_window(batch, ahead, plain))
             n = self._decode_window(batch, values, out)
             i += n
             if n < len(batch):
@@ -889,7 +830,7 @@ class AsyncKVCacheClient(_Base):
             if v is None:
                 continue
             total += len(v)
-            if len(v) > _FLAGS_OFFSET and v[_FLAGS_OFFSET] & (FLAG_FP8 | FLAG_ZSTD):
+            if len(v) > FLAGS_OFFSET and v[FLAGS_OFFSET] & (FLAG_FP8 | FLAG_ZSTD):
                 coded += len(v)
         return coded >= OFFLOAD_CODED_BYTES or total >= OFFLOAD_RAW_BYTES
 

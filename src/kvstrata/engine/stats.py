@@ -11,6 +11,10 @@ class Counters:
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
+    def add(self, **deltas: int) -> None:
+        for name, delta in deltas.items():
+            setattr(self, name, getattr(self, name) + delta)
+
     def reset(self) -> None:
         for f in fields(self):  # type: ignore[arg-type]
             setattr(self, f.name, 0)

@@ -46,6 +46,9 @@ from urllib.parse import unquote, urlparse
 
 import torch
 
+from kvstrata.client.fast import sendmsg_all
+from kvstrata.engine.stats import Counters
+
 try:  # The real abstract class, when SGLang is installed (always the case inside SGLang).
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
@@ -60,10 +63,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "redis://127.0.0.1:6379"
 DEFAULT_KEY_PREFIX = "hicache:"
-try:
-    _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
-except (AttributeError, ValueError, OSError):  # pragma: no cover - platforms without the name
-    _IOV_MAX = 16
 _RECV_CHUNK = 256 * 1024
 
 
@@ -129,20 +128,7 @@ class RespConnection:
 
     def sendv(self, parts: list[bytes | memoryview]) -> None:
         """Send every byte of ``parts`` with vectored writes (``sendmsg``): large values are never joined."""
-        parts = [memoryview(p).cast("B") if not isinstance(p, bytes) else p for p in parts if len(p)]
-        i = 0
-        while i < len(parts):
-            batch = parts[i:i + _IOV_MAX]
-            sent = self.sock.sendmsg(batch)
-            # Advance past what went out; a partial send leaves a tail of one buffer.
-            while sent and i < len(parts):
-                n = len(parts[i])
-                if sent >= n:
-                    sent -= n
-                    i += 1
-                else:
-                    parts[i] = memoryview(parts[i])[sent:]
-                    sent = 0
+        sendmsg_all(self.sock, parts)
 
     # -- receiving --------------------------------------------------------------------------------------------
     def _fill(self) -> None:
@@ -270,7 +256,7 @@ def parse_url(url: str) -> dict[str, Any]:
 
 
 @dataclass
-class _Counters:
+class _Counters(Counters):
     """Cumulative counters since the backend started (``get_stats().kvstrata``)."""
 
     exists_queries: int = 0
@@ -486,8 +472,7 @@ class KvstrataHiCacheStorage(_Base):
 
     def _count(self, **deltas: int) -> None:
         with self._lock:
-            for name, delta in deltas.items():
-                setattr(self.counters, name, getattr(self.counters, name) + delta)
+            self.counters.add(**deltas)
 
     def _read_pages(self, conn: RespConnection, pages: list[list[_Object]]) -> list[bool]:
         """One MGET for every object of every page; each value lands straight in its segments. A page is True
@@ -673,7 +658,7 @@ class KvstrataHiCacheStorage(_Base):
             metrics.backup_bandwidth.extend(self._backup_bw)
             for lst in (self._prefetch_pgs, self._backup_pgs, self._prefetch_bw, self._backup_bw):
                 lst.clear()
-            metrics.kvstrata = dict(vars(self.counters))
+            metrics.kvstrata = self.counters.as_dict()
         return metrics
 
 

@@ -16,6 +16,8 @@ import gzip
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from kvstrata.observability.latency import cumulative_usec
+
 LE_BUCKETS = 25  # 1 µs .. 2**24 µs (16.8 s)
 POOL_DEGRADED = "kvstrata_pool_degraded"  # alerted on in deploy/prometheus/alerts.yml; only with a pool tier
 
@@ -159,11 +161,8 @@ class KvstrataCollector:
             hist = row.get("_hist")
             if hist is None or not row["timed"]:
                 continue
-            buckets: list[tuple[str, float]] = []
-            seen = 0
-            for i in range(LE_BUCKETS):
-                seen += hist[i]
-                buckets.append((LE_LABELS[i], seen))
+            buckets: list[tuple[str, float]] = [
+                (LE_LABELS[i], seen) for i, (_le, seen) in enumerate(cumulative_usec(hist, LE_BUCKETS - 1))]
             buckets.append(("+Inf", row["timed"]))
             duration.add_metric([row["name"]], buckets, row["usec"] / 1e6)
         yield calls

@@ -1,4 +1,4 @@
-"""Wires observability to a running server: the snapshot cache, the per-second sampler and the HTTP endpoint.
+"""Wires observability to a running server: snapshots, the per-second sampler and the HTTP endpoint.
 
 ``Server`` creates one ``Observability`` (which checks the HTTP configuration before anything listens),
 starts it after the RESP listener and closes it on shutdown, all on the same event loop.
@@ -19,11 +19,6 @@ from kvstrata.observability.http import HttpEndpoint, Response, bind_hosts, chec
 
 log = logging.getLogger("kvstrata.observability")
 
-# Every request reads a fresh snapshot: a reader must see what happened before its request. (A snapshot costs
-# well under a millisecond plus the bounded prefix sample; the cache only serves readers within one request.)
-SNAPSHOT_MAX_AGE = 0.0
-
-
 class Observability:
     def __init__(self, server: Any) -> None:
         self.server = server
@@ -34,8 +29,6 @@ class Observability:
         self.require_auth = check_bind(self.bind, config.get("requirepass")) if self.configured_port else False
         self.history = History(server)
         self.http: HttpEndpoint | None = None
-        self._cache: dict[str, Any] | None = None
-        self._cache_at = 0.0
         self._sampler: asyncio.Task[None] | None = None
         self._dashboard: bytes | None = None
 
@@ -44,29 +37,26 @@ class Observability:
         return self.http.port if self.http is not None else 0
 
     # ---- snapshots ----
-    def snapshot(self, max_age: float = 0.0) -> dict[str, Any]:
-        """A snapshot at most ``max_age`` seconds old; commands keep their raw histograms under ``_hist``."""
-        now = time.monotonic()
-        if self._cache is None or now - self._cache_at > max_age:
-            self._cache = snapshot_mod.build(self.server, history=self.history.as_json(), include_hist=True)
-            self._cache_at = now
-        return self._cache
+    # Every request builds a fresh snapshot: a reader must see what happened before its request (one costs well
+    # under a millisecond plus the bounded prefix sample).
+    def snapshot(self) -> dict[str, Any]:
+        """A snapshot whose commands keep their raw histograms under ``_hist`` (for the Prometheus collector)."""
+        return snapshot_mod.build(self.server, history=self.history.as_json(), include_hist=True)
 
-    def snapshot_json(self, max_age: float = 0.0) -> dict[str, Any]:
-        snap = dict(self.snapshot(max_age))
-        snap["commands"] = [{k: v for k, v in row.items() if k != "_hist"} for row in snap["commands"]]
-        return snap
+    def snapshot_json(self) -> dict[str, Any]:
+        """The snapshot as /stats.json serves it."""
+        return snapshot_mod.build(self.server, history=self.history.as_json())
 
     # ---- routes ----
     def _metrics(self, headers: dict[str, str]) -> Response:
         from kvstrata.observability.prometheus import render
 
-        body, hdrs = render(lambda: self.snapshot(SNAPSHOT_MAX_AGE), headers.get("accept", ""),
+        body, hdrs = render(self.snapshot, headers.get("accept", ""),
                             headers.get("accept-encoding", ""))
         return 200, hdrs, body
 
     def _stats(self, headers: dict[str, str]) -> Response:
-        body = json.dumps(self.snapshot_json(SNAPSHOT_MAX_AGE), separators=(",", ":")).encode()
+        body = json.dumps(self.snapshot_json(), separators=(",", ":")).encode()
         return 200, {"Content-Type": "application/json"}, body
 
     def _healthz(self, headers: dict[str, str]) -> Response:

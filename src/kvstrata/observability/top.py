@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from kvstrata.bench.rawclient import RawClient, RespError
+from kvstrata.client.fast import FastClient, RespError
 
 
 def parse_info(text: str) -> dict[str, dict[str, str]]:
@@ -96,14 +96,11 @@ class Poller:
 
     def __init__(self, host: str, port: int, password: str | None, timeout: float = 5.0) -> None:
         self.host, self.port, self.password, self.timeout = host, port, password, timeout
-        self.client: RawClient | None = None
+        self.client: FastClient | None = None
         self.prev: tuple[float, dict[str, dict[str, str]]] | None = None
 
-    def _connect(self) -> RawClient:
-        client = RawClient(self.host, self.port, timeout=self.timeout)
-        if self.password:
-            client.call("AUTH", self.password)
-        return client
+    def _connect(self) -> FastClient:
+        return FastClient(self.host, self.port, timeout=self.timeout, password=self.password or None)
 
     def poll(self) -> dict[str, Any]:
         if self.client is None:
