@@ -436,11 +436,13 @@ class KVCacheClient(_Base):
         return n * self.chunk_size
 
     def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
-              ttl: float | None = None, start: int = 0, skip_existing: bool = True) -> int:
+              ttl: float | None = None, start: int = 0, skip_existing: bool = True,
+              keys: list[bytes] | None = None) -> int:
         """Store the full chunks of ``tokens`` (from token ``start``, a multiple of chunk_size) that are not cached
         yet. ``kv`` is a tensor with a token axis (the ``T`` of the namespace's layout) covering ``tokens``, or
-        a function ``kv(start, end)`` returning one chunk's tensor. Returns the number of chunks written."""
-        keys = self.keys(tokens)
+        a function ``kv(start, end)`` returning one chunk's tensor. ``keys``: ``self.keys(tokens)`` when the
+        caller has them already. Returns the number of chunks written."""
+        keys = self.keys(tokens) if keys is None else keys
         first = start // self.chunk_size
         todo = list(range(first, len(keys)))
         if skip_existing and todo:
@@ -490,9 +492,11 @@ class KVCacheClient(_Base):
         return out
 
     def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None, skip_chunks: int = 0,
-                        reuse_buffers: bool = False) -> tuple[int, list[np.ndarray]]:
+                        reuse_buffers: bool = False,
+                        keys: list[bytes] | None = None) -> tuple[int, list[np.ndarray]]:
         """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``. With ``skip_chunks``
         the caller already holds the first chunks (a device tier): they are counted in n_tokens, not read.
+        ``keys``: the keys of ``tokens[:max_tokens]`` when the caller has computed them already.
 
         With ``overlap`` (the default) the chunks are read in windows of ``_window()`` chunks and the next
         window is fetched on a background thread while this one decodes; a window fetched past the end of the
@@ -504,7 +508,8 @@ class KVCacheClient(_Base):
         with ``overlap`` too: a background fetch receives into the calling thread's buffers (each window of a
         call into buffers of its own, never those of an earlier window) over the fetch thread's own
         connection, and it has finished before the call returns."""
-        keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+        if keys is None:
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
         out: list[np.ndarray] = []
         i = min(skip_chunks, len(keys))
         skipped = i

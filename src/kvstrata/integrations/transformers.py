@@ -218,13 +218,14 @@ class CachedGenerator:
         t0 = time.perf_counter()
         layers = cache_layers(cache)
         tier = self.device_tier
+        keys = self.client.keys(tokens)
         if tier is not None:
             cs = self.client.chunk_size
-            for i, key in enumerate(self.client.keys(tokens)):
+            for i, key in enumerate(keys):
                 if not tier.contains(key):
                     tier.put(key, Entry(chunk_tensor(layers, i * cs, (i + 1) * cs), 0))
         self.client.store(tokens, lambda s, e: chunk_from_cache(layers, s, e), start=start,
-                          ttl_class=self.ttl_class)
+                          ttl_class=self.ttl_class, keys=keys)
         self.last_store_s = time.perf_counter() - t0
 
     @torch.inference_mode()
@@ -243,14 +244,15 @@ class CachedGenerator:
             limit = (len(ids) - 1) // cs * cs  # keep at least one token to compute the next-token logits
             if limit:
                 held: list[torch.Tensor] = []
+                keys = self.client.keys(ids[:limit])
                 if self.device_tier is not None:
-                    for key in self.client.keys(ids[:limit]):
+                    for key in keys:
                         entry = self.device_tier.get(key)
                         if entry is None:
                             break
                         held.append(entry.value)
                 n_cached, chunks = self.client.retrieve_chunks(ids[:limit], skip_chunks=len(held),
-                                                               reuse_buffers=True)  # copied just below
+                                                               reuse_buffers=True, keys=keys)  # copied below
                 if n_cached:
                     cache = restore_cache([*held, *chunks], self.dtype, self.device)
                     restored_bytes = sum(c.nbytes for c in chunks) + sum(
