@@ -92,3 +92,61 @@ def test_a_command_waits_for_a_batch_in_flight_and_takes_over_queued_keys(tmp_pa
     assert store.stats.prefetch_used == 1 and store.stats.prefetch_late == 1
     assert b"k03" not in store.dram.entries  # never prefetched
     assert store.stats.prefetch_issued == 3  # k00, k01, k02
+
+
+class RacedLoad:
+    """The server's load, with a write of ``key`` landing on the SSD tier while the first ``races`` loads are
+    in flight (between the loader's read and its installation)."""
+
+    def __init__(self, store: Store, key: bytes, races: int) -> None:
+        self.store = store
+        self.key = key
+        self.races = races
+        self.calls = 0
+        self.racer_sync_reads = 0  # the racing write's own synchronous read (it is not the prefetcher's)
+
+    async def __call__(self, keys: list[bytes]) -> bool:
+        self.calls += 1
+        ticket = self.store.begin_load(self.store.missing(keys))
+        found = self.store.read_lower(ticket)
+        if self.calls <= self.races:
+            before = self.store.sync_reads
+            self.store.set_expire(self.key, 10_000_000_000_000 + self.calls)  # an SSD write of the key
+            self.racer_sync_reads += self.store.sync_reads - before
+        return self.store.finish_load(ticket, found)
+
+
+def _drain(store: Store, load: RacedLoad, keys: list[bytes]) -> Prefetcher:
+    async def main() -> Prefetcher:
+        pf = Prefetcher(store, load, batch=8)
+        pf.submit(keys)
+        task = asyncio.create_task(pf.run())
+        while len(pf) or pf.in_flight(keys):
+            await asyncio.sleep(0)
+        task.cancel()
+        return pf
+
+    return asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_prefetch_raced_by_a_write_is_loaded_again(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    load = RacedLoad(store, b"k01", races=1)
+    before = store.sync_reads
+    pf = _drain(store, load, [b"k00", b"k01"])
+    assert load.calls == 2 and pf.stale_batches == 0
+    # The promoted entry is the one the racing write produced, not the one the stale load read.
+    assert store.dram.entries[b"k01"].expire_at == 10_000_000_000_001
+    assert store.sync_reads - before == load.racer_sync_reads
+
+
+def test_a_prefetch_always_raced_is_given_up_without_reading_on_the_loop(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    load = RacedLoad(store, b"k01", races=10)
+    before = store.sync_reads
+    pf = _drain(store, load, [b"k00", b"k01"])
+    assert pf.stale_batches == 1
+    assert b"k01" not in store.dram.entries and b"k00" not in store.dram.entries
+    # Promotion never fell back to reading LMDB on the event loop.
+    assert store.sync_reads - before == load.racer_sync_reads
+    assert store.get(b"k01", touch=False).expire_at == 10_000_000_000_000 + load.calls

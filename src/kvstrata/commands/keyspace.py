@@ -227,7 +227,9 @@ def renamenx(ctx: Context, args: list[bytes]) -> Any:
     return _rename(ctx, args, True)
 
 
-@command("dbsize", 1, "readonly fast", group="server", summary="Returns the number of keys in the database.")
+# settle: LMDB's record count is exact only once the SSD writer has committed everything queued.
+@command("dbsize", 1, "readonly fast", settle=True, group="server",
+         summary="Returns the number of keys in the database.")
 def dbsize(ctx: Context, args: list[bytes]) -> Any:
     return ctx.store.dbsize()
 

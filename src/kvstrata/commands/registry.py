@@ -1,7 +1,17 @@
-"""The declarative command table: name, arity, flags, key positions, handler, docs.
+"""The declarative command table: name, arity, flags, key specs, waits, handler, docs.
 
 The server dispatches from it; COMMAND, COMMAND DOCS, arity errors, auth checks and docs/commands.md are all
 generated from it. Container commands (CLIENT, CONFIG, ...) keep their subcommands in the same form.
+
+Keys are declared the way Redis 7 does (``key_specs``): where the search begins (an argument index) and how keys
+are found from there (a range with a last key and a step). A command whose options follow its keys (TAIR.KV.MGET
+... WITHVERSIONS, TAIR.KV.PREFETCH ... PRIORITY n) cannot be described by positions alone, so it names a
+key-extraction function (Redis's ``getkeys_proc``); its option words are never taken for keys. ``spec.keys(args)``
+is the one way to get a command's keys: the tier loader and ACL key checks both use it.
+
+Waits are declared too: ``load`` (default for commands with keys: their keys are read from the lower tiers, off
+the event loop, before the handler runs; PREFETCH says ``load=False``: it only queues them) and ``settle`` (the
+command needs the SSD writer drained first: DBSIZE counts committed records).
 """
 
 from __future__ import annotations
@@ -13,6 +23,31 @@ from typing import Any
 from kvstrata.errors import CommandError, wrong_arity
 
 Handler = Callable[[Any, list[bytes]], Any]
+KeyFn = Callable[[list[bytes]], list[bytes]]
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One key spec: begin_search by ``index``, then find_keys as a range (Redis 7's ``key_specs``).
+
+    ``lastkey`` is relative to ``index`` when >= 0 (0: only the key at ``index``) and counts from the end of the
+    arguments when negative (-1: the last argument); ``step`` is the distance between keys.
+    """
+
+    index: int
+    lastkey: int = 0
+    step: int = 1
+    flags: tuple[str, ...] = ("RO", "access")
+
+    def find(self, args: list[bytes]) -> list[bytes]:
+        last = self.index + self.lastkey if self.lastkey >= 0 else len(args) + self.lastkey
+        return args[self.index : last + 1 : self.step]
+
+    @classmethod
+    def from_range(cls, first: int, last: int, step: int, write: bool) -> KeySpec:
+        """The spec of the classic (first, last, step) triple."""
+        flags = ("RW", "update") if write else ("RO", "access")
+        return cls(first, last - first if last >= 0 else last, step, flags)
 
 
 @dataclass(eq=False)
@@ -32,16 +67,31 @@ class CommandSpec:
     subcommands: dict[bytes, CommandSpec] = field(default_factory=dict)
     write: bool = False
     noauth: bool = False
+    key_specs: tuple[KeySpec, ...] = ()
+    # Commands with options after their keys: the function that picks the keys out (options never are keys).
+    getkeys: KeyFn | None = None
+    # Waits: read the keys from lower tiers before running; drain the SSD writer before running.
+    load: bool = True
+    settle: bool = False
 
     @property
     def full_name(self) -> str:
         return f"{self.parent.name}|{self.name}" if self.parent else self.name
 
     def keys(self, args: list[bytes]) -> list[bytes]:
-        if self.first_key == 0:
+        """The keys ``args`` name (from the key-extraction function, else the key specs), in argument order."""
+        if self.getkeys is not None:
+            return self.getkeys(args)
+        specs = self.key_specs
+        if not specs:
             return []
-        last = self.last_key if self.last_key >= 0 else len(args) + self.last_key
-        return args[self.first_key : last + 1 : self.step]
+        if len(specs) == 1:
+            return specs[0].find(args)
+        return [k for spec in specs for k in spec.find(args)]
+
+    def load_keys(self, args: list[bytes]) -> list[bytes]:
+        """The keys to read from lower tiers before the handler runs (none for commands that only queue them)."""
+        return self.keys(args) if self.load else []
 
     def arity_ok(self, n: int) -> bool:
         return n == self.arity if self.arity >= 0 else n >= -self.arity
@@ -66,16 +116,24 @@ def command(
     flags: str = "",
     *,
     keys: tuple[int, int, int] = (0, 0, 0),
+    getkeys: KeyFn | None = None,
+    load: bool = True,
+    settle: bool = False,
     group: str = "generic",
     summary: str = "",
     since: str = "1.0.0",
     syntax: str = "",
     parent: str | None = None,
 ) -> Callable[[Handler], Handler]:
-    """Register a handler ``fn(ctx, args) -> reply``; ``args[0]`` is the command name as sent."""
+    """Register a handler ``fn(ctx, args) -> reply``; ``args[0]`` is the command name as sent.
+
+    ``keys`` is the classic (first, last, step) triple COMMAND reports; it becomes the command's key spec.
+    ``getkeys`` replaces it for finding keys when options follow them (the triple still describes the range).
+    """
 
     def register(fn: Handler) -> Handler:
         flagset = frozenset(flags.split())
+        write = "write" in flagset
         spec = CommandSpec(
             name=name.lower(),
             arity=arity,
@@ -88,8 +146,12 @@ def command(
             summary=summary or (fn.__doc__ or "").strip().splitlines()[0] if (summary or fn.__doc__) else "",
             since=since,
             syntax=syntax or _default_syntax(name, arity, keys),
-            write="write" in flagset,
+            write=write,
             noauth="no_auth" in flagset,
+            key_specs=(KeySpec.from_range(*keys, write),) if keys[0] else (),
+            getkeys=getkeys,
+            load=load,
+            settle=settle,
         )
         if parent is None:
             REGISTRY[spec.name.encode()] = spec

@@ -39,7 +39,7 @@ class PoolWait:
         self.reply = reply
         self.check = check
         self.result: dict[bytes, Any] = {}
-        self.ticket: list[Any] | None = None
+        self.ticket: Any = None  # a pool watch Ticket while the check runs
         self.done = False
         self.tries = tries
         # The loader's records of the first run, kept for the second (see Store.keep_overlay).
@@ -125,7 +125,15 @@ def _mget_options(args: list[bytes], default: str) -> tuple[list[bytes], str, bo
     return keys, level, with_versions
 
 
-@command("tair.kv.mget", -2, "readonly", keys=(1, -1, 1), group="tairkv", since="0.1.0",
+def _mget_keys(args: list[bytes]) -> list[bytes]:
+    """TAIR.KV.MGET's keys: its option words (CONSISTENCY_LEVEL STRONG, WITHVERSIONS) are not keys."""
+    try:
+        return _mget_options(args, "eventual")[0]
+    except CommandError:
+        return []  # the handler answers with the error; nothing to load for it
+
+
+@command("tair.kv.mget", -2, "readonly", keys=(1, -1, 1), getkeys=_mget_keys, group="tairkv", since="0.1.0",
          summary="Gets KV-cache values (nil for missing), optionally with their versions.",
          syntax="TAIR.KV.MGET key [key ...] [CONSISTENCY_LEVEL STRONG|EVENTUAL] [WITHVERSIONS]")
 def kv_mget(ctx: Context, args: list[bytes]) -> Any:
@@ -160,7 +168,7 @@ def _strong_pool_check(ctx: Context, args: list[bytes], keys: list[bytes]) -> No
     assert pool is not None
     w = ctx.extra.pop(_WAIT, None)
     if w is not None and w.args is args and w.done:
-        stale = w.ticket is not None and w.ticket[0]
+        stale = w.ticket is not None and w.ticket.stale
         if w.ticket is not None:
             pool.unwatch(w.ticket)
             w.ticket = None
@@ -187,15 +195,21 @@ def _strong_pool_check(ctx: Context, args: list[bytes], keys: list[bytes]) -> No
     raise WaitForCommit(w)  # type: ignore[arg-type]
 
 
-@command("tair.kv.prefetch", -2, "readonly fast", keys=(1, -1, 1), group="tairkv", since="0.1.0",
+def _prefetch_keys(args: list[bytes]) -> list[bytes]:
+    """TAIR.KV.PREFETCH's keys: a trailing ``PRIORITY n`` is an option, not two keys."""
+    if len(args) >= 3 and args[-2].upper() == b"PRIORITY":
+        return list(args[1:-2])
+    return list(args[1:])
+
+
+# load=False: the keys are queued for the prefetcher, which reads each once; the reply does not wait for them.
+@command("tair.kv.prefetch", -2, "readonly fast", keys=(1, -1, 1), getkeys=_prefetch_keys, load=False,
+         group="tairkv", since="0.1.0",
          summary="Queues keys for promotion from lower tiers to DRAM; replies with how many were queued.",
          syntax="TAIR.KV.PREFETCH key [key ...] [PRIORITY n]")
 def kv_prefetch(ctx: Context, args: list[bytes]) -> Any:
-    keys = list(args[1:])
-    priority = 0
-    if len(keys) >= 2 and keys[-2].upper() == b"PRIORITY":
-        priority = parse_int(keys[-1])
-        del keys[-2:]
+    keys = _prefetch_keys(args)
+    priority = parse_int(args[-1]) if len(keys) < len(args) - 1 else 0
     if not keys:
         raise wrong_arity("tair.kv.prefetch")
     if ctx.server is not None:

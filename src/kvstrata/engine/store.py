@@ -35,6 +35,7 @@ from kvstrata.engine.tiers.dram import DramTier
 from kvstrata.engine.tiers.markers import Corrupt
 from kvstrata.engine.tiers.pool import PoolTier
 from kvstrata.engine.tiers.ssd import SsdTier
+from kvstrata.engine.tiers.watch import Ticket
 from kvstrata.errors import OutOfMemoryError, VersionMismatchError
 
 log = logging.getLogger("kvstrata.engine")
@@ -62,7 +63,7 @@ class LoadTicket:
 
     __slots__ = ("pool_first", "pool_ticket", "rest", "ssd_ticket")
 
-    def __init__(self, ssd_ticket: list[Any], pool_ticket: list[Any] | None, pool_first: list[bytes],
+    def __init__(self, ssd_ticket: Ticket, pool_ticket: Ticket | None, pool_first: list[bytes],
                  rest: list[bytes]) -> None:
         self.ssd_ticket = ssd_ticket
         self.pool_ticket = pool_ticket
@@ -71,7 +72,7 @@ class LoadTicket:
 
     @property
     def stale(self) -> bool:
-        return bool(self.ssd_ticket[0] or (self.pool_ticket is not None and self.pool_ticket[0]))
+        return self.ssd_ticket.stale or (self.pool_ticket is not None and self.pool_ticket.stale)
 
 
 class Store:
@@ -246,22 +247,30 @@ class Store:
         self._overlay = found
         return True
 
+    def loaded(self, key: bytes) -> bool:
+        """Whether a key's lower-tier state is known without reading LMDB (DRAM, pending writes, the overlay)."""
+        if key in self.dram.entries or self.ssd is None:
+            return True
+        if self.ssd.lookup_pending(key)[0]:
+            return True
+        return self._overlay is not None and key in self._overlay
+
     def end_command(self) -> None:
         self._overlay = None
 
-    def keep_overlay(self, keys: list[bytes]) -> tuple[dict[bytes, Any], list[Any]] | None:
+    def keep_overlay(self, keys: list[bytes]) -> tuple[dict[bytes, Any], Ticket] | None:
         """Keep the current overlay for a later run of the same command (a STRONG read suspended for the pool),
         watched so that an SSD change of these keys in between invalidates it."""
         if self._overlay is None or self.ssd is None:
             return None
         return dict(self._overlay), self.ssd.watch(keys)
 
-    def restore_overlay(self, kept: tuple[dict[bytes, Any], list[Any]], *, install: bool = True) -> bool:
+    def restore_overlay(self, kept: tuple[dict[bytes, Any], Ticket], *, install: bool = True) -> bool:
         """Reinstall a kept overlay if nothing changed its keys on the SSD since; False when it went stale."""
         overlay, ticket = kept
         assert self.ssd is not None
         self.ssd.unwatch(ticket)
-        if ticket[0] or not install:
+        if ticket.stale or not install:
             return False
         self._overlay = overlay
         return True
@@ -563,10 +572,16 @@ class Store:
         self.admission.forget(key)
         return True
 
-    def promote(self, key: bytes) -> bool:
+    def promote(self, key: bytes, *, sync: bool = True) -> bool:
         """Move a lower-tier key up now (a prefetch); False when it is missing, already in DRAM, or could only
-        come up by displacing pinned, recently used or hotter data."""
+        come up by displacing pinned, recently used or hotter data.
+
+        ``sync=False`` (the server's prefetcher): only a key whose lower-tier state is known without reading
+        LMDB (pending writes, the loader's overlay) is promoted; the event loop never reads a lower tier.
+        """
         if key in self.dram.entries:
+            return False
+        if not sync and not self.loaded(key):
             return False
         entry = self._below(key)
         if entry is None:
@@ -971,6 +986,7 @@ class Store:
             rows.append({"name": "ssd", "used": self.ssd.used, "budget": self.ssd.budget, "keys": len(self.ssd),
                          "pending": len(self.ssd.pending), "queued_bytes": self.ssd.queued_bytes,
                          "write_errors": self.ssd.write_errors, "expired": self.ssd.expired,
+                         "reads": self.ssd.reads,
                          **self.tier_stats["ssd"].as_dict(),
                          "evictions": self.ssd.evictions})
         pool = self.pool

@@ -190,7 +190,11 @@ class Server:
                 fut.set_result(None)
 
     async def load(self, keys: list[bytes]) -> bool:
-        """Read lower-tier records of ``keys`` (LMDB, the pool) in a thread and install them for the next command."""
+        """Read lower-tier records of ``keys`` (LMDB, the pool) in a thread and install them for the next command.
+
+        True when every key's state is now known without LMDB. False when the load was raced by a write (its
+        records are not installed) or a key left the SSD's pending writes meanwhile: the caller loads again.
+        """
         store = self.store
         missing = store.missing(keys)
         if not missing or store.ssd is None:
@@ -202,7 +206,7 @@ class Server:
         except BaseException:
             store.cancel_load(ticket)
             raise
-        return store.finish_load(ticket, found)
+        return store.finish_load(ticket, found) and all(store.loaded(k) for k in keys)
 
     # ---- configuration at run time ----
     def apply_config(self) -> None:

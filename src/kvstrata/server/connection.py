@@ -413,11 +413,11 @@ class Connection(asyncio.BufferedProtocol):
         assert ssd is not None
         store.stream = self.client.id
         sub = resolve(spec, args) if spec.subcommands else spec
-        keys = sub.keys(args)
+        keys = sub.load_keys(args)
         needs_io = bool(keys and store.missing(keys))
         if spec.write and ssd.queued_bytes > self.server.ssd_write_queue:
             needs_io = True
-        if spec.name == "dbsize" and not ssd.settled:
+        if sub.settle and not ssd.settled:
             needs_io = True
         if needs_io:
             return self._slow(spec, args, keys, counts)
@@ -471,7 +471,7 @@ class Connection(asyncio.BufferedProtocol):
             await srv.wait_commit(wait_seq)
         if spec.write and ssd.queued_bytes > srv.ssd_write_queue:
             await srv.wait_commit(ssd.enqueued_seq)
-        if spec.name == "dbsize" and not ssd.settled:
+        if spec.settle and not ssd.settled:
             await srv.wait_commit(ssd.enqueued_seq)
         if keys:
             missing = store.missing(keys)

@@ -21,6 +21,7 @@ from kvstrata.engine.store import Store
 log = logging.getLogger("kvstrata.prefetch")
 
 PREDICTED_PRIORITY = -1
+LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
 
 
 class Prefetcher:
@@ -37,6 +38,8 @@ class Prefetcher:
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.dropped = 0
+        # Batches given up because every load of them was raced by a write.
+        self.stale_batches = 0
 
     def submit(self, keys: list[bytes], priority: int = 0) -> int:
         """Queue keys that are not already in DRAM or queued; higher priority goes first. Returns how many."""
@@ -98,9 +101,16 @@ class Prefetcher:
                 self._loading = set(keys)
                 self._loaded = asyncio.get_running_loop().create_future()
                 try:
-                    await self._load(keys)
+                    # A load raced by a write is stale and not installed: it is read again, and after LOAD_TRIES
+                    # only the keys whose state is known are promoted (a later read loads the others itself).
+                    # Promotion never reads LMDB on the event loop.
+                    for _ in range(LOAD_TRIES):
+                        if await self._load(keys):
+                            break
+                    else:
+                        self.stale_batches += 1
                     for key in keys:
-                        if self.store.promote(key):
+                        if self.store.promote(key, sync=False):
                             self.store.stats.prefetch_done += 1
                 except Exception:  # a failed prefetch must never take the server down
                     log.exception("prefetch batch failed")

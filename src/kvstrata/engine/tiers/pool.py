@@ -47,7 +47,7 @@ import xxhash
 
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
-from kvstrata.engine.tiers.watch import Watchers
+from kvstrata.engine.tiers.watch import Ticket, Watchers
 from kvstrata.engine.tiers.writer import BatchWriter
 
 log = logging.getLogger("kvstrata.pool")
@@ -367,11 +367,11 @@ class PoolTier(BatchWriter):
             return {}
 
     # ---- watch tickets (owner's thread) ----
-    def watch(self, keys: Iterable[bytes]) -> list[Any]:
+    def watch(self, keys: Iterable[bytes]) -> Ticket:
         """A ticket that turns stale when any of ``keys`` is written or deleted here before ``unwatch``."""
         return self._watchers.watch(keys)
 
-    def unwatch(self, ticket: list[Any]) -> None:
+    def unwatch(self, ticket: Ticket) -> None:
         self._watchers.unwatch(ticket)
 
     # ---- writes (owner's thread) ----

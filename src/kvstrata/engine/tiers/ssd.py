@@ -27,7 +27,7 @@ import xxhash
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
-from kvstrata.engine.tiers.watch import Watchers
+from kvstrata.engine.tiers.watch import Ticket, Watchers
 from kvstrata.engine.tiers.writer import BatchWriter
 
 log = logging.getLogger("kvstrata.ssd")
@@ -150,6 +150,9 @@ class SsdTier(BatchWriter):
         # Bytes of failed writes held in memory beyond which demotions are refused (set by the server).
         self.stuck_limit = 64 * 1024 * 1024
         self.evictions = 0
+        # Keys looked up in LMDB (loader, synchronous reads): a key is read once per load. Updated from worker
+        # threads under the GIL; a statistic, not a synchronisation point.
+        self.reads = 0
         self.corrupt_reads = 0
         self.expired = 0
         self.write_errors = 0
@@ -171,12 +174,15 @@ class SsdTier(BatchWriter):
     # ---- reads (any thread) ----
     def read(self, key: bytes) -> Entry | Corrupt | None:
         """The committed record of a key, ignoring ``pending`` (callers check that first)."""
+        self.reads += 1
         with self.env.begin(buffers=True) as txn:
             rec = txn.get(data_key(key), db=self._data)
             return None if rec is None else decode_record(key, rec)
 
     def read_many(self, keys: Iterable[bytes]) -> dict[bytes, Entry | Corrupt | None]:
         out: dict[bytes, Entry | Corrupt | None] = {}
+        keys = list(keys)
+        self.reads += len(keys)
         with self.env.begin(buffers=True) as txn:
             for key in keys:
                 rec = txn.get(data_key(key), db=self._data)
@@ -239,11 +245,11 @@ class SsdTier(BatchWriter):
         return self._pending_groups.get(bucket, [])
 
     # ---- writes (owner's thread) ----
-    def watch(self, keys: Iterable[bytes]) -> list[Any]:
+    def watch(self, keys: Iterable[bytes]) -> Ticket:
         """A ticket that turns stale when any of ``keys`` is written or deleted here before ``unwatch``."""
         return self._watchers.watch(keys)
 
-    def unwatch(self, ticket: list[Any]) -> None:
+    def unwatch(self, ticket: Ticket) -> None:
         self._watchers.unwatch(ticket)
 
     def put(self, key: bytes, entry: Entry) -> int:
