@@ -37,15 +37,11 @@ def _spec_info(spec: CommandSpec) -> list[Any]:
 
 
 def _key_specs(spec: CommandSpec) -> list[Any]:
-    if spec.first_key == 0:
-        return []
-    last = spec.last_key - spec.first_key if spec.last_key >= 0 else spec.last_key
-    flags = [Status("RW"), Status("update")] if spec.write else [Status("RO"), Status("access")]
     return [{
-        "flags": flags,
-        "begin_search": {"type": "index", "spec": {"index": spec.first_key}},
-        "find_keys": {"type": "range", "spec": {"lastkey": last, "keystep": spec.step, "limit": 0}},
-    }]
+        "flags": [Status(f) for f in ks.flags],
+        "begin_search": {"type": "index", "spec": {"index": ks.index}},
+        "find_keys": {"type": "range", "spec": {"lastkey": ks.lastkey, "keystep": ks.step, "limit": 0}},
+    } for ks in spec.key_specs]
 
 
 def _spec_docs(spec: CommandSpec) -> dict[str, Any]:

@@ -7,55 +7,10 @@ from typing import Any
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import command
+from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Suspend
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
 
-_WAIT = "kvstrata.pool_wait"
 STRONG_RECHECKS = 3
-
-
-class WaitForCommit(Exception):
-    """Raised by a handler that must see the SSD writer reach ``seq`` before it can answer (STRONG reads)."""
-
-    def __init__(self, seq: int) -> None:
-        super().__init__(seq)
-        self.seq = seq
-
-
-class PoolWait:
-    """Raised (inside WaitForCommit) by a handler that needs the pool before it can answer.
-
-    ``pool_seq``: a pool write to wait for (TAIR.KV.SETEX acknowledges after the pool has the value, so a STRONG
-    read through another node sees it); ``check``: {key: local version} to compare with the pool's (STRONG
-    reads). The server fills ``result`` and ``done``; the handler runs again and finds them.
-    """
-
-    __slots__ = ("args", "check", "done", "overlay", "pool_seq", "reply", "result", "ssd_seq", "ticket", "tries")
-
-    def __init__(self, args: Any, *, pool_seq: int = 0, ssd_seq: int = 0, reply: Any = None,
-                 check: dict[bytes, int] | None = None, tries: int = 0) -> None:
-        self.args = args
-        self.pool_seq = pool_seq
-        self.ssd_seq = ssd_seq
-        self.reply = reply
-        self.check = check
-        self.result: dict[bytes, Any] = {}
-        self.ticket: Any = None  # a pool watch Ticket while the check runs
-        self.done = False
-        self.tries = tries
-        # The loader's records of the first run, kept for the second (see Store.keep_overlay).
-        self.overlay: Any = None
-
-    def release(self, store: Any) -> None:
-        """Drop the watch tickets of a wait that will not be used."""
-        if self.ticket is not None and store.pool is not None:
-            store.pool.unwatch(self.ticket)
-            self.ticket = None
-        if self.overlay is not None:
-            store.restore_overlay(self.overlay, install=False)
-            self.overlay = None
-
-    def __bool__(self) -> bool:
-        return True
 
 
 @command("tair.kv.setex", -4, "write denyoom", keys=(1, 1, 1), group="tairkv", since="0.1.0",
@@ -63,16 +18,6 @@ class PoolWait:
          syntax="TAIR.KV.SETEX key ttl_ms value [COLD_STORAGE] [VER expected_version]")
 def kv_setex(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
-    w = ctx.extra.pop(_WAIT, None)
-    if w is not None and w.args is not args:
-        w.release(store)
-    elif w is not None:
-        # Second run, after the pool (and, under write-through, the SSD) acknowledged the write.
-        if w.ssd_seq and store.ssd is not None:
-            failed = store.ssd.failed.get(w.ssd_seq)
-            if failed is not None:
-                raise CommandError(f"SSD write failed: {failed}")
-        return w.reply
     ttl_ms = parse_int(args[2])
     if ttl_ms < 0:
         raise CommandError("invalid expire time in 'tair.kv.setex' command")
@@ -96,11 +41,18 @@ def kv_setex(ctx: Context, args: list[bytes]) -> Any:
     entry = store.put(args[1], args[3], expire_at, cold=cold, expected_version=expected)
     pool = store.pool
     if store.pool_ack and pool is not None and pool.active and ctx.server is not None:
-        # Acknowledge once the pool holds the value, so a STRONG read through another node sees it. A pool
-        # that fails meanwhile releases the wait (the write stays local; the pool is marked degraded).
-        w = PoolWait(args, pool_seq=store.pool_ack, ssd_seq=store.ack_seq, reply=entry.version)
-        ctx.extra[_WAIT] = w
-        raise WaitForCommit(w)  # type: ignore[arg-type]
+        # Acknowledge once the pool holds the value, so a STRONG read through another node sees it (and, under
+        # write-through, once the SSD has it).
+        ssd_seq = store.ack_seq
+        version = entry.version
+
+        def acked(_: Any) -> int:
+            failed = store.ssd.failed.get(ssd_seq) if ssd_seq and store.ssd is not None else None
+            if failed is not None:
+                raise CommandError(f"SSD write failed: {failed}")
+            return version
+
+        return Suspend(PoolAck(store.pool_ack, ssd_seq), acked)
     return entry.version
 
 
@@ -138,17 +90,16 @@ def _mget_keys(args: list[bytes]) -> list[bytes]:
          syntax="TAIR.KV.MGET key [key ...] [CONSISTENCY_LEVEL STRONG|EVENTUAL] [WITHVERSIONS]")
 def kv_mget(ctx: Context, args: list[bytes]) -> Any:
     keys, level, with_versions = _mget_options(args, ctx.config.get("consistency"))
-    store = ctx.store
-    ssd = store.ssd
-    if level == "strong" and ssd is not None and store.write_through and ssd.committed_seq < ssd.enqueued_seq:
-        # Answer only with acknowledged data: wait for in-flight write-through writes of these keys.
-        if any(k in ssd.pending for k in keys):
-            raise WaitForCommit(ssd.enqueued_seq)
-    if level == "strong" and store.pool is not None and ctx.server is not None:
-        _strong_pool_check(ctx, args, keys)
+    if level == "strong":
+        return _strong(ctx, keys, with_versions)
+    return _read(ctx, keys, with_versions)
+
+
+def _read(ctx: Context, keys: list[bytes], with_versions: bool) -> list[Any]:
+    get = ctx.store.get
     out: list[Any] = []
     for key in keys:
-        entry = store.get(key)
+        entry = get(key)
         if with_versions:
             out.append(None if entry is None else [entry.value, entry.version])
         else:
@@ -156,43 +107,52 @@ def kv_mget(ctx: Context, args: list[bytes]) -> Any:
     return out
 
 
-def _strong_pool_check(ctx: Context, args: list[bytes], keys: list[bytes]) -> None:
+def _strong(ctx: Context, keys: list[bytes], with_versions: bool) -> Any:
+    """A STRONG read answers only with acknowledged data, and with the pool's newer records when there is one."""
+    store = ctx.store
+    ssd = store.ssd
+    if ssd is not None and store.write_through and ssd.committed_seq < ssd.enqueued_seq \
+            and any(k in ssd.pending for k in keys):
+        # In-flight write-through writes of these keys: wait for them, then read the keys again (they left the
+        # pending writes, so they are loaded anew).
+        return Suspend(Commit(ssd.enqueued_seq), lambda _: _strong(ctx, keys, with_versions), reload=True)
+    if store.pool is not None and ctx.server is not None:
+        return _pool_check(ctx, keys, with_versions, 0)
+    return _read(ctx, keys, with_versions)
+
+
+def _pool_check(ctx: Context, keys: list[bytes], with_versions: bool, tries: int) -> Any:
     """STRONG reads with a pool: compare each key's local version with the pool's; adopt newer pool records.
 
-    First run: note the local versions and suspend (the check runs in a worker thread). Second run: adopt what
-    is newer (highest version wins). If this node wrote or deleted one of the keys meanwhile, the check is redone
-    (at most STRONG_RECHECKS times, then the local copies answer). A degraded pool answers from local tiers.
+    The check runs in a worker thread; the continuation adopts what is newer (highest version wins) and reads. If
+    this node wrote or deleted one of the keys in the pool meanwhile, the check is redone (at most
+    STRONG_RECHECKS times, then the local copies answer). A degraded pool answers from local tiers.
     """
     store = ctx.store
     pool = store.pool
     assert pool is not None
-    w = ctx.extra.pop(_WAIT, None)
-    if w is not None and w.args is args and w.done:
-        stale = w.ticket is not None and w.ticket.stale
-        if w.ticket is not None:
-            pool.unwatch(w.ticket)
-            w.ticket = None
-        if w.overlay is not None:
-            # The records loaded before the first run, still valid unless the SSD changed them meanwhile: the
-            # reads below stay off the event loop.
-            store.restore_overlay(w.overlay)
-            w.overlay = None
-        if not stale:
-            store.refresh_from_pool(w.result)
-            return
-        if w.tries >= STRONG_RECHECKS or not pool.active:
-            return
-        tries = w.tries + 1
-    else:
-        if w is not None:
-            w.release(store)
-        tries = 0
     if not pool.active:
-        return
-    w = PoolWait(args, check=store.local_versions(keys), tries=tries)
-    w.overlay = store.keep_overlay(keys)
-    ctx.extra[_WAIT] = w
-    raise WaitForCommit(w)  # type: ignore[arg-type]
+        return _read(ctx, keys, with_versions)
+    local = store.local_versions(keys)
+    # The records loaded before this step, kept (watched) so the reads after the check stay off the event loop.
+    kept = store.keep_overlay(keys)
+
+    def release() -> None:
+        if kept is not None:
+            store.restore_overlay(kept, install=False)
+
+    def then(result: tuple[dict[bytes, Any], bool]) -> Any:
+        newer, raced = result
+        if kept is not None:
+            store.restore_overlay(kept)  # reinstalled unless the SSD changed these keys meanwhile
+        if not raced:
+            store.refresh_from_pool(newer)
+            return _read(ctx, keys, with_versions)
+        if tries >= STRONG_RECHECKS or not pool.active:
+            return _read(ctx, keys, with_versions)
+        return _pool_check(ctx, keys, with_versions, tries + 1)
+
+    return Suspend(PoolVersions(local), then, cancel=release)
 
 
 def _prefetch_keys(args: list[bytes]) -> list[bytes]:

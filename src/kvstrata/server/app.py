@@ -14,7 +14,7 @@ from typing import Any
 
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.commands import REGISTRY, CommandSpec
-from kvstrata.commands.tairkv import PoolWait
+from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Wait
 from kvstrata.config import Config
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.predict import Predictor
@@ -143,11 +143,8 @@ class Server:
             if not fut.done():
                 fut.set_result(None)
 
-    async def wait_commit(self, seq: Any) -> None:
-        """Wait for the SSD writer to commit ``seq``, or for a pool step a handler asked for (see tairkv)."""
-        if isinstance(seq, PoolWait):
-            await self._pool_wait(seq)
-            return
+    async def wait_commit(self, seq: int) -> None:
+        """Wait for the SSD writer to commit ``seq``."""
         ssd = self.store.ssd
         if ssd is None or ssd.committed_seq >= seq:
             return
@@ -156,28 +153,30 @@ class Server:
         heapq.heappush(self._commit_waiters, (seq, next(self._waiter_seq), fut))
         await fut
 
-    async def _pool_wait(self, w: PoolWait) -> None:
-        """A pool write to be acknowledged (``pool_seq``), or a STRONG version check to run (``check``)."""
+    async def wait(self, w: Wait) -> Any:
+        """Perform a handler's typed wait (kvstrata.commands.waits) and return its result."""
+        if w.__class__ is Commit:
+            await self.wait_commit(w.seq)  # type: ignore[union-attr]
+            return None
         pool = self.store.pool
         assert self.loop is not None
-        if w.ssd_seq:
-            await self.wait_commit(w.ssd_seq)
+        if isinstance(w, PoolAck):
+            if w.ssd_seq:
+                await self.wait_commit(w.ssd_seq)
+            if pool is not None and pool.committed_seq < w.seq and pool.active:
+                fut: asyncio.Future[None] = self.loop.create_future()
+                heapq.heappush(self._pool_waiters, (w.seq, next(self._waiter_seq), fut))
+                await fut
+            return None
+        assert isinstance(w, PoolVersions)
         if pool is None:
-            w.done = True
-            return
-        if w.pool_seq and pool.committed_seq < w.pool_seq and pool.active:
-            fut: asyncio.Future[None] = self.loop.create_future()
-            heapq.heappush(self._pool_waiters, (w.pool_seq, next(self._waiter_seq), fut))
-            await fut
-        if w.check is not None:
-            w.ticket = pool.watch(w.check)
-            try:
-                w.result = await self.loop.run_in_executor(self._io, pool.check_versions, w.check)
-            except BaseException:
-                pool.unwatch(w.ticket)
-                w.ticket = None
-                raise
-        w.done = True
+            return {}, False
+        ticket = pool.watch(w.local)
+        try:
+            newer = await self.loop.run_in_executor(self._io, pool.check_versions, w.local)
+        finally:
+            pool.unwatch(ticket)
+        return newer, ticket.stale
 
     def _on_pool_commit(self) -> None:
         pool = self.store.pool

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstrata.commands.context import ClientState, Context
 from kvstrata.commands.registry import CommandSpec, resolve
-from kvstrata.commands.tairkv import WaitForCommit
+from kvstrata.commands.waits import Suspend
 from kvstrata.engine.bufpool import BufferPool, tune_malloc
 from kvstrata.errors import CommandError, NoAuthError, ProtocolError, wrong_arity
 from kvstrata.protocol.encoder import ErrorReply, encode
@@ -423,16 +423,20 @@ class Connection(asyncio.BufferedProtocol):
             return self._slow(spec, args, keys, counts)
         return self._invoke_sync(spec, args, counts)
 
-    def _invoke_sync(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
+    def _invoke_sync(self, spec: CommandSpec, args: list[Any], counts: CommandStats,
+                     step: Any = None, result: Any = None) -> Any:
+        """Run the handler (or, with ``step``, a suspended command's continuation) now, on the loop.
+
+        Returns None when the reply is in ``out``, or a coroutine to await first: the handler returned a typed
+        wait (``Suspend``), or its write must be acknowledged by the SSD writer before the reply goes out.
+        """
         store = self.store
         ssd = store.ssd
         assert ssd is not None
         store.ack_seq = 0
         t0 = perf_counter_ns()
         try:
-            reply = spec.handler(self.ctx, args)
-        except WaitForCommit as w:
-            return self._slow(spec, args, [], counts, wait_seq=w.seq)  # the coroutine runs after the finally
+            reply = spec.handler(self.ctx, args) if step is None else step(result)
         except Exception as exc:
             self._fail(spec, counts, exc)
             return None
@@ -447,11 +451,43 @@ class Connection(asyncio.BufferedProtocol):
                 self.server.slowlog.add(usec, args, self.client.addr, self.client.name)
             if spec.noauth:
                 self.parser.refresh()
+        if reply.__class__ is Suspend:
+            return self._continue(spec, args, counts, reply)
         seq = store.ack_seq
         if seq and seq > ssd.committed_seq:
             return self._ack_after(seq, reply)
         encode(reply, self.client.proto, self.out)
         return None
+
+    async def _continue(self, spec: CommandSpec, args: list[Any], counts: CommandStats, sus: Suspend) -> None:
+        """Perform a handler's wait off the loop, then run its continuation (which may wait again)."""
+        srv = self.server
+        try:
+            result = await srv.wait(sus.wait)
+            if sus.reload:
+                await self._load(resolve(spec, args).load_keys(args))
+        except BaseException:
+            sus.release()
+            raise
+        waiter = self._invoke_sync(spec, args, counts, sus.then, result)
+        if waiter is not None:
+            await waiter
+
+    async def _load(self, keys: list[bytes]) -> None:
+        """Load ``keys`` from the lower tiers for the command about to run (its reads then stay off the loop).
+
+        A load raced by a write is done again, a few times; after that the command runs anyway and reads what is
+        still unknown synchronously (correct, only slower).
+        """
+        if not keys:
+            return
+        srv = self.server
+        missing = self.store.missing(keys)
+        if missing and srv.prefetcher.in_flight(missing):
+            await srv.prefetcher.claim(missing)
+        for _ in range(3):
+            if await srv.load(keys):
+                break
 
     async def _ack_after(self, seq: int, reply: Any) -> None:
         await self.server.wait_commit(seq)
@@ -461,25 +497,17 @@ class Connection(asyncio.BufferedProtocol):
         else:
             encode(reply, self.client.proto, self.out)
 
-    async def _slow(self, spec: CommandSpec, args: list[Any], keys: list[bytes], counts: CommandStats,
-                    wait_seq: int = 0) -> None:
+    async def _slow(self, spec: CommandSpec, args: list[Any], keys: list[bytes], counts: CommandStats) -> None:
+        """The waits a command declares, before it runs: writer backpressure, a settled SSD, its keys loaded."""
         store = self.store
         ssd = store.ssd
         assert ssd is not None
         srv = self.server
-        if wait_seq:
-            await srv.wait_commit(wait_seq)
         if spec.write and ssd.queued_bytes > srv.ssd_write_queue:
             await srv.wait_commit(ssd.enqueued_seq)
-        if spec.settle and not ssd.settled:
+        if resolve(spec, args).settle and not ssd.settled:
             await srv.wait_commit(ssd.enqueued_seq)
-        if keys:
-            missing = store.missing(keys)
-            if missing and srv.prefetcher.in_flight(missing):
-                await srv.prefetcher.claim(missing)
-        for _ in range(3):
-            if await srv.load(keys):
-                break
+        await self._load(keys)
         waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:
             await waiter

@@ -1,0 +1,83 @@
+"""Commands declare their keys and waits in the table, and a handler that must wait returns a typed wait with a
+continuation (it never raises to be run again)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstrata.commands.context import ClientState, Context
+from kvstrata.commands.registry import REGISTRY, KeySpec, lookup
+from kvstrata.commands.tairkv import kv_mget
+from kvstrata.commands.waits import Commit, Suspend
+from kvstrata.config import Config
+from kvstrata.engine.store import Store
+from kvstrata.engine.tiers.ssd import SsdTier
+
+
+def spec(name: str):
+    found = lookup(name.encode())
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize(("argv", "keys"), [
+    ("GET a", ["a"]),
+    ("MSET a 1 b 2", ["a", "b"]),
+    ("RENAME a b", ["a", "b"]),
+    ("DEL a b c", ["a", "b", "c"]),
+    ("SET a 1 EX 10 GET", ["a"]),
+    ("TAIR.KV.MGET a b CONSISTENCY_LEVEL STRONG WITHVERSIONS", ["a", "b"]),
+    ("TAIR.KV.MGET a WITHVERSIONS", ["a"]),
+    ("TAIR.KV.PREFETCH a b PRIORITY 5", ["a", "b"]),
+    ("TAIR.KV.PREFETCH PRIORITY", ["PRIORITY"]),  # one key that happens to be spelled like the option
+    ("DBSIZE", []),
+])
+def test_keys_come_from_the_key_specs_or_the_extraction_function(argv: str, keys: list[str]) -> None:
+    args = [a.encode() for a in argv.split()]
+    assert spec(argv.split()[0].lower()).keys(args) == [k.encode() for k in keys]
+
+
+def test_waits_are_declared() -> None:
+    assert not spec("tair.kv.prefetch").load_keys([b"x", b"a", b"b"])  # queued, never loaded before the reply
+    assert spec("get").load_keys([b"get", b"a"]) == [b"a"]
+    assert spec("dbsize").settle
+    assert not any(s.settle for n, s in REGISTRY.items() if n != b"dbsize")
+
+
+def test_key_spec_ranges() -> None:
+    args = [b"cmd", b"k1", b"v1", b"k2", b"v2", b"opt"]
+    assert KeySpec(1, 0).find(args) == [b"k1"]
+    assert KeySpec(1, -2, 2).find(args) == [b"k1", b"k2"]
+    assert KeySpec.from_range(1, 3, 2, write=True) == KeySpec(1, 2, 2, ("RW", "update"))
+
+
+def test_strong_read_returns_a_commit_wait_and_a_continuation(tmp_path: Path) -> None:
+    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=True)
+    delivered: list[Any] = []
+    arrived = threading.Event()
+
+    def deliver(fn: Any) -> None:  # the writer's completions are held back, so the write stays in flight
+        delivered.append(fn)
+        arrived.set()
+
+    ssd.set_delivery(deliver)
+    try:
+        store = Store(1 << 20, ssd=ssd, durability="write-through")
+        ctx = Context(store, Config(), ClientState(id=1))
+        store.put(b"k", b"v1")
+        sus = kv_mget(ctx, [b"TAIR.KV.MGET", b"k", b"CONSISTENCY_LEVEL", b"STRONG"])
+        assert isinstance(sus, Suspend) and isinstance(sus.wait, Commit)
+        assert sus.wait.seq == ssd.enqueued_seq and sus.reload
+        assert arrived.wait(10)
+        for fn in delivered:
+            fn()
+        assert ssd.committed_seq >= sus.wait.seq
+        assert sus.then(None) == [b"v1"]  # the continuation answers once the write is committed
+        # Nothing in flight: the same command answers at once.
+        assert kv_mget(ctx, [b"TAIR.KV.MGET", b"k", b"CONSISTENCY_LEVEL", b"STRONG"]) == [b"v1"]
+    finally:
+        ssd.close()
