@@ -78,11 +78,12 @@ def bench(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: kvstrata {serve,bench,chat,top,version} ...\n\n"
+        print("usage: kvstrata {serve,bench,chat,top,check,version} ...\n\n"
               "  serve    run the RESP server (kvstrata serve --help)\n"
               "  bench    run a benchmark: " + ", ".join(BENCHMARKS) + "\n"
               "  chat     a multi-turn chat that reuses the KV cache (kvstrata chat --help)\n"
               "  top      a live terminal view of a server (kvstrata top --help)\n"
+              "  check    verify (and --repair) an SSD tier (kvstrata check --help)\n"
               "  version  print the version")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvstrata.observability.top import main as top_main
 
         return top_main(rest)
+    if cmd == "check":
+        from kvstrata.check import main as check_main
+
+        return check_main(rest)
     if cmd == "chat":
         from kvstrata.chat import main as chat_main
 

@@ -986,7 +986,7 @@ class Store:
             rows.append({"name": "ssd", "used": self.ssd.used, "budget": self.ssd.budget, "keys": len(self.ssd),
                          "pending": len(self.ssd.pending), "queued_bytes": self.ssd.queued_bytes,
                          "write_errors": self.ssd.write_errors, "expired": self.ssd.expired,
-                         "reads": self.ssd.reads,
+                         "reads": self.ssd.reads, "unreadable_pages": self.ssd.unreadable_pages,
                          **self.tier_stats["ssd"].as_dict(),
                          "evictions": self.ssd.evictions})
         pool = self.pool

@@ -118,8 +118,12 @@ class SsdTier(BatchWriter):
         self.fsync = fsync
         # Room for LMDB's page and B-tree overhead beyond the data budget.
         map_size = max(budget * 2, budget + 64 * 1024**2)
+        # fsync=always: LMDB's own synchronous commit, which writes and flushes the data pages before the meta
+        # page that makes them visible (what a power loss needs). Otherwise commits are not flushed, and
+        # everysec/barriers call env.sync (see docs/architecture.md, "Durability").
+        durable = fsync == "always"
         self.env = lmdb.open(
-            path, map_size=map_size, max_dbs=4, sync=False, metasync=False, max_readers=256, readahead=False
+            path, map_size=map_size, max_dbs=4, sync=durable, metasync=durable, max_readers=256, readahead=False
         )
         # Not writemap: with a memory-mapped writable file a full disk is a SIGBUS; with pwrite it is an error.
         self._data = self.env.open_db(b"data")
@@ -153,6 +157,8 @@ class SsdTier(BatchWriter):
         # Keys looked up in LMDB (loader, synchronous reads): a key is read once per load. Updated from worker
         # threads under the GIL; a statistic, not a synchronisation point.
         self.reads = 0
+        # Damaged LMDB pages met by reads and listings (each occurrence counts).
+        self.unreadable_pages = 0
         self.corrupt_reads = 0
         self.expired = 0
         self.write_errors = 0
@@ -176,8 +182,16 @@ class SsdTier(BatchWriter):
         """The committed record of a key, ignoring ``pending`` (callers check that first)."""
         self.reads += 1
         with self.env.begin(buffers=True) as txn:
+            return self._read_in(txn, key)
+
+    def _read_in(self, txn: lmdb.Transaction, key: bytes) -> Entry | Corrupt | None:
+        """One record in a read transaction; a damaged page answers Corrupt for the key, never an exception."""
+        try:
             rec = txn.get(data_key(key), db=self._data)
             return None if rec is None else decode_record(key, rec)
+        except (lmdb.Error, struct.error) as exc:
+            self._unreadable(f"reading {key[:64]!r}", exc)
+            return Corrupt(key, f"unreadable page: {exc}")
 
     def read_many(self, keys: Iterable[bytes]) -> dict[bytes, Entry | Corrupt | None]:
         out: dict[bytes, Entry | Corrupt | None] = {}
@@ -185,9 +199,16 @@ class SsdTier(BatchWriter):
         self.reads += len(keys)
         with self.env.begin(buffers=True) as txn:
             for key in keys:
-                rec = txn.get(data_key(key), db=self._data)
-                out[key] = None if rec is None else decode_record(key, rec)
+                out[key] = self._read_in(txn, key)
         return out
+
+    def _unreadable(self, what: str, exc: Exception) -> None:
+        """Count a damaged LMDB page met by a read; the first one is logged (``kvstrata check`` finds them all)."""
+        self.unreadable_pages += 1
+        if self.unreadable_pages == 1:
+            log.error("SSD tier %s: unreadable LMDB page while %s (%s); such pages are skipped and counted in "
+                      "INFO tier_ssd unreadable_pages. Run `kvstrata check --essd-path %s`.",
+                      self.path, what, exc, self.path)
 
     def lookup_pending(self, key: bytes) -> tuple[bool, Entry | None]:
         """(known, entry): known is true when the answer comes from memory without touching LMDB."""
@@ -218,13 +239,18 @@ class SsdTier(BatchWriter):
         prefix = _BUCKET.pack(bucket)
         keys: set[bytes] = set()
         if not self.flush_pending:
-            with self.env.begin(buffers=True) as txn, txn.cursor(db=self._data) as cur:
-                if cur.set_range(prefix):
-                    for lkey, rec in cur:
-                        lk = bytes(lkey)
-                        if not lk.startswith(prefix):
-                            break
-                        keys.add(_record_key(lk, rec))
+            try:
+                with self.env.begin(buffers=True) as txn, txn.cursor(db=self._data) as cur:
+                    if cur.set_range(prefix):
+                        for lkey, rec in cur:
+                            lk = bytes(lkey)
+                            if not lk.startswith(prefix):
+                                break
+                            keys.add(_record_key(lk, rec))
+            except (lmdb.Error, struct.error) as exc:
+                # A damaged page: the keys read before it are listed, the rest of this bucket is skipped (SCAN,
+                # KEYS and RANDOMKEY go on with the next bucket instead of failing).
+                self._unreadable(f"listing bucket {bucket}", exc)
         for key, entry in self._pending_in(bucket):
             if entry.__class__ is Tombstone:
                 keys.discard(key)
@@ -290,8 +316,8 @@ class SsdTier(BatchWriter):
         evicted: list[bytes] = []
         try:
             evicted = self._apply_with_room(batch)
-            if self.fsync == "always" or any(op[2] == _SYNC for op in batch):
-                self.env.sync(True)
+            if self.fsync != "always" and any(op[2] == _SYNC for op in batch):
+                self.env.sync(True)  # under "always" the commit itself was synchronous
         except Exception as exc:  # disk errors must not kill the writer; the batch is reported as failed
             error = f"{type(exc).__name__}: {exc}"
             self.write_errors += 1
