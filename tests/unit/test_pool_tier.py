@@ -4,7 +4,6 @@ down from the start (every operation degrades at once, nothing raises)."""
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -66,8 +65,9 @@ def test_parse_url_rejects(url):
 
 
 def test_unreachable_pool_degrades_without_raising():
+    clock = ManualClock()
     pool = PoolTier(f"redis://127.0.0.1:{closed_port()}", 1 << 20, connect_timeout_ms=100, timeout_ms=100,
-                    backoff_max_ms=400, threaded=False)
+                    backoff_max_ms=400, threaded=False, monotonic=clock.monotonic)
     try:
         assert pool.active
         assert pool.read_many([b"a", b"b"]) == {}
@@ -76,14 +76,19 @@ def test_unreachable_pool_degrades_without_raising():
         assert pool.put(b"a", Entry(b"v", 1)) == 0
         assert pool.skipped_writes == 1 and pool.used == 0 and len(pool) == 0
         assert pool.check_versions({b"a": 0}) == {}
-        # Probes back off: the read's failure waits 100 ms, then 200, 400, 400, 400 (the cap).
+        # Probes back off: the read's failure waits 100 ms, then 200, 400, 400, 400 (the cap), on the injected
+        # clock (which the probes' real connection attempts do not move).
+        assert pool.next_probe == clock.monotonic() + 0.1
+        assert not pool.probe_due()
+        clock.advance(0.1)
+        assert pool.probe_due()
         waits = []
         for _ in range(4):
-            before = time.monotonic()
+            before = clock.monotonic()
             assert not pool.probe()
             waits.append(pool.next_probe - before)
-        assert 0.15 < waits[0] < waits[1]
-        assert all(0.35 < w < 0.45 for w in waits[1:])
+            clock.advance(waits[-1])
+        assert waits == pytest.approx([0.2, 0.4, 0.4, 0.4])
         assert pool.retries == 4 and pool.recoveries == 0
     finally:
         pool.close()

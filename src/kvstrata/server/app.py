@@ -55,6 +55,7 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
             backoff_max_ms=int(config.get("pool-backoff-max")),
             prefix=str(config.get("pool-key-prefix")).encode(),
             wall_ms=clock.now_ms,
+            monotonic=clock.monotonic,
         )
         node_id = int(config.get("pool-node-id"))
         if node_id < 0:

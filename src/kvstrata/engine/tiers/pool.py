@@ -157,6 +157,7 @@ class PoolTier(BatchWriter):
         prefix: bytes = b"kvs:",
         threaded: bool = True,
         wall_ms: Callable[[], int] | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.url = url
         self.cluster, self.nodes, self._password = parse_url(url)
@@ -167,6 +168,8 @@ class PoolTier(BatchWriter):
         self.backoff_max_ms = backoff_max_ms
         self.prefix = prefix
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
+        # Backoff and degraded-time bookkeeping; injectable (the engine's clock) so tests never wait.
+        self._monotonic = monotonic or time.monotonic
         self.pending: dict[bytes, Entry | Tombstone] = {}
         # key -> (version, charged bytes, pool expiry in wall ms): what this node put in the pool, oldest first.
         self.index: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
@@ -262,11 +265,11 @@ class PoolTier(BatchWriter):
             first = self.degraded is None
             self.degraded = f"{what}: {type(exc).__name__}: {exc}"
             if first:
-                self.degraded_since = time.monotonic()
+                self.degraded_since = self._monotonic()
                 self._backoff_ms = 0
             self._backoff_ms = min(self.backoff_max_ms, max(100, self._backoff_ms * 2))
-            self.next_probe = time.monotonic() + self._backoff_ms / 1000
-            now = time.monotonic()
+            self.next_probe = self._monotonic() + self._backoff_ms / 1000
+            now = self._monotonic()
             noisy = now - self._last_error_log < _ERRORS_LOGGED_EVERY
             if first or not noisy:
                 self._last_error_log = now
@@ -277,7 +280,7 @@ class PoolTier(BatchWriter):
             log.warning("pool still degraded: %s (%d errors so far)", self.degraded, self.errors)
 
     def probe_due(self) -> bool:
-        return self.degraded is not None and not self.probing and time.monotonic() >= self.next_probe
+        return self.degraded is not None and not self.probing and self._monotonic() >= self.next_probe
 
     def probe(self) -> bool:
         """Try the pool again (worker thread): a fresh client, every node answers PING, the cluster is ok."""
@@ -304,7 +307,7 @@ class PoolTier(BatchWriter):
             self._backoff_ms = 0
             self.recoveries += 1
         log.warning("pool %s is back after %.1fs (%s); using it again", self.url,
-                    time.monotonic() - self.degraded_since, was)
+                    self._monotonic() - self.degraded_since, was)
         return True
 
     # ---- reads (worker threads) ----
