@@ -107,7 +107,7 @@ PARAMS: tuple[Param, ...] = (
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),
     Param("pool", _str, "",
           "Shared memory pool: redis://host:port (one Redis/Valkey) or redis-cluster://host:port[,host:port...] "
-          "(a Redis/Valkey Cluster, via redis-py's cluster client); empty disables it. Needs essd-path."),
+          "(a Redis/Valkey Cluster, via redis-py's cluster client); empty disables it."),
     Param("pool-size", parse_size, 4 * 1024**3,
           "Budget of bytes this node keeps in the pool; over it, its oldest pool records are removed."),
     Param("pool-ttl", _float, 3600.0,

@@ -63,7 +63,7 @@ class LoadTicket:
 
     __slots__ = ("pool_first", "pool_ticket", "rest", "ssd_ticket")
 
-    def __init__(self, ssd_ticket: Ticket, pool_ticket: Ticket | None, pool_first: list[bytes],
+    def __init__(self, ssd_ticket: Ticket | None, pool_ticket: Ticket | None, pool_first: list[bytes],
                  rest: list[bytes]) -> None:
         self.ssd_ticket = ssd_ticket
         self.pool_ticket = pool_ticket
@@ -72,7 +72,8 @@ class LoadTicket:
 
     @property
     def stale(self) -> bool:
-        return self.ssd_ticket.stale or (self.pool_ticket is not None and self.pool_ticket.stale)
+        return (self.ssd_ticket is not None and self.ssd_ticket.stale) or (
+            self.pool_ticket is not None and self.pool_ticket.stale)
 
 
 class Store:
@@ -174,10 +175,15 @@ class Store:
 
     # ---- loading lower tiers ahead of a command ----
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
-        """Keys whose state is unknown without reading LMDB (not in DRAM nor in the SSD's pending writes)."""
+        """Keys whose state is unknown without reading a lower tier (not in DRAM nor in pending writes)."""
         ssd = self.ssd
         if ssd is None:
-            return []
+            # DRAM + pool (a diskless node): a key not in DRAM is looked up in the pool, off the loop.
+            pool = self.pool
+            if pool is None or not pool.active:
+                return []
+            entries = self.dram.entries
+            return [k for k in keys if k not in entries and k not in pool.pending]
         entries = self.dram.entries
         pending = ssd.pending
         if ssd.flush_pending:
@@ -186,10 +192,13 @@ class Store:
 
     def begin_load(self, keys: list[bytes]) -> LoadTicket:
         """Watch ``keys`` and plan their load: which are read from the pool first, which from LMDB first."""
-        assert self.ssd is not None
+        ssd = self.ssd
         pool = self.pool
         if pool is None or not pool.active:
-            return LoadTicket(self.ssd.watch(keys), None, [], list(keys))
+            assert ssd is not None
+            return LoadTicket(ssd.watch(keys), None, [], list(keys))
+        if ssd is None:
+            return LoadTicket(None, pool.watch(keys), [], list(keys))
         first: list[bytes] = []
         rest: list[bytes] = []
         if self.pool_first:
@@ -199,7 +208,7 @@ class Store:
                 (first if k in index and k not in pool.pending else rest).append(k)
         else:
             rest = list(keys)
-        return LoadTicket(self.ssd.watch(keys), pool.watch(keys), first, rest)
+        return LoadTicket(ssd.watch(keys), pool.watch(keys), first, rest)
 
     def read_lower(self, ticket: LoadTicket) -> dict[bytes, Any]:
         """The loader (a worker thread): LMDB records and pool records of a planned load, in tier order.
@@ -208,7 +217,6 @@ class Store:
         read for every key the pool did not answer; the pool for every key LMDB does not hold.
         """
         ssd = self.ssd
-        assert ssd is not None
         pool = self.pool
         found: dict[bytes, Any] = {}
         rest = ticket.rest
@@ -221,7 +229,8 @@ class Store:
                     found[k] = PoolHit(rec)
                 else:
                     rest.append(k)
-        found.update(ssd.read_many(rest))
+        if ssd is not None:
+            found.update(ssd.read_many(rest))
         if ticket.pool_ticket is not None and pool is not None:
             # Keys not read in the pool yet: begin_load put each key in exactly one of pool_first and rest.
             ask = [k for k in ticket.rest if found.get(k) is None]
@@ -234,8 +243,8 @@ class Store:
         return found
 
     def cancel_load(self, ticket: LoadTicket) -> None:
-        assert self.ssd is not None
-        self.ssd.unwatch(ticket.ssd_ticket)
+        if ticket.ssd_ticket is not None and self.ssd is not None:
+            self.ssd.unwatch(ticket.ssd_ticket)
         if ticket.pool_ticket is not None and self.pool is not None:
             self.pool.unwatch(ticket.pool_ticket)
 
@@ -249,9 +258,13 @@ class Store:
 
     def loaded(self, key: bytes) -> bool:
         """Whether a key's lower-tier state is known without reading LMDB (DRAM, pending writes, the overlay)."""
-        if key in self.dram.entries or self.ssd is None:
+        if key in self.dram.entries:
             return True
-        if self.ssd.lookup_pending(key)[0]:
+        if self.ssd is None:
+            pool = self.pool
+            if pool is None or not pool.active or key in pool.pending:
+                return True
+        elif self.ssd.lookup_pending(key)[0]:
             return True
         return self._overlay is not None and key in self._overlay
 
@@ -285,6 +298,12 @@ class Store:
         ssd = self.ssd
         self._origin = "ssd"
         if ssd is None:
+            # DRAM + pool: only what the loader read from the pool (the pool is never read on the loop).
+            overlay = self._overlay
+            if overlay is not None:
+                hit = overlay.get(key)
+                if hit.__class__ is PoolHit:
+                    return self._pool_found(key, hit.entry)
             return None
         known, found = ssd.lookup_pending(key)
         if not known:
@@ -343,8 +362,9 @@ class Store:
             self._dram_stats.misses += 1
         entry = self._below(key)
         if entry is None:
-            if touch and self.ssd is not None:
-                self.tier_stats["ssd"].misses += 1
+            if touch:
+                if self.ssd is not None:
+                    self.tier_stats["ssd"].misses += 1
                 if self.pool is not None:
                     self.tier_stats["pool"].misses += 1
             return None
@@ -391,7 +411,7 @@ class Store:
             if have != expected_version:
                 raise VersionMismatchError(f"version mismatch: expected {expected_version}, current {have}")
         ssd = self.ssd
-        if ssd is None:
+        if ssd is None and self.pool is None:
             self.version += 1
             entry = Entry(value, self.version, expire_at)
         else:
@@ -535,12 +555,18 @@ class Store:
         entry = self._drop_dram(key)
         if entry is None:
             return
+        pool = self.pool
         if self.ssd is None:
+            if pool is not None and not entry.expired(self.clock.now_ms()) and (
+                    pool.holds(key, entry.version) or pool.put(key, entry)):
+                # DRAM + pool: the pool's copy is the one left (best effort: it has its own TTL and budget).
+                self.tier_stats["dram"].demotions += 1
+                self.tier_stats["pool"].demotions += 1
+                return
             self.tier_stats["dram"].evictions += 1
             self.stats.evicted_keys += 1
             return
         self.tier_stats["dram"].demotions += 1
-        pool = self.pool
         if pool is not None and self.pool_first and not pool.holds(key, entry.version) \
                 and not entry.expired(self.clock.now_ms()):
             # DRAM -> pool: the shared copy, read first by this node and found by the others.
@@ -682,7 +708,6 @@ class Store:
         SSD gets the adopted value unless it is this node's own write (which the SSD already holds).
         """
         ssd = self.ssd
-        assert ssd is not None
         size = self.dram.size(key, entry.value)
         old = self.dram.entries.get(key)
         if size > self.dram.budget - self.dram.pinned_bytes:
@@ -700,7 +725,9 @@ class Store:
         ours = pool is not None and pool.wrote(key, entry.version)
         if pool is not None and not ours:
             pool.note(key, entry.version)
-        if self.write_through:
+        if ssd is None:
+            pass  # DRAM + pool: nothing local below DRAM
+        elif self.write_through:
             if not ours:
                 ssd.put(key, fresh)
             fresh.on_ssd = True
@@ -754,21 +781,21 @@ class Store:
         return entry
 
     def delete(self, key: bytes) -> bool:
+        entry = self._drop_dram(key)
+        # Whether the key exists below DRAM is decided before the pool's pending delete hides a pool-only copy.
+        below = self._below(key) if entry is None else None
         if self.pool is not None:
             self.pool.delete(key)
-        entry = self._drop_dram(key)
-        now = self.clock.now_ms()
         if entry is not None:
             if entry.on_ssd and self.ssd is not None:
                 self.ssd.delete(key)
                 self._ack(self.ssd.enqueued_seq)
-            return not entry.expired(now)
-        below = self._below(key)
+            return not entry.expired(self.clock.now_ms())
         if below is None:
             return False
-        assert self.ssd is not None
-        self.ssd.delete(key)
-        self._ack(self.ssd.enqueued_seq)
+        if self.ssd is not None:
+            self.ssd.delete(key)
+            self._ack(self.ssd.enqueued_seq)
         return True
 
     def set_expire(self, key: bytes, expire_at: int) -> bool:
@@ -789,7 +816,11 @@ class Store:
         below = self._below(key)
         if below is None:
             return False
-        assert self.ssd is not None
+        if self.ssd is None:
+            # DRAM + pool: the record came from the pool; it comes up (as any pool hit) and changes here.
+            if self._origin == "pool" and self.adopt(key, below):
+                return self.set_expire(key, expire_at)
+            return False
         moved = Entry(below.value, below.version, expire_at)
         self._ack(self.ssd.put(key, moved))
         if self.pool is not None:

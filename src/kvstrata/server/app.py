@@ -41,8 +41,6 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
     pool = None
     node_id = 0
     if config.get("pool"):
-        if ssd is None:
-            raise ValueError("--pool needs the SSD tier (--essd-path): pool reads run in its loader thread")
         try:
             import redis  # noqa: F401  (the pool is reached with redis-py)
         except ImportError:
@@ -94,7 +92,8 @@ class Server:
         self.config = config
         self.config_file = config_file
         self.store = store or build_store(config)
-        self.tiered = self.store.ssd is not None
+        # Tiered: a lower tier below DRAM (SSD, pool or both), so commands may load keys and wait for writers.
+        self.tiered = self.store.ssd is not None or self.store.pool is not None
         if self.store.ssd is not None:
             self.store.ssd.stuck_limit = int(config.get("ssd-write-queue"))
         self.stats = ServerStats()
@@ -197,7 +196,7 @@ class Server:
         """
         store = self.store
         missing = store.missing(keys)
-        if not missing or store.ssd is None:
+        if not missing:
             return True
         ticket: LoadTicket = store.begin_load(missing)
         assert self.loop is not None

@@ -410,15 +410,15 @@ class Connection(asyncio.BufferedProtocol):
     def _tiered(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         store = self.store
         ssd = store.ssd
-        assert ssd is not None
         store.stream = self.client.id
         sub = resolve(spec, args) if spec.subcommands else spec
         keys = sub.load_keys(args)
         needs_io = bool(keys and store.missing(keys))
-        if spec.write and ssd.queued_bytes > self.server.ssd_write_queue:
-            needs_io = True
-        if sub.settle and not ssd.settled:
-            needs_io = True
+        if ssd is not None:
+            if spec.write and ssd.queued_bytes > self.server.ssd_write_queue:
+                needs_io = True
+            if sub.settle and not ssd.settled:
+                needs_io = True
         if needs_io:
             return self._slow(spec, args, keys, counts)
         return self._invoke_sync(spec, args, counts)
@@ -432,7 +432,6 @@ class Connection(asyncio.BufferedProtocol):
         """
         store = self.store
         ssd = store.ssd
-        assert ssd is not None
         store.ack_seq = 0
         t0 = perf_counter_ns()
         try:
@@ -454,7 +453,7 @@ class Connection(asyncio.BufferedProtocol):
         if reply.__class__ is Suspend:
             return self._continue(spec, args, counts, reply)
         seq = store.ack_seq
-        if seq and seq > ssd.committed_seq:
+        if seq and ssd is not None and seq > ssd.committed_seq:
             return self._ack_after(seq, reply)
         encode(reply, self.client.proto, self.out)
         return None
@@ -499,14 +498,13 @@ class Connection(asyncio.BufferedProtocol):
 
     async def _slow(self, spec: CommandSpec, args: list[Any], keys: list[bytes], counts: CommandStats) -> None:
         """The waits a command declares, before it runs: writer backpressure, a settled SSD, its keys loaded."""
-        store = self.store
-        ssd = store.ssd
-        assert ssd is not None
+        ssd = self.store.ssd
         srv = self.server
-        if spec.write and ssd.queued_bytes > srv.ssd_write_queue:
-            await srv.wait_commit(ssd.enqueued_seq)
-        if resolve(spec, args).settle and not ssd.settled:
-            await srv.wait_commit(ssd.enqueued_seq)
+        if ssd is not None:
+            if spec.write and ssd.queued_bytes > srv.ssd_write_queue:
+                await srv.wait_commit(ssd.enqueued_seq)
+            if resolve(spec, args).settle and not ssd.settled:
+                await srv.wait_commit(ssd.enqueued_seq)
         await self._load(keys)
         waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:
