@@ -416,3 +416,22 @@ def test_fsync_always_uses_lmdbs_synchronous_commit(tmp_path, fsync: str, synchr
         assert tier.read(b"k").value == b"v"
     finally:
         tier.close()
+
+
+def test_the_lower_tiers_share_one_interface(tmp_path) -> None:
+    from kvstrata.engine.tiers.base import LowerTier
+    from kvstrata.engine.tiers.pool import PoolTier
+
+    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 20, threaded=False)
+    pool = PoolTier("redis://127.0.0.1:1", 1 << 20, threaded=False)
+    try:
+        for tier in (ssd, pool):
+            assert isinstance(tier, LowerTier), tier.name
+            info = tier.info()
+            assert info["pending"] == 0 and info["queued_bytes"] == 0
+        assert ssd.info()["reads"] == 0
+        ssd.put(b"k", Entry(b"v", 1))
+        assert ssd.read_many([b"k", b"x"])[b"x"] is None and ssd.info()["reads"] == 2
+    finally:
+        ssd.close()
+        pool.close()

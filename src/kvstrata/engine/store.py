@@ -1015,9 +1015,7 @@ class Store:
         ]
         if self.ssd is not None:
             rows.append({"name": "ssd", "used": self.ssd.used, "budget": self.ssd.budget, "keys": len(self.ssd),
-                         "pending": len(self.ssd.pending), "queued_bytes": self.ssd.queued_bytes,
-                         "write_errors": self.ssd.write_errors, "expired": self.ssd.expired,
-                         "reads": self.ssd.reads, "unreadable_pages": self.ssd.unreadable_pages,
+                         **self.ssd.info(),
                          **self.tier_stats["ssd"].as_dict(),
                          "evictions": self.ssd.evictions})
         pool = self.pool

@@ -533,3 +533,7 @@ class SsdTier(BatchWriter):
     def __len__(self) -> int:
         """Committed records; exact once ``settled`` (DBSIZE waits for the writer first)."""
         return self.count
+
+    def info(self) -> dict[str, Any]:
+        return {"pending": len(self.pending), "queued_bytes": self.queued_bytes, "write_errors": self.write_errors,
+                "expired": self.expired, "reads": self.reads, "unreadable_pages": self.unreadable_pages}
