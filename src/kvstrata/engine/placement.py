@@ -1,0 +1,211 @@
+"""Placement: making room in DRAM (the policy ranks, the engine moves), demotion to the tiers below, promotion
+from the SSD and adoption of pool records: every way into and out of DRAM.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from kvstrata.engine.entry import Entry
+from kvstrata.engine.profile import HEAD
+from kvstrata.errors import OutOfMemoryError
+
+HEAD_SCAN = 256  # chain-aware demotion passes over at most this many chain heads per choice
+
+
+class PlacementMixin:
+    """Store's DRAM placement."""
+
+    def _insert(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
+        """Put an entry of ``size`` bytes into DRAM, replacing ``old``, after making room for it."""
+        dram = self.dram
+        growth = size if old is None else size - (len(key) + len(old.value) + dram.overhead)
+        if dram.used + growth > dram.budget:
+            self.make_room(growth, exclude=key)
+        if old is not None and self.prefetched:
+            self._unprefetch(key)
+        dram.put(key, entry, size, old)
+        if old is None:
+            self.policy.admit(key)
+        elif old.pinned:
+            # Still hot, but the grown value must fit under the pin cap again, or it goes back to the policy.
+            if not self._pin(key, entry):
+                self.policy.admit(key)
+        else:
+            self.policy.touch(key)
+        if not entry.pinned and self._hot_match(key):
+            self._pin(key, entry)
+
+    def make_room(self, nbytes: int, *, exclude: bytes | None = None) -> None:
+        """Demote (or, in the last tier, evict) until ``nbytes`` more fit in DRAM; -OOM if they cannot.
+
+        ``exclude`` is the key being written: it is never moved out to make room for itself. Nothing moves
+        unless enough can be freed.
+        """
+        dram = self.dram
+        if dram.used + nbytes <= dram.budget:
+            return
+        if self.ssd is None and self.noeviction:
+            raise OutOfMemoryError()
+        kept = dram.pinned_bytes
+        current = dram.entries.get(exclude) if exclude is not None else None
+        if current is not None and not current.pinned:
+            kept += self.dram.size(exclude, current.value)  # type: ignore[arg-type]
+        if kept + nbytes > dram.budget:
+            raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
+                                   "pinned keys.")
+        self._move_out(self._choose_victims(dram.used + nbytes - dram.budget, exclude))
+
+    def _move_out(self, chosen: list[bytes]) -> None:
+        """Demote ``chosen`` (or, in the last tier, evict them); -OOM, with nothing moved, if the SSD cannot take them."""
+        entries = self.dram.entries
+        if self.ssd is not None:
+            # Check the last tier can take them all before anything moves: a refused write loses nothing.
+            self._check_last_tier_room(sum(len(entries[k].value) for k in chosen if not entries[k].on_ssd))
+        for victim in chosen:
+            self._demote(victim)
+
+    def _choose_victims(self, need: int, exclude: bytes | None) -> list[bytes]:
+        """The keys to move out of DRAM to free ``need`` bytes, lowest ranked first.
+
+        With chain-aware demotion, a chain head (a conversation's first chunk after a shared prefix) is passed
+        over until it has been idle ``head_keep`` times as long as the key taken instead: reading it is what
+        triggers the prefetch of the rest of the conversation, and the rest is not predictable without it.
+        """
+        chosen: list[bytes] = []
+        entries = self.dram.entries
+        size = self.dram.size
+        heads: list[bytes] = []
+        profiles = self.predictor.profiles if self.chain_evict and self.predictor is not None else None
+        now = self.clock.monotonic()
+        keep = self.head_keep
+        for victim in self.policy.victims():
+            if victim == exclude:
+                continue
+            if profiles is not None:
+                s = profiles.slots.get(victim)
+                if s is not None and profiles.flags[s] & HEAD and len(heads) < HEAD_SCAN:
+                    heads.append(victim)
+                    continue
+                if heads:
+                    idle = now - profiles.last_access(victim)
+                    while heads and need > 0 and now - profiles.last_access(heads[0]) >= keep * idle:
+                        head = heads.pop(0)
+                        chosen.append(head)
+                        need -= size(head, entries[head].value)
+                    if need <= 0:
+                        break
+            chosen.append(victim)
+            need -= size(victim, entries[victim].value)
+            if need <= 0:
+                break
+        for victim in heads:
+            if need <= 0:
+                break
+            chosen.append(victim)
+            need -= size(victim, entries[victim].value)
+        return chosen
+
+    def _check_last_tier_room(self, nbytes: int) -> None:
+        ssd = self.ssd
+        if ssd is not None and ssd.stuck_bytes > ssd.stuck_limit:
+            raise OutOfMemoryError(f"command not allowed: the SSD tier cannot take writes ({ssd.degraded}).")
+        if self.noeviction and self.ssd is not None:
+            if self.ssd.used + self.ssd.queued_bytes + nbytes > self.ssd.budget:
+                raise OutOfMemoryError("command not allowed: the SSD tier is full and maxmemory-policy is noeviction.")
+
+    def _demote(self, key: bytes) -> None:
+        entry = self._drop_dram(key)
+        if entry is None:
+            return
+        pool = self.pool
+        if self.ssd is None:
+            if pool is not None and not entry.expired(self.clock.now_ms()) and (
+                    pool.holds(key, entry.version) or pool.put(key, entry)):
+                # DRAM + pool: the pool's copy is the one left (best effort: it has its own TTL and budget).
+                self.tier_stats["dram"].demotions += 1
+                self.tier_stats["pool"].demotions += 1
+                return
+            self.tier_stats["dram"].evictions += 1
+            self.stats.evicted_keys += 1
+            return
+        self.tier_stats["dram"].demotions += 1
+        if pool is not None and self.pool_first and not pool.holds(key, entry.version) \
+                and not entry.expired(self.clock.now_ms()):
+            # DRAM -> pool: the shared copy, read first by this node and found by the others.
+            if pool.put(key, entry):
+                self.tier_stats["pool"].demotions += 1
+        if not entry.on_ssd:
+            self.ssd.put(key, entry)
+
+    def _promote(self, key: bytes, entry: Entry) -> bool:
+        size = self.dram.size(key, entry.value)
+        if size > self.dram.budget or self.ssd is None:
+            return False
+        try:
+            self.make_room(size)
+        except OutOfMemoryError:
+            return False
+        fresh = Entry(entry.value, entry.version, entry.expire_at)
+        self.dram.put(key, fresh, size, None)
+        self.policy.admit(key)
+        if self.write_through:
+            fresh.on_ssd = True
+        else:
+            self.ssd.delete(key)
+        if fresh.expire_at:
+            heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
+        if self._hot_match(key):
+            self._pin(key, fresh)
+        self.tier_stats["ssd"].promotions += 1
+        self.admission.forget(key)
+        return True
+
+    def adopt(self, key: bytes, entry: Entry) -> bool:
+        """Install a record read from the pool in DRAM, keeping its version (a pool hit or a STRONG refresh).
+
+        It replaces any local copy, which is older (the caller checked). The SSD tier keeps its role: under
+        write-back the local record is now stale and is deleted (DRAM is authoritative); under write-through the
+        SSD gets the adopted value unless it is this node's own write (which the SSD already holds).
+        """
+        ssd = self.ssd
+        size = self.dram.size(key, entry.value)
+        old = self.dram.entries.get(key)
+        if size > self.dram.budget - self.dram.pinned_bytes:
+            return False
+        try:
+            self.make_room(size if old is None else size - self.dram.size(key, old.value), exclude=key)
+        except OutOfMemoryError:
+            return False
+        fresh = Entry(entry.value, entry.version, entry.expire_at)
+        if old is not None:
+            self._drop_dram(key)
+        self.dram.put(key, fresh, size, None)
+        self.policy.admit(key)
+        pool = self.pool
+        ours = pool is not None and pool.wrote(key, entry.version)
+        if pool is not None and not ours:
+            pool.note(key, entry.version)
+        if ssd is None:
+            pass  # DRAM + pool: nothing local below DRAM
+        elif self.write_through:
+            if not ours:
+                ssd.put(key, fresh)
+            fresh.on_ssd = True
+        else:
+            ssd.delete(key)
+        if fresh.expire_at:
+            heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
+        if self._hot_match(key):
+            self._pin(key, fresh)
+        self.tier_stats["pool"].promotions += 1
+        return True
+
+    def _drop_dram(self, key: bytes) -> Entry | None:
+        """Take a key out of DRAM and out of the policy's and the prefetch tracking's view; its entry or None."""
+        entry = self.dram.pop(key)
+        if entry is not None:
+            self.policy.remove(key)
+            if self.prefetched:
+                self._unprefetch(key)
+        return entry
