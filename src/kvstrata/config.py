@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstrata.redact import URL_PARAMS, redact_url
 from kvstrata.sizes import parse_size
 
 
@@ -82,6 +83,8 @@ class Param:
             return "yes" if value else "no"
         if value is None:
             return ""
+        if self.name in URL_PARAMS:
+            return redact_url(str(value))
         return str(value)
 
 
