@@ -12,6 +12,7 @@ import signal
 import time
 from typing import Any
 
+from kvstrata.acl import Acl
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.commands import REGISTRY, CommandSpec
 from kvstrata.commands.tairkv import PoolWait
@@ -96,6 +97,8 @@ class Server:
         self.tiered = self.store.ssd is not None
         if self.store.ssd is not None:
             self.store.ssd.stuck_limit = int(config.get("ssd-write-queue"))
+        # Users, passwords and key patterns; the default user's password is requirepass (raises on a bad aclfile).
+        self.acl = Acl(config.get("requirepass"), str(config.get("aclfile")))
         self.stats = ServerStats()
         self.clients: dict[int, Connection] = {}
         # Per command spec; created up front so the hot path is one dict lookup.
@@ -221,6 +224,7 @@ class Server:
             store.predictor.profiles.half_life = float(self.config.get("prefetch-half-life"))
         if store.ssd is not None:
             store.ssd.stuck_limit = int(self.config.get("ssd-write-queue"))
+        self.acl.on_requirepass(self.config.get("requirepass"))
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
