@@ -366,7 +366,7 @@ class Acl:
         """The NOPERM error text when ``client``'s user may not run ``args``; None when it may."""
         user = client.user
         sub = resolve(spec, args) if spec.subcommands else spec
-        if sub not in user.allowed:
+        if sub not in user.allowed and not sub.noauth:  # AUTH, HELLO, QUIT, RESET: always allowed, as in Redis
             self.record(client, "command", sub.full_name)
             return _message("command", sub.full_name)
         if user.allkeys:
