@@ -8,8 +8,8 @@ A user is ``on``/``off``, has SHA-256 password hashes (or ``nopass``), a set of 
 Enforcement (``Acl.deny``) runs before a command: its (sub)command must be allowed, and every key it names
 (``CommandSpec.keys``, with the TAIR.KV options told apart from keys) must match one of the user's patterns.
 Commands that take a pattern instead of keys (TAIR.KV.MARKHOT/UNMARKHOT) are allowed only when every key the
-pattern can match lies inside one of the user's patterns; KEYS, SCAN and RANDOMKEY filter their results
-(``visible``).
+pattern can match lies inside one of the user's patterns; FLUSHALL and FLUSHDB need ``allkeys``; KEYS, SCAN and
+RANDOMKEY filter their results (``visible``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ _DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info"}
 _KEYSPACE = frozenset({"dbsize", "flushall", "flushdb"})
 # Commands whose first argument is a key pattern (not a key).
 PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})
+# Commands that act on every key: only for users with allkeys (kvstrata's rule; Redis leaves them to the
+# command rules, so a tenant allowed +@all could flush every other tenant's keys).
+WHOLE_KEYSPACE = frozenset({"flushall", "flushdb"})
 _GLOB_SPECIAL = frozenset(b"*?[\\")
 ACL_LOG_MAX = 128
 ACL_LOG_GROUP_MS = 60_000
@@ -372,6 +375,9 @@ class Acl:
         if user.allkeys:
             return None
         name = sub.full_name
+        if name in WHOLE_KEYSPACE:
+            self.record(client, "key", "*")
+            return _message("key", "")
         if name in PATTERN_COMMANDS:
             if len(args) > 1 and not user.pattern_ok(args[1]):
                 self.record(client, "key", bytes(args[1]).decode("utf-8", "backslashreplace"))

@@ -140,7 +140,8 @@ def test_tenant_cannot_touch_another_tenants_keys(acl_server, admin, expect_erro
             ("EXPIRE", "kvs:tenantB:c1", "1"), ("RENAME", "kvs:tenantA:c1", "kvs:tenantB:c2"),
             ("TAIR.KV.SETEX", "kvs:tenantB:c1", "60", "overwritten"), ("EXISTS", "kvs:tenantB:c1"),
             ("TAIR.KV.MARKHOT", "kvs:*"), ("TAIR.KV.MARKHOT", "*"), ("TAIR.KV.MARKHOT", "kvs:tenant?:*"),
-            ("TAIR.KV.UNMARKHOT", "kvs:tenantB:*"), ("MEMORY", "USAGE", "kvs:tenantB:c1"),
+            ("TAIR.KV.UNMARKHOT", "kvs:tenantB:*"), ("MEMORY", "USAGE", "kvs:tenantB:c1"), ("FLUSHALL",),
+            ("FLUSHDB", "ASYNC"),
         ]
         for cmd in denied:
             with expect_error(NOPERM_KEY):

@@ -210,6 +210,8 @@ class _NoLog:
 
 def _first_denied(user: Any, spec: Any, args: list[bytes]) -> bytes:
     sub = acl_mod.resolve(spec, args) if spec.subcommands else spec
+    if sub.full_name in acl_mod.WHOLE_KEYSPACE:
+        return b"*"
     if sub.full_name in acl_mod.PATTERN_COMMANDS:
         return args[1]
     return next((k for k in acl_mod.command_keys(sub, args) if not user.key_ok(k)), b"")
