@@ -107,7 +107,7 @@ def authorized(header: str | None, password: str | None) -> bool:
 def host_names(bound: list[str], extra: str = "") -> set[str]:
     """The names the Host header may use: bound names, localhost on loopback, this host's name, ``extra``."""
     names = {h.lower() for h in bound if not _is_ip(h)}
-    if any(is_loopback(h) for h in bound):
+    if not bound or any(is_loopback(h) or h in ("0.0.0.0", "::", "*") for h in bound):  # loopback included
         names.add("localhost")
     names.add(socket.gethostname().lower())
     names.update(n.lower().rstrip(".") for n in extra.replace(",", " ").split())
