@@ -96,7 +96,9 @@ PARAMS: tuple[Param, ...] = (
           "Refuse non-loopback clients when no password is set.", mutable=True),
     Param("aclfile", _str, "",
           "File of ACL users (`user <name> <rules...>` lines, as in Redis); ACL LOAD/SAVE read and write it."),
-    Param("tls-port", _int, 0, "TCP port for RESP over TLS (0: none); needs tls-cert-file and tls-key-file."),
+    Param("tls-port", _int, 0,
+          "TCP port for RESP over TLS (0: none); needs tls-cert-file and tls-key-file. With --port 0 the server "
+          "serves TLS only."),
     Param("tls-cert-file", _str, "", "Server certificate (PEM) for the TLS port and the HTTPS endpoint."),
     Param("tls-key-file", _str, "", "Private key (PEM) of tls-cert-file."),
     Param("tls-key-file-pass", _str, "", "Passphrase of tls-key-file, if it is encrypted."),

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 from cryptography import x509
@@ -20,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from tests.integration.polling import wait_for
 
 from kvstrata.bench.procs import free_port
 
@@ -160,3 +162,35 @@ def test_bad_tls_configuration_stops_the_start(tmp_path, pki):
         proc = subprocess.run(base + extra, capture_output=True, timeout=30, check=False, env=env,
                               stdin=subprocess.DEVNULL)
         assert proc.returncode != 0 and expected in proc.stderr.decode(), proc.stderr
+
+
+def test_port_zero_with_a_tls_port_serves_tls_only(pki, tmp_path):
+    tls_port = free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    log = open(tmp_path / "server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvstrata", "serve", "--port", "0", "--http-port", "0", "--tls-port", str(tls_port),
+         "--tls-cert-file", str(pki / "server.crt"), "--tls-key-file", str(pki / "server.key"),
+         "--tls-auth-clients", "no"], stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(host=HOST, port=tls_port, ssl=True, ssl_ca_certs=str(pki / "ca.crt"), socket_timeout=5,
+                        retry=Retry(NoBackoff(), 0))
+        wait_for(lambda: _pings(r), timeout=20, what="the TLS port to answer")
+        r.close()
+        text = (tmp_path / "server.log").read_text()
+        assert "ready to accept connections" in text and f"TLS on port {tls_port}" in text
+        listening = {c.laddr.port for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN}
+        assert listening == {tls_port}  # no plain RESP listener (and no HTTP endpoint: --http-port 0)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+        log.close()
+
+
+def _pings(r) -> bool:
+    try:
+        return bool(r.ping())
+    except redis.ConnectionError:
+        return False

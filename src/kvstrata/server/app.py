@@ -334,11 +334,13 @@ class Server:
         hosts = [h for h in str(self.config.get("bind")).split() if h]
         # The HTTP endpoint first: once the RESP port answers, /metrics does too.
         await self.observability.start()
-        self._server = await self.loop.create_server(
-            lambda: Connection(self), host=hosts or None, port=self.port, reuse_address=True, backlog=511
-        )
-        if self.port == 0:
-            self.port = self._server.sockets[0].getsockname()[1]
+        # As in Redis, --port 0 with a TLS port serves TLS only (without one, port 0 picks a free port).
+        if self.port != 0 or self.tls_port <= 0:
+            self._server = await self.loop.create_server(
+                lambda: Connection(self), host=hosts or None, port=self.port, reuse_address=True, backlog=511
+            )
+            if self.port == 0:
+                self.port = self._server.sockets[0].getsockname()[1]
         if self.tls_port > 0:
             self._tls_server = await self.loop.create_server(
                 lambda: Connection(self), host=hosts or None, port=self.tls_port, reuse_address=True, backlog=511,
