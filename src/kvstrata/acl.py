@@ -118,6 +118,10 @@ class User:
     allchannels: bool = False
     # True when every command and every key is allowed: the connection then skips all checks.
     unrestricted: bool = False
+    # The patterns sorted for speed: ``literal*`` as prefixes (one startswith call), literals, the rest as globs.
+    _prefixes: tuple[bytes, ...] = ()
+    _exact: frozenset[bytes] = frozenset()
+    _globs: tuple[bytes, ...] = ()
 
     # ---- rules ----
     def apply(self, rule: str) -> None:
@@ -193,6 +197,18 @@ class User:
         else:
             raise ValueError("Syntax error")
         self.unrestricted = self.allkeys and len(self.allowed) == len(all_specs())
+        self._index_patterns()
+
+    def _index_patterns(self) -> None:
+        prefixes, exact, globs = [], set(), []
+        for p in self.patterns:
+            if p.endswith(b"*") and _is_literal(p[:-1]):
+                prefixes.append(p[:-1])
+            elif _is_literal(p):
+                exact.add(p)
+            else:
+                globs.append(p)
+        self._prefixes, self._exact, self._globs = tuple(prefixes), frozenset(exact), tuple(globs)
 
     def _add_hash(self, digest: str) -> None:
         self.nopass = False
@@ -229,8 +245,11 @@ class User:
     def key_ok(self, key: bytes) -> bool:
         if self.allkeys:
             return True
-        key = bytes(key)
-        return any(glob_match(p, key) for p in self.patterns)
+        if key.__class__ is not bytes:
+            key = bytes(key)
+        if key.startswith(self._prefixes) or key in self._exact:
+            return True
+        return any(glob_match(p, key) for p in self._globs)
 
     def pattern_ok(self, pattern: bytes) -> bool:
         """True when every key ``pattern`` can match lies inside one of this user's patterns."""
