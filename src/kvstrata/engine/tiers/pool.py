@@ -49,6 +49,7 @@ from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.watch import Ticket, Watchers
 from kvstrata.engine.tiers.writer import BatchWriter
+from kvstrata.redact import redact_url
 
 log = logging.getLogger("kvstrata.pool")
 
@@ -123,7 +124,7 @@ def parse_url(url: str) -> tuple[bool, list[tuple[str, int]], str | None]:
     """``redis://host:port`` or ``redis-cluster://host:port[,host:port...]`` -> (cluster, nodes, password)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "redis-cluster"):
-        raise ValueError(f"pool URL must start with redis:// or redis-cluster://, got {url!r}")
+        raise ValueError(f"pool URL must start with redis:// or redis-cluster://, got {redact_url(url)!r}")
     netloc = parts.netloc
     password = None
     if "@" in netloc:
@@ -159,7 +160,7 @@ class PoolTier(BatchWriter):
         wall_ms: Callable[[], int] | None = None,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
-        self.url = url
+        self.url = redact_url(url)  # for logs and INFO: never the password
         self.cluster, self.nodes, self._password = parse_url(url)
         self.budget = budget
         self.ttl_ms = ttl_ms
