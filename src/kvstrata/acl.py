@@ -25,7 +25,6 @@ from typing import Any
 
 from kvstrata.commands.registry import REGISTRY, CommandSpec, resolve
 from kvstrata.engine.keyspace import glob_match
-from kvstrata.errors import CommandError
 
 # Redis's categories (those with no commands here still parse, so rules written for Redis work unchanged).
 CATEGORIES = ("keyspace", "read", "write", "set", "sortedset", "list", "hash", "string", "bitmap", "hyperloglog",
@@ -464,20 +463,8 @@ class Acl:
 
 
 def command_keys(spec: CommandSpec, args: list[Any]) -> list[Any]:
-    """The keys ``args`` names: the table's key positions, without the trailing TAIR.KV options."""
-    name = spec.name
-    if name == "tair.kv.mget":
-        from kvstrata.commands.tairkv import _mget_options
-
-        try:
-            return _mget_options(args, "strong")[0]
-        except CommandError:
-            return []
-    if name == "tair.kv.prefetch":
-        keys = list(args[1:])
-        if len(keys) >= 2 and bytes(keys[-2]).upper() == b"PRIORITY":
-            del keys[-2:]
-        return keys
+    """The keys ``args`` names: the table's key specs, or the command's key-extraction function (TAIR.KV.MGET
+    and TAIR.KV.PREFETCH leave their trailing options out)."""
     return spec.keys(args)
 
 
