@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstrata.clock import Clock
+from kvstrata.engine.policy.arc import ARCPolicy
 from kvstrata.engine.policy.base import EvictionPolicy
 from kvstrata.engine.policy.lru import LRUPolicy
-from kvstrata.engine.policy.arc import ARCPolicy
 from kvstrata.engine.policy.lru_k import LRUKPolicy
 from kvstrata.engine.policy.s3fifo import S3FIFOPolicy
 from kvstrata.engine.policy.wtinylfu import WTinyLFUPolicy

@@ -34,6 +34,7 @@ class WTinyLFUPolicy:
         "_accesses",
         "_cands",
         "_hits",
+        "_pending",
         "_last_ratio",
         "_probation",
         "_protected",
@@ -42,6 +43,7 @@ class WTinyLFUPolicy:
         "_stash",
         "_step",
         "_window",
+        "_won",
         "adaptive",
         "protected_ratio",
         "window_ratio",
@@ -59,6 +61,8 @@ class WTinyLFUPolicy:
         self._protected: OrderedDict[bytes, None] = OrderedDict()
         # Keys moved from the window into probation that have not yet dueled with probation's LRU key.
         self._cands: OrderedDict[bytes, None] = OrderedDict()
+        self._pending: dict[bytes, None] = {}  # candidates dueled since the last restore, in order
+        self._won: dict[bytes, bytes] = {}  # offered victim -> the candidate that beat it
         self._sketch = FrequencySketch()
         self._stash = Stash()
         self._hits = self._accesses = 0
@@ -91,7 +95,7 @@ class WTinyLFUPolicy:
 
     def admit(self, key: bytes) -> None:
         if self._stash.items:
-            self._stash.restore()
+            self._restore()
         if key in self._window or key in self._probation or key in self._protected:
             self.touch(key)
             return
@@ -103,7 +107,7 @@ class WTinyLFUPolicy:
 
     def touch(self, key: bytes) -> None:
         if self._stash.items:
-            self._stash.restore()
+            self._restore()
         protected = self._protected
         if key in protected:
             protected.move_to_end(key)
@@ -132,13 +136,19 @@ class WTinyLFUPolicy:
             cands[key] = None
         # ... and the oldest candidate duels with probation's LRU key (evictFromMain): the rarer one goes.
         if cands:
+            # Dueled candidates wait in _pending until the engine removes the key offered: a duel whose loser
+            # stays (offered, not taken) is undone by _restore, so asking again gives the same answer.
             cand = next(iter(cands))
-            victim = next(iter(probation))
             del cands[cand]
+            self._pending[cand] = None
+            victim = next(iter(probation))
             if victim != cand:
                 estimate = self._sketch.estimate
                 if estimate(cand) > estimate(victim):
-                    cands.pop(victim, None)
+                    if victim in cands:
+                        del cands[victim]
+                        self._pending[victim] = None
+                    self._won[victim] = cand
                     return take(victim, probation)
             return take(cand, probation)
         if probation:
@@ -149,17 +159,32 @@ class WTinyLFUPolicy:
 
     def victim(self) -> bytes | None:
         if self._stash.items:
-            self._stash.restore()
+            self._restore()
         return self._next_victim()
 
     def victims(self) -> Iterator[bytes]:
         if self._stash.items:
-            self._stash.restore()
+            self._restore()
         return walk(self._next_victim)
+
+    def _restore(self) -> None:
+        """Put offered keys back, and undo the duels of candidates whose opponent was not removed."""
+        self._stash.restore()
+        cands, probation = self._cands, self._probation
+        for cand in reversed(self._pending):
+            if cand in probation:
+                cands[cand] = None
+                cands.move_to_end(cand, last=False)
+        self._pending.clear()
+        self._won.clear()
 
     def remove(self, key: bytes) -> None:
         self._cands.pop(key, None)
+        self._pending.pop(key, None)
         if self._stash.items.pop(key, None) is not None:
+            winner = self._won.pop(key, None)
+            if winner is not None:  # the duel is settled: the winner stays in probation for good
+                self._pending.pop(winner, None)
             return
         for queue in (self._window, self._probation, self._protected):
             if key in queue:
@@ -177,5 +202,7 @@ class WTinyLFUPolicy:
             queue.clear()
         self._stash.items.clear()
         self._cands.clear()
+        self._pending.clear()
+        self._won.clear()
         self._sketch = FrequencySketch()
         self._hits = self._accesses = 0
