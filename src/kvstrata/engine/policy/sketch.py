@@ -7,15 +7,16 @@
 * Aging: after ``10 * width`` recorded occurrences every counter is halved and the doorkeeper is cleared, so
   frequencies describe the recent past (a window measured in accesses, never in seconds).
 
-Memory: 5 * width bytes. The owner sizes ``width`` to the next power of two above its key count and grows it
-(starting afresh) when the count outgrows it: between 5 and 10 bytes per tracked key.
+Memory: 5 * width bytes. W-TinyLFU keeps ``width`` between 2 and 8 times its tracked key count (at least 1024),
+starting afresh when the count outgrows it: 10 to 40 bytes per tracked key.
 """
 
 from __future__ import annotations
 
+from zlib import crc32
+
 _HALVE = bytes(v >> 1 for v in range(256))
-_MASK64 = (1 << 64) - 1
-_MIX = 0x9E3779B97F4A7C15
+_SEED = 0x9E3779B9
 _CAP = 15
 
 
@@ -23,7 +24,7 @@ class FrequencySketch:
     __slots__ = ("_adds", "_door", "_mask", "_rows", "_sample", "width")
 
     def __init__(self, keys: int = 16) -> None:
-        width = 16
+        width = 16  # at most 2**32 (the hashes are 32-bit)
         while width < keys:
             width <<= 1
         self.width = width
@@ -34,8 +35,9 @@ class FrequencySketch:
         self._adds = 0
 
     def _slots(self, key: bytes) -> tuple[int, int, int, int, int]:
-        h = hash(key) & _MASK64
-        g = ((h * _MIX) & _MASK64) >> 20 | 1  # a second, odd hash: row i uses h + i * g (double hashing)
+        # CRC-32 rather than hash(): Python salts bytes hashes per process, and a benchmark must replay the same.
+        h = crc32(key)
+        g = crc32(key, _SEED) | 1  # a second, odd hash: row i uses h + i * g (double hashing)
         m, w = self._mask, self.width
         return h & m, (h + g) & m, w + ((h + 2 * g) & m), 2 * w + ((h + 3 * g) & m), 3 * w + ((h + 4 * g) & m)
 

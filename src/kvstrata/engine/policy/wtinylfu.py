@@ -8,11 +8,14 @@ filter, a segmented LRU main area, and a hill climber that sizes the window.
 * Main is a segmented LRU: a hit in *probation* moves the key to *protected* (at most ``protected_ratio`` of
   main; its overflow goes back to probation's MRU end).
 * The window share starts at ``window_ratio`` and is tuned by hill climbing on the hit ratio the policy sees
-  (``touch`` of a tracked key = hit, ``admit`` = miss), one step per sample of 10 x tracked accesses, as in
-  Caffeine: recency-heavy traffic (chat turns) grows the window, frequency-heavy traffic (RAG) shrinks it.
+  (``touch`` of a tracked key = hit, ``admit`` = miss), one step per sample of as many accesses as tracked
+  keys (Caffeine waits for 10x as many; these traces are too short for that): recency-heavy traffic (chat
+  turns) should grow the window, frequency-heavy traffic (RAG) shrink it.
+* Keys past the window's share (plus the one candidate the next eviction duels) join probation without a duel
+  when they are admitted: that is how main fills while nothing is evicted.
 
 Sizes are in keys: the tracked key count stands in for the capacity (the engine evicts only when full). The
-sketch costs 5-10 bytes per tracked key; there are no ghosts. ``victims()`` applies the duels as it goes (a
+sketch costs 10-40 bytes per tracked key; there are no ghosts. ``victims()`` applies the duels as it goes (a
 winning candidate joins probation) and takes offered keys off their queues, putting back any the engine did not
 remove on its next call (engine/policy/_stash.py). Every operation is O(1).
 """
@@ -26,7 +29,9 @@ from kvstrata.engine.policy._stash import Stash, walk
 from kvstrata.engine.policy.sketch import FrequencySketch
 
 _MIN_WINDOW, _MAX_WINDOW = 0.01, 0.8
+_MIN_SKETCH = 1024  # counters per row, at least: a narrower sketch confuses scans with hot keys
 _MIN_SAMPLE = 640  # accesses per hill-climbing step, at least
+_SAMPLE_FACTOR = 1  # accesses per step per tracked key: Caffeine uses 10; on these traces 1 adapts in time
 
 
 class WTinyLFUPolicy:
@@ -63,7 +68,7 @@ class WTinyLFUPolicy:
         self._cands: OrderedDict[bytes, None] = OrderedDict()
         self._pending: dict[bytes, None] = {}  # candidates dueled since the last restore, in order
         self._won: dict[bytes, bytes] = {}  # offered victim -> the candidate that beat it
-        self._sketch = FrequencySketch()
+        self._sketch = FrequencySketch(_MIN_SKETCH)
         self._stash = Stash()
         self._hits = self._accesses = 0
         self._last_ratio = 0.0
@@ -91,7 +96,7 @@ class WTinyLFUPolicy:
         self.window_ratio = min(_MAX_WINDOW, max(_MIN_WINDOW, self.window_ratio + self._step))
         self._step *= 0.98
         self._hits = self._accesses = 0
-        self._sample = max(_MIN_SAMPLE, 10 * len(self))
+        self._sample = max(_MIN_SAMPLE, _SAMPLE_FACTOR * len(self))
 
     def admit(self, key: bytes) -> None:
         if self._stash.items:
@@ -99,11 +104,17 @@ class WTinyLFUPolicy:
         if key in self._window or key in self._probation or key in self._protected:
             self.touch(key)
             return
-        self._window[key] = None
+        window = self._window
+        window[key] = None
+        # Past its share (and one more, the candidate the next eviction duels), the window's LRU keys join
+        # probation without a duel: that is how main fills while nothing is evicted.
+        limit = self.window_ratio * len(self) + 1
+        while len(window) > limit:
+            self._probation[window.popitem(last=False)[0]] = None
         self._record(key, False)
         tracked = len(self._window) + len(self._probation) + len(self._protected)
-        if tracked > self._sketch.width:  # the tier outgrew the sketch: start a wider one
-            self._sketch = FrequencySketch(2 * tracked)
+        if 2 * tracked > self._sketch.width:  # the tier outgrew the sketch: start a wider one
+            self._sketch = FrequencySketch(4 * tracked)
 
     def touch(self, key: bytes) -> None:
         if self._stash.items:
@@ -142,6 +153,8 @@ class WTinyLFUPolicy:
             del cands[cand]
             self._pending[cand] = None
             victim = next(iter(probation))
+            if victim == cand and protected:  # probation holds only candidates: duel main's other end
+                victim = next(iter(protected))
             if victim != cand:
                 estimate = self._sketch.estimate
                 if estimate(cand) > estimate(victim):
@@ -149,7 +162,7 @@ class WTinyLFUPolicy:
                         del cands[victim]
                         self._pending[victim] = None
                     self._won[victim] = cand
-                    return take(victim, probation)
+                    return take(victim, probation if victim in probation else protected)
             return take(cand, probation)
         if probation:
             return take(next(iter(probation)), probation)
@@ -204,5 +217,5 @@ class WTinyLFUPolicy:
         self._cands.clear()
         self._pending.clear()
         self._won.clear()
-        self._sketch = FrequencySketch()
+        self._sketch = FrequencySketch(_MIN_SKETCH)
         self._hits = self._accesses = 0
