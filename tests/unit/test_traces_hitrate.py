@@ -13,6 +13,8 @@ from kvstrata.bench.hitrate import (
     WALL_LRU_K,
     cpu_cost,
     main,
+    replay,
+    replay_optimal,
     run,
     simulate_optimal,
     simulate_policy,
@@ -191,22 +193,46 @@ def test_full_capacity_only_compulsory_misses() -> None:
     assert simulate_optimal(trace, stats["distinct_chunks"]) == expected
 
 
-def test_run_json_and_markdown(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--trace", "multi_turn", "--fractions", "0.05", "--no-cost", "--json"]) == 0
+@pytest.fixture
+def tiny(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A small preset, so the whole benchmark runs in seconds."""
+    monkeypatch.setitem(PRESETS, "tiny", SMALL)
+    return "tiny"
+
+
+def test_run_json_and_markdown(capsys: pytest.CaptureFixture[str], tiny: str) -> None:
+    assert main(["--trace", tiny, "--fractions", "0.05", "--no-cost", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["benchmark"] == "hitrate" and doc["default"] == DEFAULT_POLICY
-    assert set(doc["traces"]) == {"multi_turn"}
+    assert set(doc["traces"]) == {tiny}
     (row,) = doc["results"]
     assert set(row["hit_ratio"]) == set(POLICIES)
     assert all(row["optimal"] >= ratio for ratio in row["hit_ratio"].values())
     assert {r["policy"] for r in doc["rates"]} == {*POLICIES, WALL_LRU_K}
-    assert len(doc["features"]) == 2 * len(POLICIES)
+    assert len(doc["features"]) == 3 * len(POLICIES)
+    assert all(0.0 <= f["usable_ratio"] <= f["hit_ratio"] for f in doc["features"])
     assert set(doc["targets"]) == {"default_at_5pct_ge_90pct_of_optimal", "default_never_below_lru",
                                    "default_same_hit_ratio_slow_and_fast"}
     assert doc["targets"]["default_same_hit_ratio_slow_and_fast"] is True
     md = write_markdown(doc)
-    assert "kvstrata bench hitrate" in md and "| multi_turn | 5% |" in md
+    assert "kvstrata bench hitrate" in md and f"| {tiny} | 5% |" in md and f"| {tiny} | lru | " in md
     assert ("PASS" in md) or ("MISS" in md)
+
+
+def test_usable_hits_stop_at_a_request_s_first_miss() -> None:
+    a, b, c = b"a", b"b", b"c"
+    trace = [
+        Request(0.0, (), (a, b, c)),
+        Request(1.0, (a, b, c), ()),  # all three hit, all usable
+        Request(2.0, (b, c), ()),  # with 3 slots: both hit and usable
+    ]
+    assert replay(trace, 3, "lru") == (5, 5)
+    assert replay_optimal(trace, 3) == (5, 5)
+    # Two slots, LRU: writing c evicts a; then a, b, c each miss (evicting b, c, a); request 3 hits b and c.
+    assert replay(trace, 2, "lru") == (2, 2)
+    # MIN: writing c evicts b (needed after a). Request 2: a hits (usable), b misses (a goes), c hits but
+    # behind a miss, so not usable. Request 3: b and c hit, usable.
+    assert replay_optimal(trace, 2) == (4, 3)
 
 
 def test_cpu_cost_measured_against_the_driver() -> None:
@@ -216,6 +242,6 @@ def test_cpu_cost_measured_against_the_driver() -> None:
     assert set(costs) == {"lru", "s3-fifo"} and all(0.0 <= c < 100.0 for c in costs.values())
 
 
-def test_run_without_target_fraction_reports_target_missed() -> None:
-    doc = run(["multi_turn"], [0.5], costs=False)
+def test_run_without_target_fraction_reports_target_missed(tiny: str) -> None:
+    doc = run([tiny], [0.5], costs=False)
     assert doc["targets"]["default_at_5pct_ge_90pct_of_optimal"] is False
