@@ -20,7 +20,7 @@ from kvstrata.engine.store import Store
 from kvstrata.errors import OutOfMemoryError
 
 NAMES = policy_names()
-PROPERTY = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 ops = st.lists(
     st.tuples(st.sampled_from(["admit", "touch", "remove", "evict", "peek", "walk"]), st.integers(0, 11),
@@ -99,7 +99,7 @@ def test_store_keeps_budget_and_policy_in_step(name: str) -> None:
     clock = ManualClock()
     store = Store(20_000, policy=create_policy(name, clock=clock), clock=clock, entry_overhead=96)
     rng = random.Random(hash(name) & 0xFFFF)
-    for _ in range(2500):
+    for _ in range(1500):
         r = rng.random()
         key = b"key%d" % rng.randrange(150)
         if r < 0.5:
@@ -159,7 +159,7 @@ def test_memory_per_key_is_bounded(name: str) -> None:
     # gives the figures: ~140 B for LRU and ARC, ~280 B for S3-FIFO and W-TinyLFU, ~500 B for LRU-K, whose
     # history objects are kept for as many ghosts as tracked keys). What must hold is that ghosts, histories
     # and sketches stay bounded after churning through 3x as many keys as are tracked.
-    assert memory_per_key(name, keys=4000) <= 600
+    assert memory_per_key(name, keys=2000) <= 600
 
 
 def test_chain_wrappers_keep_the_contract() -> None:

@@ -69,7 +69,7 @@ def drive(policy: S3FIFOPolicy, resident: set[bytes], capacity: int, key: bytes)
     return False
 
 
-@settings(max_examples=150, deadline=None, database=None)
+@settings(max_examples=80, deadline=None, database=None)
 @given(
     keys=st.lists(st.integers(0, 15), max_size=200),
     capacity=st.integers(1, 8),
