@@ -118,11 +118,12 @@ PARAMS: tuple[Param, ...] = (
     Param("maxmemory-policy", _choice("allkeys-lru", "noeviction"), "allkeys-lru",
           "At the DRAM budget: allkeys-lru demotes (or evicts) by the eviction policy; noeviction answers -OOM.",
           mutable=True),
-    Param("eviction-policy", _choice("lru", "lru-k"), "lru-k", "How DRAM entries are ranked for demotion."),
+    Param("eviction-policy", _choice("lru", "lru-k", "arc", "s3-fifo", "w-tinylfu"), "lru-k",
+          "How DRAM entries are ranked for demotion (the default is chosen by `kvstrata bench hitrate`)."),
     Param("lru-k", _int, 2, "K of LRU-K: the K-th most recent reference decides the rank."),
-    Param("lru-k-crp", _float, 1.0,
-          "LRU-K correlated-reference period in seconds: references closer than this count once (one request's "
-          "reads and retries; a chat's next turn is further apart)."),
+    Param("lru-k-crp", _float, 0.0,
+          "LRU-K correlated-reference period in policy accesses (not seconds, so the ranking does not depend on "
+          "how fast clients run): references to a key closer than this count once."),
     Param("essd-path", _str, "", "Directory of the SSD tier (LMDB); empty disables the SSD tier.",
           env=("ESSD_PATH",)),
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),
