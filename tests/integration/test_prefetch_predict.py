@@ -19,10 +19,8 @@ def info(client: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def srv(make_server: Any, tmp_path: Path) -> Any:
-    # ~10 values fit in DRAM; a prefetch may displace anything not pinned (no protection window); every read of
-    # an idle chunk counts as a returning session.
-    return make_server({"essd-path": str(tmp_path / "ssd"), "dram-size": "48kb", "prefetch-protect": "0",
-                        "prefetch-session-gap": "0"})
+    # ~10 values fit in DRAM; a prefetch may displace anything not pinned and not predicted to be read now.
+    return make_server({"essd-path": str(tmp_path / "ssd"), "dram-size": "48kb", "prefetch-protect": "0"})
 
 
 def test_a_returning_reader_finds_its_chain_prefetched(srv: Any) -> None:

@@ -94,7 +94,7 @@ class Store:
         predictor: Predictor | None = None,
         chain_evict: bool = False,
         head_keep: float = 2.0,
-        prefetch_protect: float = 2.0,
+        prefetch_protect: float = 1.0,
         profile_min_bytes: int = 0,
     ) -> None:
         self.clock = clock or SystemClock()
@@ -130,6 +130,8 @@ class Store:
         self._origin = "ssd"
         # Access profiles and prediction (docs/prefetch.md); None: no profiling (a DRAM-only server).
         self.predictor = predictor
+        if predictor is not None:
+            predictor.attach(self.dram.entries)  # [prefetch hook, issue 19] what DRAM holds, read only
         # Smaller values are not profiled: a KV chunk is large, and profiling costs ~3 us per access.
         self.profile_min_bytes = profile_min_bytes
         # The client stream the current command comes from (the server sets it per command).
@@ -137,7 +139,7 @@ class Store:
         # Chain-aware demotion (needs the predictor's profiles): chain heads stay head_keep times longer.
         self.chain_evict = chain_evict and predictor is not None
         self.head_keep = head_keep
-        # A prefetch never displaces a key used (or prefetched) within this many seconds, nor a hotter one.
+        # A prefetch displaces only keys expected to be used this many times later than it (issue 19).
         self.prefetch_protect = prefetch_protect
         # Keys a prefetch brought up that nobody has read yet: monotonic landing time (LATE once a read waited).
         self.prefetched: dict[bytes, float] = {}
@@ -597,18 +599,15 @@ class Store:
         chosen = self._choose_victims(need, key)
         if sum(dram.size(k, dram.entries[k].value) for k in chosen) < need:
             return False
-        now = self.clock.monotonic()
-        recent = now - self.prefetch_protect
+        # [prefetch hook, issue 19] Predicted reuse decides, counted in accesses: a victim must be expected to
+        # be used later than the prefetched key (Predictor.may_displace). Without a predictor, a prefetch never
+        # displaces another prefetch nobody has read yet.
         predictor = self.predictor
-        heat = predictor.profiles.temporal(key, now) if predictor is not None else 0.0
-        for victim in chosen:
-            landed = self.prefetched.get(victim)
-            if landed is not None and landed >= recent:
+        if predictor is not None:
+            if not predictor.may_displace(key, chosen, self.prefetch_protect):
                 return False
-            if predictor is not None:
-                profiles = predictor.profiles
-                if profiles.last_access(victim) >= recent or profiles.temporal(victim, now) > heat + 1.0:
-                    return False
+        elif any(victim in self.prefetched for victim in chosen):
+            return False
         try:
             self._move_out(chosen)
         except OutOfMemoryError:
