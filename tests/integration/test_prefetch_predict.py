@@ -73,3 +73,56 @@ def test_default_info_has_the_prefetch_section(srv: Any) -> None:
     for name in ("prefetch_issued", "prefetch_used", "prefetch_late", "prefetch_wasted", "prefetch_accuracy",
                  "prefetch_coverage", "session_score", "profiled_keys"):
         assert name in fields, name
+
+
+def _demoted(srv: Any, chain: list[bytes]) -> None:
+    """Push ``chain`` out of DRAM with filler written on another connection, and wait until it is on SSD."""
+    filler = srv.client()
+    for i in range(24):
+        filler.set(f"filler:{i}", VALUE)
+    wait_for(lambda: all(filler.execute_command("TAIR.KV.TIER", k) == b"ssd" for k in chain),
+             what="the chain demoted to SSD")
+
+
+def test_an_exists_batch_prefetches_the_chunks_it_found(srv: Any) -> None:
+    writer = srv.client()
+    chain = [f"doc:{i}".encode() for i in range(6)]
+    for key in chain:
+        writer.set(key, VALUE)
+    _demoted(srv, chain)
+    before = info(writer)
+    lookup = srv.client()
+    # A lookup of the prefix, as SGLang's batch_exists and vLLM's scheduler do before they read: never read yet.
+    assert lookup.exists(*chain, "doc:missing") == len(chain)
+    got = wait_for(lambda: (i := info(lookup))["prefetch_issued"] - before["prefetch_issued"] >= len(chain) and i,
+                   what="the chunks found prefetched")
+    assert got["predict_lookups"] >= 1
+    assert [lookup.execute_command("TAIR.KV.TIER", k) for k in chain] == [b"dram"] * len(chain)
+    for key in chain:
+        assert lookup.get(key) == VALUE
+    after = info(lookup)
+    assert after["prefetch_used"] - before["prefetch_used"] == len(chain)
+    assert after["prefetch_wasted"] == before["prefetch_wasted"]
+
+
+def test_a_whole_prefix_announced_with_prefetch_is_loaded_once(srv: Any) -> None:
+    writer = srv.client()
+    chain = [f"conv:{i}".encode() for i in range(8)]
+    for key in chain:
+        writer.set(key, VALUE)
+    reader = srv.client()
+    for key in chain:  # the links are known and confirmed: the predictor would bring the chain up by itself too
+        assert reader.get(key) == VALUE
+    _demoted(srv, chain)
+    before = info(reader)
+    ssd_before = reader.info("tier_ssd")["hits"]
+    client = srv.client()
+    assert client.execute_command("TAIR.KV.PREFETCH", *chain) == len(chain)
+    for key in chain:  # read at once, while the announced prefix may still be loading
+        assert client.get(key) == VALUE
+    after = wait_for(lambda: (i := info(client))["prefetch_queue_depth"] == 0 and i, what="the queue drained")
+    issued = after["prefetch_issued"] - before["prefetch_issued"]
+    ssd_reads = client.info("tier_ssd")["hits"] - ssd_before
+    # Every chunk came up once: by the announced prefetch or by its own read, never both.
+    assert issued + ssd_reads == len(chain), (issued, ssd_reads)
+    assert after["prefetch_wasted"] == before["prefetch_wasted"]

@@ -287,3 +287,82 @@ def test_a_profile_costs_a_small_fixed_number_of_bytes(clock: ManualClock) -> No
     assert AccessProfiles.bytes_per_key() < 56
     # Arrays, the key index (dict) and the slot list: no Python object per profile.
     assert per_key < 160, per_key
+
+
+# ---- several conversations on one connection ----
+def test_interleaved_reads_of_one_family_keep_both_chains(pred: Predictor, clock: ManualClock) -> None:
+    a = keys("a", 6)
+    b = keys("b", 6)
+    write_chain(pred, clock, a, 1)
+    write_chain(pred, clock, b, 2)
+    read_chain(pred, clock, a, 3)
+    read_chain(pred, clock, b, 4)
+    # One connection reads both conversations chunk by chunk, interleaved (a batch of two requests).
+    for x, y in zip(a, b, strict=True):
+        pred.read(x, 5)
+        pred.read(y, 5)
+    pred.take()
+    p = pred.profiles
+    for chain in (a, b):
+        for i in range(len(chain) - 1):
+            assert p.next_key(chain[i]) == chain[i + 1]
+            assert not flags(pred, chain[i]) & BRANCH
+            assert p.spatial(chain[i]) >= 0.6
+    pred.forget_stream(5)
+    pred.read(a[0], 6)
+    assert pred.take() == a[1:]
+
+
+def test_interleaved_writes_of_tagged_conversations_are_not_chained_together(pred: Predictor,
+                                                                             clock: ManualClock) -> None:
+    # Keys carrying a shard tag ({session}) are of separate families: one lane each in the stream.
+    a = [f"kvs:ns:{{u1}}:{i}".encode() for i in range(5)]
+    b = [f"kvs:ns:{{u2}}:{i}".encode() for i in range(5)]
+    for x, y in zip(a, b, strict=True):
+        pred.write(x, 1)
+        pred.write(y, 1)
+    p = pred.profiles
+    assert [p.next_key(k) for k in a[:-1]] == a[1:]
+    assert [p.next_key(k) for k in b[:-1]] == b[1:]
+    assert p.next_key(a[-1]) is None and p.next_key(b[-1]) is None
+
+
+def test_a_read_after_a_write_starts_a_new_request(pred: Predictor, clock: ManualClock) -> None:
+    # A pooled connection: request 1 stores its chunks, request 2 starts reading another chain at once.
+    first = keys("one", 3)
+    second = keys("two", 3)
+    write_chain(pred, clock, second, 9)
+    for k in first:
+        pred.write(k, 1)
+    pred.read(second[0], 1)
+    assert pred.profiles.next_key(first[-1]) is None
+    assert pred.profiles.predecessor(pred.profiles.slots[second[0]]) < 0
+
+
+def test_a_lookup_announces_the_chunks_not_in_dram(pred: Predictor) -> None:
+    chain = keys("c", 5)
+    pred.attach({chain[0]})
+    pred.lookup(chain, 1)
+    assert pred.pending
+    assert pred.take() == chain[1:]
+    assert pred.lookups == 1
+    # Each announced key is expected in order, nearest first.
+    uses = [pred.next_use(k) for k in chain[1:]]
+    assert uses == sorted(uses) and uses[0] < uses[-1]
+
+
+def test_a_prefetch_displaces_only_keys_expected_later(pred: Predictor, clock: ManualClock) -> None:
+    chain = keys("c", 12)
+    write_chain(pred, clock, chain, 1)
+    read_chain(pred, clock, chain, 2)
+    idle = b"ns:idle"
+    pred.write(idle, 3)
+    for _ in range(100):  # other traffic: the idle key is not expected back soon
+        pred.read(b"ns:busy", 4)
+    pred.read(chain[0], 5)
+    predicted = pred.take()
+    assert predicted == chain[1:]
+    near, far = predicted[0], predicted[-1]
+    assert pred.may_displace(near, [idle])
+    assert not pred.may_displace(far, [near])  # a prediction never displaces one that is due sooner
+    assert not pred.may_displace(near, [b"ns:busy"])  # nor a key in use every access

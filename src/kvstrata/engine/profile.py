@@ -10,7 +10,9 @@ What a profile holds, and the score it gives:
 * **temporal**: the last access, both as monotonic time and as an access number (``tick_at``: the table counts
   every access it records, ``tick``), and an exponentially decayed access count (``heat``) whose half-life is
   counted in accesses, not seconds: ``half_life`` times the number of keys DRAM holds (``horizon``), so the
-  score means the same at 300 and at 30,000 reads a second and scales with the memory it competes for;
+  score means the same at 300 and at 30,000 reads a second and scales with the memory it competes for; and the
+  moving average of the accesses between its uses (``ival``), from which its next use is expected
+  (:meth:`AccessProfiles.reuse_distance`: what a prefetch compares before displacing it);
 * **spatial**: the key's successor in its chunk chain (``next``), learned from the order in which one client
   stream touches keys (a chain is stored and read chunk after chunk), and how often a read of the key was
   followed by a read of that successor (``cont``) or not (``stop``). Its score is the probability that reading
@@ -85,6 +87,7 @@ class AccessProfiles:
         self.pred = array("i", [-1]) * max_keys
         self.pred_gen = array("I", bytes(4 * max_keys))
         self.heat = array("f", bytes(4 * max_keys))
+        self.ival = array("f", bytes(4 * max_keys))
         self.next = array("i", [-1]) * max_keys
         self.next_gen = array("I", bytes(4 * max_keys))
         self.gen = array("I", bytes(4 * max_keys))
@@ -119,6 +122,7 @@ class AccessProfiles:
         self.last[s] = 0.0
         self.tick_at[s] = 0
         self.heat[s] = 0.0
+        self.ival[s] = 0.0
         self.next[s] = -1
         self.pred[s] = -1
         self.cont[s] = 0
@@ -149,8 +153,12 @@ class AccessProfiles:
         self.tick = tick = self.tick + 1
         at = self.tick_at[s]
         h = self.heat[s]
-        if at and h:
-            h *= 0.5 ** ((tick - at) / self.horizon)
+        if at:
+            g = tick - at
+            if h:
+                h *= 0.5 ** (g / self.horizon)
+            iv = self.ival[s]
+            self.ival[s] = g if not iv else iv + (g - iv) * 0.25
         self.heat[s] = h + 1.0
         self.tick_at[s] = tick
         self.last[s] = now if now > 0.0 else 1e-9
@@ -221,15 +229,14 @@ class AccessProfiles:
         """Accesses until slot ``s`` is expected to be used again, from its own history (inf if never used).
 
         At least the accesses since its last use (the longer a key has been idle, the longer it is expected to
-        stay idle), and at least its mean interval: a decayed count ``h`` with half-life ``horizon`` means a key
-        used about every ``horizon / (h ln 2)`` accesses.
+        stay idle), and at least its usual interval (a moving average of the accesses between its uses; a key
+        used once is given one half-life).
         """
         at = self.tick_at[s]
         if not at:
             return float("inf")
-        idle = self.tick - at
-        h = float(self.heat[s]) * 0.5 ** (idle / self.horizon)
-        return max(float(idle), self.horizon / (h * _LN2)) if h > 0.0 else float("inf")
+        iv = self.ival[s]
+        return float(max(self.tick - at, iv if iv else self.horizon / _LN2))
 
     def last_access(self, key: bytes) -> float:
         """Monotonic time of the key's last access (0.0 if unknown)."""
@@ -266,4 +273,4 @@ class AccessProfiles:
     @staticmethod
     def bytes_per_key() -> int:
         """Array bytes of one slot (the dict entry and slot list add a fixed amount more; see the tests)."""
-        return 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 2 + 2 + 1 + 1
+        return 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 2 + 2 + 1 + 1
