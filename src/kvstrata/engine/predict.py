@@ -89,6 +89,7 @@ class Predictor:
         # The keys DRAM holds (the Store's entries, see attach): a walk whose next chunk is not there is a return.
         self.resident: Collection[bytes] = ()
         self.gap = 1.0  # moving average of every stream's gap: the expected distance between a stream's reads
+        self.survival = float("inf")  # accesses DRAM keeps a key unused (learned from prefetch victims)
         self._streams: dict[int, _Stream] = {}
         self._dirty: dict[int, _Lane] = {}
         self._announced: list[bytes] = []
@@ -140,31 +141,41 @@ class Predictor:
                 self._dirty.pop(id(lane), None)
 
     # ---- observations ----
-    def _observe(self, key: bytes, sid: int, is_read: bool) -> tuple[_Lane, int, int]:
+    def _observe(self, key: bytes, sid: int, is_read: bool) -> tuple[_Lane, int]:
+        # The hot path of every profiled access (<= 3 us, BENCHMARKS.md): locals, no helper calls when avoidable.
         p = self.profiles
-        resident = self.resident
-        # Half-lives scale with the memory keys compete for: counted in DRAMs full of accesses.
-        p.horizon = max(64.0, p.half_life * len(resident)) if resident else max(64.0, p.half_life * 4096)
         s = p.slot(key)
-        idle = p.touch(s, self.clock.monotonic())
+        p.touch(s, self.clock.monotonic())
         tick = p.tick
-        st = self._stream(sid)
+        if not tick & 63:
+            # Half-lives scale with the memory keys compete for: counted in DRAMs full of accesses.
+            n = len(self.resident) or 4096
+            p.horizon = max(64.0, p.half_life * n)
+        st = self._streams.get(sid)
+        if st is None:
+            st = self._stream(sid)
+        gap = st.gap
+        limit = self.link_window * gap
+        if limit < LINK_MIN:
+            limit = LINK_MIN
         if st.tick:
             g = tick - st.tick
-            limit = max(LINK_MIN, self.link_window * st.gap)
             if g <= limit:
                 # Only gaps inside a request teach the usual gap; a pause between requests is not one.
-                st.gap += (g - st.gap) * 0.125
+                st.gap = gap + (g - gap) * 0.125
                 self.gap += (g - self.gap) * 0.01
         st.tick = tick
-        lane = self._lane(st, family(key))
+        i = key.rfind(b":")
+        fam = key[:i] if i >= 0 else b""
+        lane = st.lanes.get(fam)
+        if lane is None:
+            lane = self._lane(st, fam)
         prev = lane.prev
-        if prev >= 0 and p.gen[prev] == lane.prev_gen \
-                and tick - lane.tick <= max(LINK_MIN, self.link_window * st.gap):
+        if prev >= 0 and p.gen[prev] == lane.prev_gen and tick - lane.tick <= limit:
             if prev == s:
                 # A read-miss filled by a write of the same key is still that read.
                 lane.tick = tick
-                return lane, s, idle
+                return lane, s
             if lane.prev_read:
                 succ = p.successor(prev)
                 if succ >= 0:
@@ -185,21 +196,21 @@ class Predictor:
                 p.link(prev, s)
             # A read after a write is where a stream's next request starts: never a link.
         if is_read:
-            q = p.predecessor(s)
-            if q >= 0 and q != prev and tick - p.tick_at[q] <= max(LINK_MIN, self.link_window * st.gap) * 4:
+            q = p.pred[s]
+            if q >= 0 and q != prev and p.gen[q] == p.pred_gen[s] and tick - p.tick_at[q] <= 4 * limit:
                 # Its parent was read a moment ago, on this lane or an interleaved one: the reader went on.
                 p.outcome(q, True)
         lane.prev = s
         lane.prev_gen = p.gen[s]
         lane.prev_read = is_read
         lane.tick = tick
-        return lane, s, idle
+        return lane, s
 
     def write(self, key: bytes, sid: int) -> None:
         self._observe(key, sid, False)
 
     def read(self, key: bytes, sid: int) -> None:
-        lane, s, _idle = self._observe(key, sid, True)
+        lane, s = self._observe(key, sid, True)
         due = self._due
         if due:
             due.pop(key, None)
@@ -220,7 +231,14 @@ class Predictor:
             n = p.successor(s)
             # The chunk after this one has left DRAM: a session coming back, whose whole context is below.
             returning = n >= 0 and p.keys[n] not in self.resident
-            self._walk(lane, s, self.session_max if returning else self.window, returning)
+            budget = self.session_max if returning else self.window
+            # No further ahead than DRAM keeps a key unused (a chunk due later would be dropped before its
+            # read), nor more than a fair share of DRAM: half of it split among the streams reading at once.
+            gap = self.gap if self.gap > 1.0 else 1.0
+            reach = min(self.survival, len(self.resident) / 2 if self.resident else float("inf")) / gap
+            if reach < budget:
+                budget = max(1, int(reach))
+            self._walk(lane, s, budget, returning)
         if len(lane.ahead) > lane.sent:
             self._dirty[id(lane)] = lane
 
@@ -351,9 +369,12 @@ class Predictor:
 
     def may_displace(self, key: bytes, victims: Iterable[bytes], factor: float = 1.0) -> bool:
         """Whether a prefetch of ``key`` may demote ``victims``: each must be expected to be used later than
-        ``key`` (``factor`` times as late). A key asked for without a prediction (TAIR.KV.PREFETCH) is expected
-        within a window of reads."""
-        tick = self.profiles.tick
+        ``key`` (``factor`` times as late), and must have been idle longer than that too: the victims are the
+        keys DRAM would drop next, so their idle time is how long a key now survives in DRAM unused, and a chunk
+        due later than that would be dropped again before its read. A key asked for without a prediction
+        (TAIR.KV.PREFETCH) is expected within a window of reads."""
+        p = self.profiles
+        tick = p.tick
         d = self._due.get(key)
         if d is not None and d[0] - tick >= -d[1]:
             mine = max(0.0, float(d[0] - tick))
@@ -361,10 +382,23 @@ class Predictor:
             mine = self.window * max(1.0, self.gap)
             self._due[key] = (tick + int(mine), mine)
         limit = factor * mine
+        survive = float("inf")
+        ok = True
         for victim in victims:
-            if self.next_use(victim) <= limit:
-                return False
-        return True
+            s = p.slots.get(victim)
+            if s is not None and p.tick_at[s]:
+                idle = tick - p.tick_at[s]
+                if idle < survive:
+                    survive = idle
+                if idle <= limit:
+                    ok = False
+            if ok and self.next_use(victim) <= limit:
+                ok = False
+        if survive != float("inf"):
+            # How long DRAM keeps a key unused, in accesses: walks go no further ahead than that (see read).
+            self.survival = survive if self.survival == float("inf") else \
+                self.survival + (survive - self.survival) * 0.1
+        return ok
 
     def info(self) -> dict[str, float | int]:
         p = self.profiles
@@ -377,6 +411,7 @@ class Predictor:
             "predict_session_walks": self.session_walks,
             "predict_lookups": self.lookups,
             "predict_stream_gap": round(self.gap, 2),
+            "predict_dram_survival": -1 if self.survival == float("inf") else round(self.survival, 1),
             "session_score": round(p.session_score, 4),
             "interior_link_score": round(p.interior.prior, 4),
         }

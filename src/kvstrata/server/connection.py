@@ -428,6 +428,9 @@ class Connection(asyncio.BufferedProtocol):
         ssd = store.ssd
         assert ssd is not None
         store.ack_seq = 0
+        # [prefetch hook, issue 19] Set again here: a command resumed after a load must not run as the stream of
+        # whichever connection ran last meanwhile (the predictor follows each connection's reads).
+        store.stream = self.client.id
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args)
