@@ -365,8 +365,9 @@ def main(argv: list[str]) -> int:
                         help="measure a live server instead of the replay: several clients, two request rates, "
                              "3/5/10%% DRAM (kvstrata.bench.prefetch_live)")
     parser.add_argument("--live-clients", type=int, default=4, help="client connections of --live")
-    parser.add_argument("--live-slow-rate", type=float, default=200.0,
-                        help="chunk reads a second of --live's slow rate (the fast one is unpaced)")
+    parser.add_argument("--live-slow-rate", type=float, default=150.0,
+                        help="most chunk reads a second of --live's slow rate (the fast one is unpaced; slow is "
+                             "also at most a sixth of it)")
     parser.add_argument("--live-arrivals", type=int, default=None,
                         help="arrivals of each trace in --live (default: a per-trace size of a few seconds)")
     parser.add_argument("--live-value-bytes", type=int, default=16384, help="chunk size of --live")

@@ -8,7 +8,8 @@ server has to cope with the rate it sees), and replays the trace's requests thro
 connections:
 
 * requests are released at their trace times compressed to the rate asked for (``fast``: all at once, the
-  clients go as fast as they can; ``slow``: paced to ``slow_rate`` chunk reads a second) and each is taken by
+  clients go as fast as they can; ``slow``: paced to ``slow_rate`` chunk reads a second, or to a sixth of the
+  fast rate without the predictor if that is less, so the two stay at least 5x apart) and each is taken by
   the next free client, so one connection carries many conversations one after another and a conversation's
   turns land on different connections;
 * a request reads its prefix chunk after chunk with ``GET`` (each read timed by the client), stops at the
@@ -240,7 +241,7 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7) -
 
 
 def run_live(traces: Sequence[str] = LIVE_TRACES, fractions: Sequence[float] = LIVE_FRACTIONS, *,
-             clients: int = 4, slow_rate: float = 200.0, value_bytes: int = 16384,
+             clients: int = 4, slow_rate: float = 150.0, value_bytes: int = 16384,
              arrivals: int | None = None, modes: Sequence[str] = tuple(LIVE_MODES),
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every (trace, rate, fraction, mode): the benchmark's JSON document."""
@@ -256,12 +257,17 @@ def run_live(traces: Sequence[str] = LIVE_TRACES, fractions: Sequence[float] = L
         info[name] = stats
         requests = sdk_requests(trace)
         duration = max(1e-9, stats["duration_s"])
-        # ``slow``: the trace compressed to slow_rate chunk reads a second; ``fast``: no pacing at all.
-        rates: list[tuple[str, float | None]] = [("fast", None),
-                                                 ("slow", slow_rate * duration / max(1, stats["chunk_reads"]))]
         say(f"{name}: {stats['requests']} requests, {stats['chunk_reads']} chunk reads, "
             f"{stats['distinct_chunks']} distinct chunks")
-        for rate, speedup in rates:
+        # ``fast``: no pacing at all; ``slow``: the trace compressed to at most slow_rate chunk reads a second and
+        # at most a sixth of what the fast runs without the predictor reached, so the rates stay >= 5x apart.
+        for rate in ("fast", "slow"):
+            speedup: float | None = None
+            if rate == "slow":
+                fast_off = [r["reads_per_s"] for r in rows if r["trace"] == name and r["mode"] == "off"]
+                target = min([slow_rate, *(x / 6 for x in fast_off)])
+                info[name]["slow_rate"] = round(target, 1)
+                speedup = target * duration / max(1, stats["chunk_reads"])
             for fraction in fractions:
                 slots = dram_slots(fraction, stats["distinct_chunks"])
                 budget = dram_budget(slots, trace, value_bytes)
@@ -368,7 +374,10 @@ def write_markdown(result: dict[str, Any]) -> str:
         f"`kvstrata serve` with its defaults, `--essd-path` on a temporary directory, DRAM a fraction of the "
         f"replayed chunks, {result['clients']} client connections replaying each trace's requests "
         f"({result['value_bytes'] // 1024} KiB chunks, GET chunk by chunk, SET after the first miss); *fast*: "
-        f"requests released at once, *slow*: paced to {result['slow_rate']:g} chunk reads/s. Coverage/off = "
+        f"requests released at once, *slow*: paced to at most {result['slow_rate']:g} chunk reads/s and at most a "
+        "sixth of the fast rate without the predictor (per trace: "
+        + ", ".join(f"{n} {t.get('slow_rate', '-')}" for n, t in result["traces"].items())
+        + "). Coverage/off = "
         "prefetches used in time / SSD reads of the same run without the predictor. `untuned` was never shown "
         "to the predictor while it was built (`independent`, another seed, plus one-off 48-chunk scans).",
         "",
