@@ -164,19 +164,22 @@ PARAMS: tuple[Param, ...] = (
           "Profile key access (chunk chains, sessions) and prefetch the chunks a reader will need next from the "
           "SSD/pool tiers (docs/prefetch.md). Only with a lower tier."),
     Param("prefetch-window", _int, 8, "Chunks the predictor keeps ahead of a reader inside one request."),
-    Param("prefetch-session-gap", _float, 1.0,
-          "A chunk idle this many seconds and read again marks a returning session: its whole context is brought "
-          "up (up to prefetch-session-max chunks), not just prefetch-window."),
+    Param("prefetch-link-window", _float, 8.0,
+          "Two keys a stream touches one after the other are linked into a chain only if they are at most this "
+          "many times the stream's usual gap apart, counted in accesses (the gap adapts to the load).",
+          mutable=True),
     Param("prefetch-session-max", _int, 64,
           "Chunks a returning session's read may bring up at once (the rest of its context)."),
     Param("prefetch-min-confidence", _float, 0.6,
           "A predicted chunk is prefetched only if the chain links leading to it are this likely to be followed.",
           mutable=True),
-    Param("prefetch-protect", _float, 2.0,
-          "A prefetch never displaces a key used or prefetched within this many seconds, nor a hotter one.",
+    Param("prefetch-protect", _float, 1.0,
+          "A prefetch displaces a DRAM key only if that key's expected next use (predicted, or from its access "
+          "history, in accesses) is more than this many times later than the prefetched chunk's.",
           mutable=True),
-    Param("prefetch-half-life", _float, 60.0,
-          "Half-life, in seconds, of the access counts behind the temporal score (what makes a key hotter).",
+    Param("prefetch-half-life", _float, 1.0,
+          "Half-life of the access counts behind the temporal score, in DRAMs full of accesses (this many times "
+          "the number of keys DRAM holds).",
           mutable=True),
     Param("profile-max-keys", _int, 262_144,
           "Most keys with an access profile (fixed memory; the longest-unused profiles are reused first)."),

@@ -1,22 +1,66 @@
-"""The live prefetch benchmark end to end on a few requests: a real server per mode, figures from its INFO."""
+"""The live prefetch benchmark end to end on a few requests: real servers, several clients, figures from INFO."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvstrata.bench.prefetch_live import run_live
+from kvstrata.bench.prefetch_live import (
+    SCAN_CHUNKS,
+    format_table,
+    live_targets,
+    predictor_cost,
+    run_live,
+    untuned_trace,
+    write_markdown,
+)
 
 pytestmark = pytest.mark.kvstrata_only
 
 
-def test_live_replay_reports_each_mode_and_its_engine_twin() -> None:
-    result = run_live("multi_turn", arrivals=12, speedup=400.0, value_bytes=1024, modes=("off", "on"))
-    rows = {r["mode"]: r for r in result["rows"]}
-    assert set(rows) == {"off", "on"} == {r["mode"] for r in result["replay"]}
-    reads = result["stats"]["chunk_reads"]
-    # Both servers saw every read (GETs stop at the first missing chunk, so at most all of them).
-    assert 0 < rows["off"]["gets"] == rows["on"]["gets"] <= reads
-    assert rows["off"]["prefetch_issued"] == 0
-    on = rows["on"]
-    assert on["prefetch_used"] <= on["prefetch_issued"]
-    assert 0.0 <= on["prefetch_accuracy"] <= 1.0
+def test_live_runs_each_rate_fraction_and_mode_through_concurrent_clients() -> None:
+    result = run_live(("multi_turn",), (0.05,), clients=3, slow_rate=400.0, value_bytes=1024, arrivals=6)
+    rows = result["rows"]
+    assert {(r["rate"], r["mode"]) for r in rows} == {("fast", "off"), ("fast", "on"), ("slow", "off"),
+                                                       ("slow", "on")}
+    reads = result["traces"]["multi_turn"]["chunk_reads"]
+    for r in rows:
+        # Every request ran (GETs stop at the first missing chunk, so at most all of its reads).
+        assert 0 < r["gets"] <= reads
+        assert r["p50_us"] <= r["p99_us"]
+        assert r["prefetch_used"] <= r["prefetch_issued"]
+        if r["mode"] == "off":
+            assert r["prefetch_issued"] == 0 and r["coverage_vs_off"] is None
+    slow = [r for r in rows if r["rate"] == "slow"]
+    fast = [r for r in rows if r["rate"] == "fast"]
+    assert max(r["reads_per_s"] for r in slow) < min(r["reads_per_s"] for r in fast)
+    assert set(result["targets"]) >= {"accuracy_ge_95pct_at_5pct", "predictor_cost_le_3us", "missed"}
+    assert "| multi_turn | slow | 5% | on |" in write_markdown(result)
+    assert "predictor cost" in format_table(result)
+
+
+def test_targets_name_where_they_are_missed() -> None:
+    base = {"trace": "t", "rate": "fast", "fraction": 0.05, "prefetch_late": 0}
+    rows = [
+        {**base, "mode": "off", "dram_hit_ratio": 0.5, "ssd_reads": 100, "p99_us": 100.0,
+         "prefetch_accuracy": None, "prefetch_used": 0, "coverage_vs_off": None},
+        {**base, "mode": "on", "dram_hit_ratio": 0.6, "ssd_reads": 40, "p99_us": 120.0,
+         "prefetch_accuracy": 0.97, "prefetch_used": 60, "coverage_vs_off": 0.6},
+    ]
+    got = live_targets(rows, {"cost_us": 1.0})
+    assert got["accuracy_ge_95pct_at_5pct"] and got["coverage_ge_50pct_of_off_ssd_reads_at_5pct"]
+    assert got["hit_ratio_higher_with_predictor_at_5pct"] and got["predictor_cost_le_3us"]
+    assert not got["p99_not_worse_at_5pct"] and got["missed"] == {"p99": ["t/fast"]}
+
+
+def test_the_untuned_trace_adds_one_off_scans() -> None:
+    trace = untuned_trace(20)
+    scans = [r for r in trace if r.kind == "scan"]
+    stores = {r.writes for r in trace if r.kind == "scan-store"}
+    assert scans and all(len(r.reads) == SCAN_CHUNKS and r.reads in stores for r in scans)
+    assert [r.time for r in trace] == sorted(r.time for r in trace)
+
+
+def test_predictor_cost_is_measured_against_no_predictor() -> None:
+    cost = predictor_cost(chains=20, chain_len=8, rounds=3)
+    assert cost["get_us_without"] > 0 and cost["get_us_with"] > 0
+    assert cost["cost_us"] == pytest.approx(cost["get_us_with"] - cost["get_us_without"], abs=1e-3)

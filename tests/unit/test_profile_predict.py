@@ -29,7 +29,7 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def pred(clock: ManualClock) -> Predictor:
-    return Predictor(clock, window=4, session_max=32, session_gap=1.0)
+    return Predictor(clock, window=4, session_max=32)
 
 
 def write_chain(pred: Predictor, clock: ManualClock, chain: list[bytes], sid: int) -> None:
@@ -49,17 +49,27 @@ def read_chain(pred: Predictor, clock: ManualClock, chain: list[bytes], sid: int
 
 
 # ---- scores ----
-def test_temporal_score_decays_with_the_half_life(clock: ManualClock) -> None:
-    p = AccessProfiles(clock, max_keys=16, half_life=10.0)
+def test_temporal_score_decays_with_the_half_life_in_accesses(clock: ManualClock) -> None:
+    p = AccessProfiles(clock, max_keys=16)
+    p.horizon = 10.0  # accesses per half-life; the predictor sets it from the keys DRAM holds
     s = p.slot(b"k")
+    other = p.slot(b"other")
     p.touch(s, clock.monotonic())
     p.touch(s, clock.monotonic())
-    assert p.temporal(b"k") == pytest.approx(2.0)
-    clock.advance(10.0)
-    assert p.temporal(b"k") == pytest.approx(1.0, rel=1e-3)
-    clock.advance(10.0)
-    assert p.temporal(b"k") == pytest.approx(0.5, rel=1e-3)
+    heat = p.temporal(b"k")
+    assert heat == pytest.approx(1.0 + 0.5 ** 0.1, rel=1e-4)  # the first use decayed by one access
+    clock.advance(3600.0)  # time alone changes nothing: only accesses count
+    assert p.temporal(b"k") == heat
+    for _ in range(10):
+        p.touch(other, clock.monotonic())
+    assert p.temporal(b"k") == pytest.approx(heat / 2, rel=1e-3)
+    for _ in range(10):
+        p.touch(other, clock.monotonic())
+    assert p.temporal(b"k") == pytest.approx(heat / 4, rel=1e-3)
     assert p.temporal(b"unknown") == 0.0
+    # Idle for 20 accesses after two uses: its next use is expected no sooner than 20 accesses from now.
+    assert p.reuse_distance(s) >= 20.0
+    assert p.reuse_distance(other) < p.reuse_distance(s)
 
 
 def test_spatial_score_learns_the_chain_and_branches_predict_nothing(pred: Predictor, clock: ManualClock) -> None:
@@ -83,14 +93,14 @@ def test_read_outcomes_move_the_spatial_score(pred: Predictor, clock: ManualCloc
         clock.advance(5.0)
         pred.read(a, sid)
         pred.read(other + bytes([sid]), sid)
-    # Each of those reads linked a to another key too: a became a branch (nothing predicted from it).
+    # Each reader stopped after a: its score fell. Reads alone never relink (only writes make new branches).
     assert pred.profiles.stop[pred.profiles.slots[a]] >= 1
     assert pred.profiles.spatial(a) < before
 
 
 def test_session_score_learns_whether_returns_cross_the_previous_turn(clock: ManualClock) -> None:
     # Chat: each turn reads the whole context, then writes its own chunks; the next turn crosses the boundary.
-    chat = Predictor(clock, session_gap=1.0)
+    chat = Predictor(clock)
     ctx: list[bytes] = []
     for turn in range(6):
         for k in ctx:
@@ -106,7 +116,7 @@ def test_session_score_learns_whether_returns_cross_the_previous_turn(clock: Man
     assert chat.profiles.session_score > 0.8
 
     # Documents: every request reads the document and then writes its own query; nobody reads past the document.
-    rag = Predictor(clock, session_gap=1.0)
+    rag = Predictor(clock)
     doc = keys("doc", 4)
     for req in range(6):
         for k in doc:
@@ -152,7 +162,8 @@ def test_inside_a_request_the_window_slides(pred: Predictor, clock: ManualClock)
     chain = keys("c", 10)
     write_chain(pred, clock, chain, 1)
     read_chain(pred, clock, chain, 3)
-    pred.read(chain[0], 2)  # idle < session_gap: not a return, window of 4
+    pred.attach(set(chain))  # the chain is in DRAM: not a returning session, a window of 4
+    pred.read(chain[0], 2)
     assert pred.take() == chain[1:5]
     for i in range(1, 6):
         pred.read(chain[i], 2)
@@ -188,7 +199,7 @@ def test_the_walk_stops_at_a_shared_prefix(pred: Predictor, clock: ManualClock) 
 
 
 def test_low_confidence_links_are_not_followed(clock: ManualClock) -> None:
-    pred = Predictor(clock, session_gap=1.0, min_confidence=0.6)
+    pred = Predictor(clock, min_confidence=0.6)
     doc = keys("doc", 3)
     for req in range(4):  # documents followed by queries: the session score drops
         for k in doc:
@@ -273,6 +284,85 @@ def test_a_profile_costs_a_small_fixed_number_of_bytes(clock: ManualClock) -> No
         per_key = (tracemalloc.get_traced_memory()[0] - base) / n
     finally:
         tracemalloc.stop()
-    assert AccessProfiles.bytes_per_key() < 40
+    assert AccessProfiles.bytes_per_key() < 56
     # Arrays, the key index (dict) and the slot list: no Python object per profile.
     assert per_key < 160, per_key
+
+
+# ---- several conversations on one connection ----
+def test_interleaved_reads_of_one_family_keep_both_chains(pred: Predictor, clock: ManualClock) -> None:
+    a = keys("a", 6)
+    b = keys("b", 6)
+    write_chain(pred, clock, a, 1)
+    write_chain(pred, clock, b, 2)
+    read_chain(pred, clock, a, 3)
+    read_chain(pred, clock, b, 4)
+    # One connection reads both conversations chunk by chunk, interleaved (a batch of two requests).
+    for x, y in zip(a, b, strict=True):
+        pred.read(x, 5)
+        pred.read(y, 5)
+    pred.take()
+    p = pred.profiles
+    for chain in (a, b):
+        for i in range(len(chain) - 1):
+            assert p.next_key(chain[i]) == chain[i + 1]
+            assert not flags(pred, chain[i]) & BRANCH
+            assert p.spatial(chain[i]) >= 0.6
+    pred.forget_stream(5)
+    pred.read(a[0], 6)
+    assert pred.take() == a[1:]
+
+
+def test_interleaved_writes_of_tagged_conversations_are_not_chained_together(pred: Predictor,
+                                                                             clock: ManualClock) -> None:
+    # Keys carrying a shard tag ({session}) are of separate families: one lane each in the stream.
+    a = [f"kvs:ns:{{u1}}:{i}".encode() for i in range(5)]
+    b = [f"kvs:ns:{{u2}}:{i}".encode() for i in range(5)]
+    for x, y in zip(a, b, strict=True):
+        pred.write(x, 1)
+        pred.write(y, 1)
+    p = pred.profiles
+    assert [p.next_key(k) for k in a[:-1]] == a[1:]
+    assert [p.next_key(k) for k in b[:-1]] == b[1:]
+    assert p.next_key(a[-1]) is None and p.next_key(b[-1]) is None
+
+
+def test_a_read_after_a_write_starts_a_new_request(pred: Predictor, clock: ManualClock) -> None:
+    # A pooled connection: request 1 stores its chunks, request 2 starts reading another chain at once.
+    first = keys("one", 3)
+    second = keys("two", 3)
+    write_chain(pred, clock, second, 9)
+    for k in first:
+        pred.write(k, 1)
+    pred.read(second[0], 1)
+    assert pred.profiles.next_key(first[-1]) is None
+    assert pred.profiles.predecessor(pred.profiles.slots[second[0]]) < 0
+
+
+def test_a_lookup_announces_the_chunks_not_in_dram(pred: Predictor) -> None:
+    chain = keys("c", 5)
+    pred.attach({chain[0]})
+    pred.lookup(chain, 1)
+    assert pred.pending
+    assert pred.take() == chain[1:]
+    assert pred.lookups == 1
+    # Each announced key is expected in order, nearest first.
+    uses = [pred.next_use(k) for k in chain[1:]]
+    assert uses == sorted(uses) and uses[0] < uses[-1]
+
+
+def test_a_prefetch_displaces_only_keys_expected_later(pred: Predictor, clock: ManualClock) -> None:
+    chain = keys("c", 12)
+    write_chain(pred, clock, chain, 1)
+    read_chain(pred, clock, chain, 2)
+    idle = b"ns:idle"
+    pred.write(idle, 3)
+    for _ in range(100):  # other traffic: the idle key is not expected back soon
+        pred.read(b"ns:busy", 4)
+    pred.read(chain[0], 5)
+    predicted = pred.take()
+    assert predicted == chain[1:]
+    near, far = predicted[0], predicted[-1]
+    assert pred.may_displace(near, [idle])
+    assert not pred.may_displace(far, [near])  # a prediction never displaces one that is due sooner
+    assert not pred.may_displace(near, [b"ns:busy"])  # nor a key in use every access

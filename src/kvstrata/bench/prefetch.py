@@ -348,7 +348,7 @@ def targets(results: Sequence[dict[str, Any]], mode: str = "on+chain") -> dict[s
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvstrata bench prefetch",
                                      description="Replay KV-cache traces through the engine, predictor off and on.")
-    parser.add_argument("--trace", action="append", choices=[*PRESETS, "all"],
+    parser.add_argument("--trace", action="append", choices=[*PRESETS, "untuned", "all"],
                         help=f"trace preset, repeatable (default: {', '.join(DEFAULT_TRACES)})")
     parser.add_argument("--fractions", default=",".join(str(f) for f in DEFAULT_FRACTIONS),
                         help="DRAM budgets as fractions of the working set (default: 0.1,0.2,0.3)")
@@ -362,9 +362,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--slow-ssd-ms", type=float, default=None,
                         help="also replay multi_turn at 10%% with this SSD read time (sensitivity rows)")
     parser.add_argument("--live", action="store_true",
-                        help="also replay part of multi_turn against a live server (kvstrata.bench.prefetch_live)")
+                        help="measure a live server instead of the replay: several clients, two request rates, "
+                             "3/5/10%% DRAM (kvstrata.bench.prefetch_live)")
+    parser.add_argument("--live-clients", type=int, default=4, help="client connections of --live")
+    parser.add_argument("--live-slow-rate", type=float, default=150.0,
+                        help="most chunk reads a second of --live's slow rate (the fast one is unpaced; slow is "
+                             "also at most a sixth of it)")
     parser.add_argument("--live-arrivals", type=int, default=None,
-                        help="arrivals of the live replay (default: the whole multi_turn trace)")
+                        help="arrivals of each trace in --live (default: a per-trace size of a few seconds)")
+    parser.add_argument("--live-value-bytes", type=int, default=16384, help="chunk size of --live")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     names = list(DEFAULT_TRACES) if not args.trace else (list(PRESETS) if "all" in args.trace else args.trace)
@@ -374,17 +380,28 @@ def main(argv: list[str]) -> int:
         if m not in MODES:
             parser.error(f"unknown mode {m!r}; known: {', '.join(MODES)}")
     timing = Timing(args.consume_ms, args.ssd_ms, args.queue)
+    if "untuned" in names and not args.live:
+        parser.error("the untuned trace is replayed by --live only")
 
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.live:
+        from kvstrata.bench import prefetch_live
+
+        live_names = prefetch_live.LIVE_TRACES if not args.trace else tuple(
+            ["untuned", *PRESETS] if "all" in args.trace else args.trace)
+        live_fractions = (prefetch_live.LIVE_FRACTIONS if args.fractions == parser.get_default("fractions")
+                          else tuple(fractions))
+        live = prefetch_live.run_live(live_names, live_fractions, clients=args.live_clients,
+                                      slow_rate=args.live_slow_rate, value_bytes=args.live_value_bytes,
+                                      arrivals=args.live_arrivals,
+                                      modes=[m for m in modes if m in prefetch_live.LIVE_MODES] or ["off", "on"],
+                                      progress=progress)
+        print(json.dumps(live, indent=2) if args.json else prefetch_live.format_table(live))
+        return 0
     result = run(names, fractions, modes=modes, timing=timing, value_bytes=args.value_bytes,
                  seed_offset=args.seed, slow_ssd_ms=args.slow_ssd_ms, progress=progress)
-    if args.live:
-        from kvstrata.bench.prefetch_live import run_live
-
-        result["live"] = run_live(TARGET_TRACE, arrivals=args.live_arrivals, consume_ms=args.consume_ms,
-                                  modes=tuple(modes), progress=progress)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -427,7 +444,7 @@ def write_markdown(result: dict[str, Any]) -> str:
     out = [
         "## Prefetch: access profiles and the predictor",
         "",
-        "Command: `kvstrata bench prefetch --json --slow-ssd-ms 16 --live`  ",
+        "Command: `kvstrata bench prefetch --json --slow-ssd-ms 16`  ",
         f"Machine: {machine_summary(result['machine'])}",
         "",
         "Trace replay through the real engine (Store, LRU-K, admission, LMDB SSD tier, predictor; "
@@ -453,31 +470,6 @@ def write_markdown(result: dict[str, Any]) -> str:
             rule,
             *[_row_md(r) for r in result["sensitivity"]],
         ]
-    live = result.get("live")
-    if live:
-        out += [
-            "",
-            f"Live server against the engine replay, same requests: {live['arrivals']} arrivals of "
-            f"`{live['trace']}` ({live['stats']['requests']} requests, {live['stats']['chunk_reads']} chunk reads), "
-            f"{live['value_bytes'] // 1024} KiB chunks, DRAM {live['dram_chunks']} chunks (the whole trace's "
-            f"{live['fraction']:.0%} row). *live*: `kvstrata serve` on loopback, "
-            f"{live['speedup']:g}x faster than the trace (the server's time parameters scaled alike), one "
-            "connection per request reading with GET; figures from its INFO (`--live`, "
-            "`kvstrata.bench.prefetch_live`). Live timing is noisy: late and coverage vary between runs.",
-            "",
-            "| mode | run | DRAM hit ratio | SSD reads | issued | used | late | wasted | accuracy | coverage |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        replayed = {r["mode"]: r for r in live["replay"]}
-        for row in live["rows"]:
-            for kind, r in (("live", row), ("replay", replayed.get(row["mode"]))):
-                if r is None:
-                    continue
-                out.append(
-                    f"| {row['mode']} | {kind} | {_ratio(r['dram_hit_ratio'])} | {r['ssd_reads']} | "
-                    f"{r['prefetch_issued']} | {r['prefetch_used']} | {r['prefetch_late']} | "
-                    f"{r['prefetch_wasted']} | {_ratio(r['prefetch_accuracy'] if r['prefetch_issued'] else None)} | "
-                    f"{_ratio(r['prefetch_coverage'])} |")
     labels = {
         "multi_turn_accuracy_ge_95pct": "accuracy >= 95% on multi_turn at 10-30% DRAM",
         "multi_turn_coverage_ge_80pct": "coverage >= 80% on multi_turn at 10-30% DRAM",

@@ -30,8 +30,14 @@ def unlink(ctx: Context, args: list[bytes]) -> Any:
 @command("exists", -2, "readonly fast", keys=(1, -1, 1), group="generic",
          summary="Determines whether one or more keys exist.", syntax="EXISTS key [key ...]")
 def exists(ctx: Context, args: list[bytes]) -> Any:
-    get = ctx.store.get
-    return sum(1 for key in args[1:] if get(key, touch=False) is not None)
+    store = ctx.store
+    get = store.get
+    found = [(key, entry) for key in args[1:] if (entry := get(key, touch=False)) is not None]
+    if store.predictor is not None and found:
+        # A lookup batch (SGLang batch_exists, vLLM's scheduler) announces the reads
+        # that follow: the predictor queues the chunks it found below DRAM (docs/prefetch.md).
+        store.predictor.lookup([k for k, e in found if len(e.value) >= store.profile_min_bytes], store.stream)
+    return len(found)
 
 
 @command("touch", -2, "readonly fast", keys=(1, -1, 1), group="generic", since="3.2.1",

@@ -1,52 +1,63 @@
 """The predictor: from what a client stream reads now, which chunks it will read next.
 
-Each client stream (a connection in the server, a request in the replay benchmark) is followed separately,
-and only keys of one family (the same text before the last ``:``: the SDK's ``kvs:<namespace>:`` and any
-session tag) are linked.
-Its reads and writes teach :class:`~kvstrata.engine.profile.AccessProfiles` the chunk chains; its reads trigger
-walks along them:
+Each client stream (a connection in the server, a request in the replay benchmark) is followed separately, and
+inside a stream each key *family* (the text before the key's last ``:``: the SDK's ``kvs:<namespace>:`` and a
+``{shard}`` tag when the keys carry one) has its own **lane**, so several conversations interleaved on one
+connection (an SGLang batch, a shared connection pool) keep their chains apart. Its reads and writes teach
+:class:`~kvstrata.engine.profile.AccessProfiles` the chunk chains; its reads trigger walks along them:
 
-* a read that continues the stream's current walk (the chunk predicted next) slides the window: one more
-  chunk is predicted at the far end, so ``window`` chunks stay ahead of the reader;
-* any other read starts a new walk from that chunk. When the chunk had not been touched for ``session_gap``
-  seconds, the reader is a session coming back (a conversation's next turn, a document asked about again),
-  and the walk goes to the end of the chain, up to ``session_max`` chunks, to bring the whole context up;
-  otherwise it goes ``window`` chunks ahead.
+* a read that continues the lane's current walk (the chunk predicted next) slides the window: one more chunk
+  is predicted at the far end, so the walk stays ahead of the reader;
+* any other read starts a new walk from that chunk. When the chunk after it has left DRAM, the reader is a
+  session coming back (a conversation's next turn, a document asked about again) and the walk goes to the end
+  of the chain, up to ``session_max`` chunks, to bring the whole context up while the first chunks are served;
+  otherwise it keeps ``window`` chunks ahead;
+* a lookup (``EXISTS`` over a prefix, as SGLang's ``batch_exists`` and vLLM's scheduler send before reading)
+  announces the reads: the keys it found are predicted at once, in order (:meth:`Predictor.lookup`).
+
+Nothing here is measured in seconds. Links are learned between a lane's consecutive keys only when they are at
+most ``link_window`` times the stream's usual gap apart, counted in accesses (the gap adapts to how many
+streams share the server); a returning session is recognised by DRAM having dropped its chain, not by a time
+out; every predicted key gets an expected use, in accesses (:meth:`Predictor.next_use`), which is what a
+prefetch compares with the keys it would displace (:meth:`Predictor.may_displace`).
 
 A walk multiplies the scores of the turn boundaries it crosses (each is a separate event: did the session go
 on past that turn?) and stops where the product drops below ``min_confidence``, at an interior link scoring
-below it, at a branch, or where the chain is unknown, so it never guesses which conversation
-follows a shared system prompt. Predictions wait in the stream until :meth:`Predictor.take` hands them to
-whoever moves data (the server's prefetch queue), minus those the stream has already read by then: a
-multi-key read (MGET) does not prefetch the keys it reads itself.
+below it, at a branch, or where the chain is unknown, so it never guesses which conversation follows a shared
+system prompt. Predictions wait in the lane until :meth:`Predictor.take` hands them to whoever moves data (the
+server's prefetch queue), minus those already read by then: a multi-key read (MGET) does not prefetch the keys
+it reads itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
+
 from kvstrata.clock import Clock
 from kvstrata.engine.profile import BOUNDARY, BRANCH, AccessProfiles
 
-
-def _same_family(a: bytes | None, b: bytes) -> bool:
-    """Keys link only inside one family: the same text before their last ``:`` (a namespace, a session tag).
-
-    A client that writes several conversations, or unrelated keys, back to back on one connection must not
-    chain them together.
-    """
-    if a is None:
-        return False
-    i = a.rfind(b":")
-    return b.rfind(b":") == i and a[:i] == b[:i] if i >= 0 else b.find(b":") < 0
+LANES_PER_STREAM = 16
+"""Key families one stream follows at once (the least recently used lane is dropped beyond)."""
+LINK_MIN = 16
+"""Accesses two keys of a lane may always be apart and still link (a stream's gap is not known at first)."""
+DUE_MAX = 65536
+"""Most predicted keys whose expected use is remembered (the oldest are forgotten first)."""
 
 
-class _Stream:
-    __slots__ = ("ahead", "budget", "hold", "prev", "prev_gen", "prev_read", "probs", "sent", "stuck", "time")
+def family(key: bytes) -> bytes:
+    """A key's family: the text before its last ``:`` (namespace and tag), or b"" for a key without one."""
+    i = key.rfind(b":")
+    return key[:i] if i >= 0 else b""
+
+
+class _Lane:
+    __slots__ = ("ahead", "budget", "hold", "prev", "prev_gen", "prev_read", "probs", "sent", "stuck", "tick")
 
     def __init__(self) -> None:
         self.prev = -1
         self.prev_gen = 0
         self.prev_read = False
-        self.time = 0.0
+        self.tick = 0  # access number of the lane's last key
         self.ahead: list[bytes] = []  # predicted keys, in the order they will be read
         self.probs: list[float] = []  # link score of each step of ``ahead``
         self.sent = 0  # how many of ``ahead`` were handed out by take()
@@ -55,32 +66,63 @@ class _Stream:
         self.hold: bytes | None = None  # first chunk past an untested link: nothing further until it is read
 
 
+class _Stream:
+    __slots__ = ("gap", "lanes", "tick")
+
+    def __init__(self, gap: float) -> None:
+        self.lanes: dict[bytes, _Lane] = {}
+        self.gap = gap  # moving average of the accesses (all streams) between two of this stream's accesses
+        self.tick = 0
+
+
 class Predictor:
     def __init__(self, clock: Clock, *, max_keys: int = 262_144, window: int = 8, session_max: int = 64,
-                 min_confidence: float = 0.6, session_gap: float = 1.0, link_gap: float = 1.0,
-                 half_life: float = 60.0, max_streams: int = 4096) -> None:
+                 min_confidence: float = 0.6, link_window: float = 8.0, half_life: float = 1.0,
+                 max_streams: int = 4096) -> None:
         self.clock = clock
         self.profiles = AccessProfiles(clock, max_keys=max_keys, half_life=half_life)
         self.window = window
         self.session_max = max(session_max, window)
         self.min_confidence = min_confidence
-        self.session_gap = session_gap
-        self.link_gap = link_gap
+        self.link_window = link_window
         self.max_streams = max_streams
+        # The keys DRAM holds (the Store's entries, see attach): a walk whose next chunk is not there is a return.
+        self.resident: Collection[bytes] = ()
+        self.gap = 1.0  # moving average of every stream's gap: the expected distance between a stream's reads
+        self.survival = float("inf")  # accesses DRAM keeps a key unused (learned from prefetch victims)
         self._streams: dict[int, _Stream] = {}
-        self._dirty: dict[int, _Stream] = {}
+        self._dirty: dict[int, _Lane] = {}
+        self._announced: list[bytes] = []
+        self._due: dict[bytes, tuple[int, float]] = {}
         self.walks = 0
         self.session_walks = 0
+        self.lookups = 0
+
+    def attach(self, resident: Collection[bytes]) -> None:
+        """Give the predictor a view of what DRAM holds (the store's entries dict, read only)."""
+        self.resident = resident
+
+    def set_half_life(self, half_life: float) -> None:
+        self.profiles.half_life = half_life
 
     # ---- streams ----
     def _stream(self, sid: int) -> _Stream:
         st = self._streams.get(sid)
         if st is None:
             if len(self._streams) >= self.max_streams:
-                oldest = next(iter(self._streams))
-                self.forget_stream(oldest)
-            st = self._streams[sid] = _Stream()
+                self.forget_stream(next(iter(self._streams)))
+            st = self._streams[sid] = _Stream(self.gap)
         return st
+
+    def _lane(self, st: _Stream, fam: bytes) -> _Lane:
+        lanes = st.lanes
+        lane = lanes.get(fam)
+        if lane is None:
+            if len(lanes) >= LANES_PER_STREAM:
+                old = next(iter(lanes))
+                self._dirty.pop(id(lanes.pop(old)), None)
+            lane = lanes[fam] = _Lane()
+        return lane
 
     def clear(self) -> None:
         """Forget every profile and stream (FLUSHALL: the chains they describe are gone)."""
@@ -88,112 +130,171 @@ class Predictor:
         self.profiles = AccessProfiles(self.clock, max_keys=p.max_keys, half_life=p.half_life)
         self._streams.clear()
         self._dirty.clear()
+        self._announced.clear()
+        self._due.clear()
 
     def forget_stream(self, sid: int) -> None:
         """The stream ended (a connection closed, a request finished): drop its state and pending predictions."""
-        self._streams.pop(sid, None)
-        self._dirty.pop(sid, None)
+        st = self._streams.pop(sid, None)
+        if st is not None:
+            for lane in st.lanes.values():
+                self._dirty.pop(id(lane), None)
 
     # ---- observations ----
-    def _observe(self, key: bytes, sid: int, is_read: bool) -> tuple[_Stream, int, float]:
+    def _observe(self, key: bytes, sid: int, is_read: bool) -> tuple[_Lane, int]:
+        # The hot path of every profiled access (<= 3 us, BENCHMARKS.md): locals, no helper calls when avoidable.
         p = self.profiles
-        now = self.clock.monotonic()
         s = p.slot(key)
-        idle = p.touch(s, now)
-        st = self._stream(sid)
-        prev = st.prev
-        if prev >= 0 and p.gen[prev] == st.prev_gen and now - st.time <= self.link_gap \
-                and _same_family(p.keys[prev], key):
+        p.touch(s, self.clock.monotonic())
+        tick = p.tick
+        if not tick & 63:
+            # Half-lives scale with the memory keys compete for: counted in DRAMs full of accesses.
+            n = len(self.resident) or 4096
+            p.horizon = max(64.0, p.half_life * n)
+        st = self._streams.get(sid)
+        if st is None:
+            st = self._stream(sid)
+        gap = st.gap
+        limit = self.link_window * gap
+        if limit < LINK_MIN:
+            limit = LINK_MIN
+        if st.tick:
+            g = tick - st.tick
+            if g <= limit:
+                # Only gaps inside a request teach the usual gap; a pause between requests is not one.
+                st.gap = gap + (g - gap) * 0.125
+                self.gap += (g - self.gap) * 0.01
+        st.tick = tick
+        i = key.rfind(b":")
+        fam = key[:i] if i >= 0 else b""
+        lane = st.lanes.get(fam)
+        if lane is None:
+            lane = self._lane(st, fam)
+        prev = lane.prev
+        if prev >= 0 and p.gen[prev] == lane.prev_gen and tick - lane.tick <= limit:
             if prev == s:
                 # A read-miss filled by a write of the same key is still that read.
-                st.time = now
-                return st, s, idle
-            fresh_read = False
-            if st.prev_read:
+                lane.tick = tick
+                return lane, s
+            if lane.prev_read:
                 succ = p.successor(prev)
                 if succ >= 0:
-                    p.outcome(prev, is_read and succ == s)
+                    if is_read and succ != s and p.predecessor(s) >= 0:
+                        # A chunk of another chain read in between (an interleaved conversation of this family):
+                        # no evidence about ``prev``; its own chain's next read still counts when it comes.
+                        pass
+                    else:
+                        p.outcome(prev, is_read and succ == s)
+                        if not is_read:
+                            p.link(prev, s)  # a new turn written after this read: a branch if it differs
                 elif not is_read:
-                    p.flags[prev] |= BOUNDARY
-                else:
-                    fresh_read = True
-            p.link(prev, s)
-            if fresh_read:
-                p.outcome(prev, True)  # a link a reader made is one it has read across
-        st.prev = s
-        st.prev_gen = p.gen[s]
-        st.prev_read = is_read
-        st.time = now
-        return st, s, idle
+                    if p.link(prev, s):
+                        p.flags[prev] |= BOUNDARY
+                elif p.link(prev, s):
+                    p.outcome(prev, True)  # a link a reader made is one it has read across
+            elif not is_read:
+                p.link(prev, s)
+            # A read after a write is where a stream's next request starts: never a link.
+        if is_read:
+            q = p.pred[s]
+            if q >= 0 and q != prev and p.gen[q] == p.pred_gen[s] and tick - p.tick_at[q] <= 4 * limit:
+                # Its parent was read a moment ago, on this lane or an interleaved one: the reader went on.
+                p.outcome(q, True)
+        lane.prev = s
+        lane.prev_gen = p.gen[s]
+        lane.prev_read = is_read
+        lane.tick = tick
+        return lane, s
 
     def write(self, key: bytes, sid: int) -> None:
         self._observe(key, sid, False)
 
     def read(self, key: bytes, sid: int) -> None:
-        st, s, idle = self._observe(key, sid, True)
-        ahead = st.ahead
+        lane, s = self._observe(key, sid, True)
+        due = self._due
+        if due:
+            due.pop(key, None)
+        ahead = lane.ahead
         if ahead and ahead[0] == key:
             del ahead[0]
-            del st.probs[0]
-            st.sent = max(0, st.sent - 1)
-            self._extend(st)
+            del lane.probs[0]
+            lane.sent = max(0, lane.sent - 1)
+            self._extend(lane)
         elif key in ahead:
             i = ahead.index(key) + 1
             del ahead[:i]
-            del st.probs[:i]
-            st.sent = max(0, st.sent - i)
-            self._extend(st)
+            del lane.probs[:i]
+            lane.sent = max(0, lane.sent - i)
+            self._extend(lane)
         else:
-            self._walk(st, s, self.session_max if idle > self.session_gap else self.window,
-                       idle > self.session_gap)
-        if len(st.ahead) > st.sent:
-            self._dirty[sid] = st
+            p = self.profiles
+            n = p.successor(s)
+            # The chunk after this one has left DRAM: a session coming back, whose whole context is below.
+            returning = n >= 0 and p.keys[n] not in self.resident
+            budget = self.session_max if returning else self.window
+            # No further ahead than DRAM keeps a key unused (a chunk due later would be dropped before its
+            # read), nor more than a fair share of DRAM: half of it split among the streams reading at once.
+            gap = self.gap if self.gap > 1.0 else 1.0
+            reach = min(self.survival, len(self.resident) / 2 if self.resident else float("inf")) / gap
+            if reach < budget:
+                budget = max(1, int(reach))
+            self._walk(lane, s, budget, returning)
+        if len(lane.ahead) > lane.sent:
+            self._dirty[id(lane)] = lane
+
+    def lookup(self, keys: Iterable[bytes], sid: int) -> None:
+        """A lookup batch (EXISTS) found ``keys``: the client is about to read them; predict those not in DRAM."""
+        resident = self.resident
+        fresh = [k for k in keys if k not in resident]
+        if fresh:
+            self.lookups += 1
+            self._announced.extend(fresh)
 
     # ---- walks ----
-    def _walk(self, st: _Stream, s: int, budget: int, session: bool) -> None:
+    def _walk(self, lane: _Lane, s: int, budget: int, session: bool) -> None:
         self.walks += 1
         if session:
             self.session_walks += 1
-        st.ahead = []
-        st.probs = []
-        st.sent = 0
-        st.budget = budget
-        st.stuck = False
-        st.hold = None
-        self._grow(st, s, 1.0)
+        lane.ahead = []
+        lane.probs = []
+        lane.sent = 0
+        lane.budget = budget
+        lane.stuck = False
+        lane.hold = None
+        self._grow(lane, s, 1.0)
 
-    def _extend(self, st: _Stream) -> None:
-        if st.hold is not None:
-            if st.hold in st.ahead:
+    def _extend(self, lane: _Lane) -> None:
+        if lane.hold is not None:
+            if lane.hold in lane.ahead:
                 return
-            st.hold = None
-        if st.stuck or len(st.ahead) >= st.budget:
+            lane.hold = None
+        if lane.stuck or len(lane.ahead) >= lane.budget:
             return
         p = self.profiles
-        if st.ahead:
-            s = p.slots.get(st.ahead[-1], -1)
+        if lane.ahead:
+            s = p.slots.get(lane.ahead[-1], -1)
             if s < 0:
-                st.stuck = True
+                lane.stuck = True
                 return
             prob = 1.0
-            for q in st.probs:
+            for q in lane.probs:
                 prob *= q
         else:
-            s = st.prev
+            s = lane.prev
             prob = 1.0
-        self._grow(st, s, prob)
+        self._grow(lane, s, prob)
 
-    def _grow(self, st: _Stream, s: int, prob: float) -> None:
+    def _grow(self, lane: _Lane, s: int, prob: float) -> None:
         p = self.profiles
-        ahead = st.ahead
+        ahead = lane.ahead
         seen = 0
-        while len(ahead) < st.budget:
+        while len(ahead) < lane.budget:
             if p.flags[s] & BRANCH:
-                st.stuck = True
+                lane.stuck = True
                 return
             n = p.successor(s)
             if n < 0 or n == s:
-                st.stuck = True
+                lane.stuck = True
                 return
             q = p.link_score(s)
             untested = not p.cont[s]
@@ -205,38 +306,99 @@ class Predictor:
                 return  # may pass later, once reads have confirmed the steps before it
             key = p.keys[n]
             if key is None:
-                st.stuck = True
+                lane.stuck = True
                 return
             prob *= q
             ahead.append(key)
-            st.probs.append(q)
+            lane.probs.append(q)
             if untested:
                 # Nobody has read across this link yet (it was written, never followed by a reader): one chunk,
                 # and the rest once the reader takes it, so a wrong guess (a document whose readers never go on
                 # to an earlier request's query and answer) costs one chunk, not that request's whole output.
-                st.hold = key
+                lane.hold = key
                 return
             s = n
             seen += 1
             if seen > self.session_max:  # a cycle of bad links cannot make a walk endless
-                st.stuck = True
+                lane.stuck = True
                 return
 
     # ---- output ----
     def take(self) -> list[bytes]:
-        """Predicted keys not handed out yet, nearest first per stream."""
-        if not self._dirty:
-            return []
+        """Predicted keys not handed out yet, nearest first per lane; each gets an expected use (next_use)."""
         out: list[bytes] = []
-        for st in self._dirty.values():
-            out.extend(st.ahead[st.sent:])
-            st.sent = len(st.ahead)
-        self._dirty.clear()
+        tick = self.profiles.tick
+        due = self._due
+        gap = max(1.0, self.gap)
+        if self._announced:
+            for i, key in enumerate(self._announced):
+                d = (i + 1) * gap
+                due[key] = (tick + int(d), d)
+            out.extend(self._announced)
+            self._announced = []
+        if self._dirty:
+            for lane in self._dirty.values():
+                for i in range(lane.sent, len(lane.ahead)):
+                    key = lane.ahead[i]
+                    d = (i + 1) * gap
+                    due[key] = (tick + int(d), d)
+                    out.append(key)
+                lane.sent = len(lane.ahead)
+            self._dirty.clear()
+        while len(due) > DUE_MAX:
+            del due[next(iter(due))]
         return out
 
     @property
     def pending(self) -> bool:
-        return bool(self._dirty)
+        return bool(self._dirty) or bool(self._announced)
+
+    # ---- predicted reuse ----
+    def next_use(self, key: bytes) -> float:
+        """Accesses (all streams) until ``key`` is expected to be read: from a prediction when one is pending
+        (until it is as late again as it was far), else from the key's own history; inf for an unknown key."""
+        p = self.profiles
+        d = self._due.get(key)
+        if d is not None:
+            left = d[0] - p.tick
+            if left >= -d[1]:
+                return max(0.0, float(left))
+            del self._due[key]  # overdue: the prediction did not come true (yet), its history speaks again
+        s = p.slots.get(key)
+        return float("inf") if s is None else p.reuse_distance(s)
+
+    def may_displace(self, key: bytes, victims: Iterable[bytes], factor: float = 1.0) -> bool:
+        """Whether a prefetch of ``key`` may demote ``victims``: each must be expected to be used later than
+        ``key`` (``factor`` times as late), and must have been idle longer than that too: the victims are the
+        keys DRAM would drop next, so their idle time is how long a key now survives in DRAM unused, and a chunk
+        due later than that would be dropped again before its read. A key asked for without a prediction
+        (TAIR.KV.PREFETCH) is expected within a window of reads."""
+        p = self.profiles
+        tick = p.tick
+        d = self._due.get(key)
+        if d is not None and d[0] - tick >= -d[1]:
+            mine = max(0.0, float(d[0] - tick))
+        else:
+            mine = self.window * max(1.0, self.gap)
+            self._due[key] = (tick + int(mine), mine)
+        limit = factor * mine
+        survive = float("inf")
+        ok = True
+        for victim in victims:
+            s = p.slots.get(victim)
+            if s is not None and p.tick_at[s]:
+                idle = tick - p.tick_at[s]
+                if idle < survive:
+                    survive = idle
+                if idle <= limit:
+                    ok = False
+            if ok and self.next_use(victim) <= limit:
+                ok = False
+        if survive != float("inf"):
+            # How long DRAM keeps a key unused, in accesses: walks go no further ahead than that (see read).
+            self.survival = survive if self.survival == float("inf") else \
+                self.survival + (survive - self.survival) * 0.1
+        return ok
 
     def info(self) -> dict[str, float | int]:
         p = self.profiles
@@ -247,6 +409,9 @@ class Predictor:
             "profile_streams": len(self._streams),
             "predict_walks": self.walks,
             "predict_session_walks": self.session_walks,
+            "predict_lookups": self.lookups,
+            "predict_stream_gap": round(self.gap, 2),
+            "predict_dram_survival": -1 if self.survival == float("inf") else round(self.survival, 1),
             "session_score": round(p.session_score, 4),
             "interior_link_score": round(p.interior.prior, 4),
         }

@@ -54,18 +54,15 @@ class PrefetchMixin:
         chosen = self._choose_victims(need, key)
         if sum(dram.size(k, dram.entries[k].value) for k in chosen) < need:
             return False
-        now = self.clock.monotonic()
-        recent = now - self.prefetch_protect
+        # Predicted reuse decides, counted in accesses: a victim must be expected to be used later than the
+        # prefetched key (Predictor.may_displace). Without a predictor, a prefetch never displaces another
+        # prefetch nobody has read yet.
         predictor = self.predictor
-        heat = predictor.profiles.temporal(key, now) if predictor is not None else 0.0
-        for victim in chosen:
-            landed = self.prefetched.get(victim)
-            if landed is not None and landed >= recent:
+        if predictor is not None:
+            if not predictor.may_displace(key, chosen, self.prefetch_protect):
                 return False
-            if predictor is not None:
-                profiles = predictor.profiles
-                if profiles.last_access(victim) >= recent or profiles.temporal(victim, now) > heat + 1.0:
-                    return False
+        elif any(victim in self.prefetched for victim in chosen):
+            return False
         try:
             self._move_out(chosen)
         except OutOfMemoryError:

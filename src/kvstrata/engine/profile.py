@@ -7,8 +7,12 @@ passed (the profiles of keys long gone age out first).
 
 What a profile holds, and the score it gives:
 
-* **temporal**: the last access time and an exponentially decayed access count (``heat``, half-life
-  ``half_life`` seconds): how recently and how often the key is used;
+* **temporal**: the last access, both as monotonic time and as an access number (``tick_at``: the table counts
+  every access it records, ``tick``), and an exponentially decayed access count (``heat``) whose half-life is
+  counted in accesses, not seconds: ``half_life`` times the number of keys DRAM holds (``horizon``), so the
+  score means the same at 300 and at 30,000 reads a second and scales with the memory it competes for; and the
+  moving average of the accesses between its uses (``ival``), from which its next use is expected
+  (:meth:`AccessProfiles.reuse_distance`: what a prefetch compares before displacing it);
 * **spatial**: the key's successor in its chunk chain (``next``), learned from the order in which one client
   stream touches keys (a chain is stored and read chunk after chunk), and how often a read of the key was
   followed by a read of that successor (``cont``) or not (``stop``). Its score is the probability that reading
@@ -20,11 +24,17 @@ What a profile holds, and the score it gives:
   the prior of every boundary link not tested yet; interior links have their own prior.
 
 Nothing here moves data or knows about tiers; :mod:`kvstrata.engine.predict` walks these links to choose
-prefetches. All times come from the injected clock (``monotonic`` seconds).
+prefetches. Wall times come from the injected clock (``monotonic`` seconds) and are only ever compared as ratios
+(chain-aware demotion); every window that decides something is counted in accesses.
+
+Chunk keys chain (a chunk's key hashes its parent's), so every key has exactly one predecessor: the table
+keeps it (``pred``), and a link that would give a key a second predecessor (two conversations interleaved on one
+connection) is not learned.
 """
 
 from __future__ import annotations
 
+import math
 from array import array
 
 from kvstrata.clock import Clock
@@ -38,6 +48,7 @@ PRIOR_WEIGHT = 2.0
 HEAD = 4
 """The key follows a branch: the first chunk of its own context after a shared prefix (a conversation's head)."""
 COUNT_MAX = 0xFFFF
+_LN2 = math.log(2.0)
 
 
 class ClassStats:
@@ -60,16 +71,23 @@ class ClassStats:
 class AccessProfiles:
     """Fixed-size table of key profiles (see the module docstring)."""
 
-    def __init__(self, clock: Clock, *, max_keys: int = 262_144, half_life: float = 60.0) -> None:
+    def __init__(self, clock: Clock, *, max_keys: int = 262_144, half_life: float = 1.0) -> None:
         if max_keys < 2:
             raise ValueError("max_keys must be at least 2")
         self.clock = clock
         self.max_keys = max_keys
         self.half_life = half_life
+        # Accesses per half-life of ``heat``: the predictor sets it from the keys DRAM holds (half_life x that).
+        self.horizon = max(1.0, half_life * 4096)
+        self.tick = 0
         self.slots: dict[bytes, int] = {}
         self.keys: list[bytes | None] = [None] * max_keys
         self.last = array("d", bytes(8 * max_keys))
+        self.tick_at = array("q", bytes(8 * max_keys))
+        self.pred = array("i", [-1]) * max_keys
+        self.pred_gen = array("I", bytes(4 * max_keys))
         self.heat = array("f", bytes(4 * max_keys))
+        self.ival = array("f", bytes(4 * max_keys))
         self.next = array("i", [-1]) * max_keys
         self.next_gen = array("I", bytes(4 * max_keys))
         self.gen = array("I", bytes(4 * max_keys))
@@ -102,8 +120,11 @@ class AccessProfiles:
         self.keys[s] = key
         self.gen[s] = (self.gen[s] + 1) & 0xFFFFFFFF
         self.last[s] = 0.0
+        self.tick_at[s] = 0
         self.heat[s] = 0.0
+        self.ival[s] = 0.0
         self.next[s] = -1
+        self.pred[s] = -1
         self.cont[s] = 0
         self.stop[s] = 0
         self.flags[s] = 0
@@ -127,16 +148,29 @@ class AccessProfiles:
         return hand
 
     # ---- observations ----
-    def touch(self, s: int, now: float) -> float:
-        """Record an access of slot ``s`` at ``now``; returns the seconds since its previous access (inf if none)."""
-        last = self.last[s]
+    def touch(self, s: int, now: float) -> int:
+        """Record an access of slot ``s`` at ``now``; returns the accesses since its previous one (-1 if none)."""
+        self.tick = tick = self.tick + 1
+        at = self.tick_at[s]
         h = self.heat[s]
-        if last > 0.0 and h:
-            h *= 0.5 ** ((now - last) / self.half_life)
+        if at:
+            g = tick - at
+            if h:
+                h *= 0.5 ** (g / self.horizon)
+            iv = self.ival[s]
+            self.ival[s] = g if not iv else iv + (g - iv) * 0.25
         self.heat[s] = h + 1.0
+        self.tick_at[s] = tick
         self.last[s] = now if now > 0.0 else 1e-9
         self.ref[s] = 1
-        return now - last if last > 0.0 else float("inf")
+        return tick - at if at else -1
+
+    def predecessor(self, s: int) -> int:
+        """The slot of the key ``s`` was learned to follow, or -1 (none, or its profile aged out since)."""
+        q = self.pred[s]
+        if q < 0 or self.gen[q] != self.pred_gen[s]:
+            return -1
+        return q
 
     def successor(self, s: int) -> int:
         """The slot of ``s``'s next chunk, or -1 (none, or its profile aged out since)."""
@@ -145,10 +179,17 @@ class AccessProfiles:
             return -1
         return n
 
-    def link(self, s: int, n: int) -> None:
-        """Learn that ``n`` followed ``s`` in a stream; a different successor than before makes ``s`` a branch."""
+    def link(self, s: int, n: int) -> bool:
+        """Learn that ``n`` followed ``s`` in a stream; a different successor than before makes ``s`` a branch.
+
+        Not learned (False) when ``n`` already follows another key: a chained key has one parent, so the other
+        key is a different conversation's chunk seen in between (interleaved streams), not ``n``'s parent.
+        """
         if n == s:
-            return
+            return False
+        q = self.predecessor(n)
+        if q >= 0 and q != s:
+            return False
         current = self.successor(s)
         if current >= 0 and current != n:
             self.flags[s] |= BRANCH
@@ -157,6 +198,9 @@ class AccessProfiles:
             self.flags[n] |= HEAD
         self.next[s] = n
         self.next_gen[s] = self.gen[n]
+        self.pred[n] = s
+        self.pred_gen[n] = self.gen[s]
+        return True
 
     def outcome(self, s: int, continued: bool) -> None:
         """A read of ``s`` (which had a successor) was, or was not, followed by a read of that successor."""
@@ -174,16 +218,25 @@ class AccessProfiles:
                 cls.stop += 1
 
     # ---- scores ----
-    def temporal(self, key: bytes, now: float | None = None) -> float:
+    def temporal(self, key: bytes) -> float:
         """Decayed access count of ``key`` now (0 for an unknown key)."""
         s = self.slots.get(key)
-        if s is None:
+        if s is None or not self.tick_at[s]:
             return 0.0
-        last = self.last[s]
-        if last <= 0.0:
-            return 0.0
-        t = self.clock.monotonic() if now is None else now
-        return float(self.heat[s]) * 0.5 ** (max(0.0, t - last) / self.half_life)
+        return float(self.heat[s]) * 0.5 ** ((self.tick - self.tick_at[s]) / self.horizon)
+
+    def reuse_distance(self, s: int) -> float:
+        """Accesses until slot ``s`` is expected to be used again, from its own history (inf if never used).
+
+        At least the accesses since its last use (the longer a key has been idle, the longer it is expected to
+        stay idle), and at least its usual interval (a moving average of the accesses between its uses; a key
+        used once is given one half-life).
+        """
+        at = self.tick_at[s]
+        if not at:
+            return float("inf")
+        iv = self.ival[s]
+        return float(max(self.tick - at, iv if iv else self.horizon / _LN2))
 
     def last_access(self, key: bytes) -> float:
         """Monotonic time of the key's last access (0.0 if unknown)."""
@@ -220,4 +273,4 @@ class AccessProfiles:
     @staticmethod
     def bytes_per_key() -> int:
         """Array bytes of one slot (the dict entry and slot list add a fixed amount more; see the tests)."""
-        return 8 + 4 + 4 + 4 + 4 + 2 + 2 + 1 + 1
+        return 8 + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 4 + 2 + 2 + 1 + 1

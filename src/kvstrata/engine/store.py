@@ -66,7 +66,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         predictor: Predictor | None = None,
         chain_evict: bool = False,
         head_keep: float = 2.0,
-        prefetch_protect: float = 2.0,
+        prefetch_protect: float = 1.0,
         profile_min_bytes: int = 0,
     ) -> None:
         self.clock = clock or SystemClock()
@@ -102,6 +102,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self._origin = "ssd"
         # Access profiles and prediction (docs/prefetch.md); None: no profiling (a DRAM-only server).
         self.predictor = predictor
+        if predictor is not None:
+            predictor.attach(self.dram.entries)  # what DRAM holds, read only (the walk's DRAM bound)
         # Smaller values are not profiled: a KV chunk is large, and profiling costs ~3 us per access.
         self.profile_min_bytes = profile_min_bytes
         # The client stream the current command comes from (the server sets it per command).
@@ -109,7 +111,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # Chain-aware demotion (needs the predictor's profiles): chain heads stay head_keep times longer.
         self.chain_evict = chain_evict and predictor is not None
         self.head_keep = head_keep
-        # A prefetch never displaces a key used (or prefetched) within this many seconds, nor a hotter one.
+        # A prefetch displaces only keys expected to be used this many times later than it (docs/prefetch.md).
         self.prefetch_protect = prefetch_protect
         # Keys a prefetch brought up that nobody has read yet: monotonic landing time (LATE once a read waited).
         self.prefetched: dict[bytes, float] = {}

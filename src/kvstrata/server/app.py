@@ -66,7 +66,7 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
                               window=int(config.get("prefetch-window")),
                               session_max=int(config.get("prefetch-session-max")),
                               min_confidence=float(config.get("prefetch-min-confidence")),
-                              session_gap=float(config.get("prefetch-session-gap")),
+                              link_window=float(config.get("prefetch-link-window")),
                               half_life=float(config.get("prefetch-half-life")))
     return Store(
         int(config.get("dram-size")),
@@ -233,7 +233,8 @@ class Server:
         store.head_keep = float(self.config.get("head-keep"))
         if store.predictor is not None:
             store.predictor.min_confidence = float(self.config.get("prefetch-min-confidence"))
-            store.predictor.profiles.half_life = float(self.config.get("prefetch-half-life"))
+            store.predictor.set_half_life(float(self.config.get("prefetch-half-life")))
+            store.predictor.link_window = float(self.config.get("prefetch-link-window"))
         if store.ssd is not None:
             store.ssd.stuck_limit = int(self.config.get("ssd-write-queue"))
         self.acl.on_requirepass(self.config.get("requirepass"))

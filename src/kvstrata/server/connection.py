@@ -438,6 +438,9 @@ class Connection(asyncio.BufferedProtocol):
         store = self.store
         ssd = store.ssd
         store.ack_seq = 0
+        # Set again here: a command resumed after a load must not run as the stream of
+        # whichever connection ran last meanwhile (the predictor follows each connection's reads).
+        store.stream = self.client.id
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
