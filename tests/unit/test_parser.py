@@ -768,3 +768,27 @@ def test_multibulk_count_up_to_int_max_accepted():
     p = RequestParser()
     p.feed(b"*1073741825\r\n$1\r\na\r\n")
     assert p.commands() == []
+
+
+# ---- NUL in an inline request (issue 13) ----
+
+def test_nul_before_the_newline_waits_like_redis():
+    """Redis finds the end of an inline request with strchr, which stops at a NUL: the request (and what comes
+    after it) waits until it exceeds the inline limit, then is a protocol error. Never a loop or a command."""
+    p = RequestParser()
+    p.feed(b"PI\x00NG\r\n")
+    p.feed(b"PING\r\n")
+    assert p.commands() == []
+    with pytest.raises(ProtocolError, match="too big inline request"):
+        p.feed(b"x" * (64 * KB))
+
+
+def test_nul_after_the_newline_belongs_to_the_next_request():
+    p = RequestParser()
+    p.feed(b"PING\r\n\x00")
+    assert p.commands() == [[b"PING"]]
+
+
+def test_only_one_cr_is_part_of_the_line_ending():
+    assert run(b"ECHO 'a\r'\r\n") == [[b"ECHO", b"a\r"]]
+    assert run(b"ECHO a\r\r\n") == [[b"ECHO", b"a"]]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import hiredis
 
 from kvstrata.errors import ProtocolError
-from kvstrata.protocol.inline import split_inline
+from kvstrata.protocol.inline import inline_end, split_inline
 
 _STAR = 42
 _DOLLAR = 36
@@ -255,12 +255,13 @@ class RequestParser:
                     if pos >= end:
                         break
                     if buf[pos] != _STAR:
-                        eol = buf.find(b"\n", pos, end)
+                        eol = inline_end(buf, pos, end)
                         if eol < 0:
                             if end - pos > _MAX_INLINE:
                                 raise self._error("too big inline request")
                             break
-                        line = bytes(buf[pos:eol]).rstrip(b"\r")
+                        # Like Redis, one '\r' before the '\n' belongs to the line ending.
+                        line = bytes(buf[pos : eol - 1 if eol > pos and buf[eol - 1] == 13 else eol])
                         pos = eol + 1
                         args = split_inline(line)
                         if args is None:
