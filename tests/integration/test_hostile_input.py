@@ -162,3 +162,28 @@ def test_inline_commands_survive_every_byte_value(pair):
     want = exchange_many(rd.port, inputs)
     for data, g, w in zip(inputs, got, want, strict=True):
         assert (g.reply, g.closed) == (w.reply, w.closed), (data, str(g), str(w))
+
+
+@pytest.mark.parametrize("data", [
+    b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n\r\n\r\nSET x pwned\r\n",
+    b"GET / HTTP/1.1\r\nHost: localhost:6379\r\n\r\n",
+    b"PING\r\npost\r\nSET x pwned\r\n",
+    encode_command("PING") + encode_command("Host:", "a") + encode_command("SET", "x", "pwned"),
+], ids=["post-body", "get-host", "inline-post", "resp-host"])
+def test_cross_protocol_requests_are_closed_like_redis(pair, data):
+    kv, rd = pair
+    _flush(kv, rd)
+    got, want = exchange(kv.port, data), exchange(rd.port, data)
+    assert want.closed
+    assert (got.reply, got.closed) == (want.reply, want.closed), f"kvstrata {got} / redis {want}"
+    for srv in (kv, rd):
+        c = srv.client()
+        assert c.get("x") is None  # nothing after the HTTP line ran
+        c.close()
+
+
+def test_cross_protocol_guard_comes_before_auth(make_server):
+    kv = make_server({"requirepass": "secret"})
+    got = exchange(kv.port, b"POST / HTTP/1.1\r\n")
+    assert got.closed and got.reply == b""
+    assert "SECURITY ATTACK" in kv.log_text()
