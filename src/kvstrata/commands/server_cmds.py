@@ -140,19 +140,22 @@ container("config", "", group="server", summary="A container for server configur
 @command("get", -3, "admin", parent="config", group="server", since="2.0.0",
          summary="Returns the effective values of configuration parameters.")
 def config_get(ctx: Context, args: list[bytes]) -> Any:
-    """Redis's rules: a name without glob characters is looked up exactly (any case, replied as spelled), a
-    pattern is matched case-insensitively against every name; each parameter appears once."""
+    """Redis's rules: a name without glob characters is looked up exactly (any case, replied as first spelled),
+    a pattern is matched case-insensitively against every name; each name appears once (in any case)."""
     out: dict[str, str] = {}
+    seen: set[str] = set()
     names = [*PARAMS_BY_NAME, *ALIASES]
     for raw in args[2:]:
         text = raw.decode(errors="replace")
         if not any(c in raw for c in b"[*?"):
             param = PARAMS_BY_NAME.get(canonical(text))
-            if param is not None and text not in out:
+            if param is not None and text.lower() not in seen:
+                seen.add(text.lower())
                 out[text] = param.render(ctx.config.get(text))
             continue
         for name in names:
-            if name not in out and glob_match(raw, name.encode(), nocase=True):
+            if name not in seen and glob_match(raw, name.encode(), nocase=True):
+                seen.add(name)
                 out[name] = PARAMS_BY_NAME[canonical(name)].render(ctx.config.get(name))
     return out
 
