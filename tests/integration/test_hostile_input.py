@@ -42,6 +42,11 @@ def _flush(*servers: ServerProc) -> None:
     b"\x0bECHO a\r\n",
     b"ECHO \xa0a\r\n",
     b'ECHO "a"b\r\n',
+    b"*1\rx$4\r\nPING\r\n",  # Redis ends a header at '\r' and skips the next byte unchecked
+    b"*1\r\n\x006\r\nPING\r\n",  # a NUL before the '\r': the header is not complete yet
+    b"*1\x00\r\n$4\r\nPING\r\n",
+    b"PING\r\n*1\r\n$4\r\nPI\x00G\r\n",  # a NUL inside a bulk is data
+    b"*2\r\n$4\r\nECHO\r\n$3\r\na\x00b\r\nxyz\x00\r\n",
 ], ids=repr)
 def test_inline_edge_cases_like_redis(pair, data):
     kv, rd = pair

@@ -8,27 +8,19 @@ within SERVE_DEADLINE meanwhile, and that RSS comes back once they leave.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 
 import pytest
-from tests.integration.hostile import SERVE_DEADLINE, Prober
+from tests.integration.hostile import MIB, SERVE_DEADLINE, Prober, rss
 from tests.integration.polling import wait_for
 
 KIB = 1024
-MIB = 1024 * KIB
 IDLE_CLIENTS = 2000
 IDLE_BOUND = 32 * KIB  # per idle connection
 DECLARED = 512 * MIB
 DECLARED_BOUND = 32 * MIB  # for four connections that declare 512 MiB each and send nothing
 # After the clients leave, RSS must come back to within this of where it was (allocator and interpreter caches).
 RETURN_SLACK = 24 * MIB
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/statm", "rb") as f:
-        return int(f.read().split()[1]) * PAGE
 
 
 def _settled_rss(pid: int, below: int) -> int:

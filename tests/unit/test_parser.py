@@ -796,3 +796,17 @@ def test_nul_after_the_newline_belongs_to_the_next_request():
 def test_only_one_cr_is_part_of_the_line_ending():
     assert run(b"ECHO 'a\r'\r\n") == [[b"ECHO", b"a\r"]]
     assert run(b"ECHO a\r\r\n") == [[b"ECHO", b"a"]]
+
+
+def test_headers_end_at_cr_like_redis():
+    """Redis finds a header's end with strchr(p, '\\r') and skips the byte after it without checking it."""
+    assert run(b"*1\rx$4\r\nPING\r\n") == [[b"PING"]]
+    assert run(b"*1\r\n$4\rzPING\r\n") == [[b"PING"]]
+
+
+def test_nul_before_a_header_end_means_incomplete():
+    p = RequestParser()
+    p.feed(b"*1\r\n\x006\r\nPING\r\n")
+    assert p.commands() == []
+    with pytest.raises(ProtocolError, match="too big bulk count string"):
+        p.feed(b"x" * (64 * KB))

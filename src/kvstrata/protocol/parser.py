@@ -74,6 +74,15 @@ def _parse_len(buf: bytearray, start: int, end: int) -> int | None:
     return int(text) if _LEN.match(text) else None
 
 
+def _header_end(buf: bytearray, start: int, end: int) -> int:
+    """Where a '*<n>' or '$<n>' header ends, found as Redis finds it: strchr(p, '\\r') from the header on, which
+    stops at a NUL (then the header is incomplete: -1). Redis then skips the byte after the '\\r' unchecked."""
+    cr = buf.find(b"\r", start, end)
+    if buf.find(b"\x00", start, end if cr < 0 else cr) >= 0:
+        return -1
+    return cr
+
+
 class RequestParser:
     def __init__(
         self,
@@ -296,11 +305,13 @@ class RequestParser:
                         if args:
                             self._ready.append(list(args))
                         continue
-                    eol = buf.find(b"\r\n", pos, end)
+                    eol = _header_end(buf, pos, end)
                     if eol < 0:
                         if end - pos > _MAX_HEADER:
                             raise self._error("too big mbulk count string")
                         break
+                    if eol + 1 >= end:
+                        break  # the byte after '\r' (skipped unchecked, as in Redis) has not arrived
                     count = _parse_len(buf, pos + 1, eol)
                     if count is None or count > _MAX_MULTIBULK:
                         raise self._error("invalid multibulk length")
@@ -315,13 +326,16 @@ class RequestParser:
                 while self._remaining:
                     if pos >= end:
                         break
-                    if buf[pos] != _DOLLAR:
-                        raise self._error(f"expected '$', got '{chr(buf[pos])}'")
-                    eol = buf.find(b"\r\n", pos, end)
+                    # Redis looks for the end of the header before it checks the '$'.
+                    eol = _header_end(buf, pos, end)
                     if eol < 0:
                         if end - pos > _MAX_HEADER:
                             raise self._error("too big bulk count string")
                         break
+                    if eol + 1 >= end:
+                        break  # the byte after '\r' (skipped unchecked, as in Redis) has not arrived
+                    if buf[pos] != _DOLLAR:
+                        raise self._error(f"expected '$', got '{chr(buf[pos])}'")
                     length = _parse_len(buf, pos + 1, eol)
                     if length is None or length < 0 or length > self._max_bulk():
                         raise self._error("invalid bulk length")

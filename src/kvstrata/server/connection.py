@@ -585,11 +585,12 @@ class Connection(asyncio.BufferedProtocol):
 
 
 def _unknown(args: list[Any]) -> str:
-    """Redis's text: the arguments are quoted one by one until 128 characters are shown."""
-    name = bytes(args[0])[:128].decode("latin-1")
+    """Redis's text: the arguments are quoted one by one until 128 characters are shown (each as a C string:
+    it ends at a NUL byte)."""
+    name = bytes(args[0]).split(b"\0", 1)[0][:128].decode("latin-1")
     shown = ""
     for a in args[1:]:
         if len(shown) >= 128:
             break
-        shown += "'" + bytes(a)[: 128 - len(shown)].decode("latin-1") + "' "
+        shown += "'" + bytes(a).split(b"\0", 1)[0][: 128 - len(shown)].decode("latin-1") + "' "
     return f"ERR unknown command '{name}', with args beginning with: {shown}"
