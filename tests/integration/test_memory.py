@@ -11,6 +11,7 @@ import contextlib
 import socket
 
 import pytest
+from tests.conftest import TARGET
 from tests.integration.hostile import MIB, SERVE_DEADLINE, Prober, rss
 from tests.integration.polling import wait_for
 
@@ -69,7 +70,18 @@ def test_idle_connections_cost_at_most_32_kib_each(srv):
     probe.close()
 
 
-def test_declared_bulks_are_not_allocated_before_their_bytes_arrive(srv):
+@pytest.fixture(params=["dram", "ssd"])
+def any_tiers(request, make_server, tmp_path):
+    """The DRAM-only server (values received into the buffer pool) and one with an SSD tier (plain buffers)."""
+    if request.param == "ssd":
+        if TARGET != "kvstrata":
+            pytest.skip("kvstrata's SSD tier")
+        return make_server({"maxclients": 4000, "essd-path": str(tmp_path / "ssd")})
+    return make_server({"maxclients": 4000})
+
+
+def test_declared_bulks_are_not_allocated_before_their_bytes_arrive(any_tiers):
+    srv = any_tiers
     pid = srv.proc.pid
     probe = Prober(srv.port)
     probe.ping_seconds()

@@ -20,6 +20,7 @@ from kvstrata.commands.registry import CommandSpec, resolve
 from kvstrata.commands.tairkv import WaitForCommit
 from kvstrata.engine.bufpool import BufferPool, tune_malloc
 from kvstrata.errors import CommandError, NoAuthError, ProtocolError, wrong_arity
+from kvstrata.protocol.alloc import untouched
 from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import RequestParser
 from kvstrata.server.cmdstats import CommandStats
@@ -85,7 +86,7 @@ class Connection(asyncio.BufferedProtocol):
             max_query=lambda: int(self.config.get("client-query-buffer-limit")),
             large_threshold=int(self.config.get("large-value-threshold")),
             authenticated=lambda: self.client.authenticated,
-            allocate=self._allocate if self.pool is not None else bytearray,
+            allocate=self._allocate if self.pool is not None else untouched,
         )
         self.client.memory = self.memory
         self.transport: asyncio.Transport | None = None
