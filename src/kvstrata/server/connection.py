@@ -33,6 +33,7 @@ log = logging.getLogger("kvstrata.conn")
 _LOOPBACK = ("127.", "::1", "::ffff:127.")
 # First words of an HTTP request that Redis treats as an attack on the RESP port (see _cross_protocol).
 _CROSS_PROTOCOL = frozenset({b"post", b"host:"})
+_cross_protocol_logged = [-60_000]  # when it was last logged (server ms): at most once a minute, as Redis
 _JOIN_LIMIT = 64 * 1024
 # What an idle connection costs besides its buffers (the objects of a connection, its parser and transport;
 # measured with 2,000 idle clients, see tests/integration/test_memory.py), counted in CLIENT LIST's tot-mem.
@@ -413,8 +414,8 @@ class Connection(asyncio.BufferedProtocol):
         srv = self.server
         srv.stats.cross_protocol_closed += 1
         now = srv.now_ms
-        if now - getattr(srv, "cross_protocol_logged_ms", -60_000) >= 60_000:
-            srv.cross_protocol_logged_ms = now  # type: ignore[attr-defined]
+        if now - _cross_protocol_logged[0] >= 60_000:
+            _cross_protocol_logged[0] = now
             log.warning("Possible SECURITY ATTACK detected. It looks like somebody is sending POST or Host: "
                         "commands to kvstrata (from %s). This is likely due to an attacker attempting to use "
                         "Cross Protocol Scripting to compromise your kvstrata instance. Connection aborted.",
