@@ -147,3 +147,22 @@ def test_signed_char_ranges_and_case():
     assert glob_match(b"[a-\xff]", b"b") is False
     assert glob_match(b"[A-C]x", b"bX", nocase=True) is True
     assert glob_match(b"[A-C]x", b"bX") is False
+
+
+def test_matcher_compiles_once_and_star_matches_the_empty_key():
+    from kvstrata.engine.keyspace import glob_matcher
+
+    assert glob_matcher(b"*")(b"") is True
+    assert glob_match(b"**", b"") is False  # only a lone '*' is special-cased, as in Redis
+    big = bytearray(b"k" + b"?" * 10_000 + b"*")
+    matches = glob_matcher(big)
+    assert matches(b"k" + b"x" * 10_001) is True
+    assert matches(b"k" + b"x" * 9_999) is False
+
+
+def test_large_pattern_cache_is_bounded():
+    from kvstrata.engine import keyspace
+
+    for i in range(40):
+        keyspace.compile_glob(bytes([65 + i % 26]) * (4 * 1024 * 1024) + b"%d" % i)
+    assert sum(len(p) for p, _ in keyspace._large) <= keyspace._LARGE_CACHE_BYTES

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable
 from functools import lru_cache
 
 # SCAN walks buckets in order; the cursor is the next bucket. A stable hash (not Python's salted hash()) keeps
@@ -234,13 +235,49 @@ class Glob:
         return True  # a trailing star takes the rest
 
 
+# Compiled patterns are cached: small ones in an LRU, large ones (a pattern may be as long as a bulk string) by a
+# byte budget, so a client sending many huge patterns cannot make the cache hold them all.
+_SMALL_PATTERN = 4096
+_LARGE_CACHE_BYTES = 64 * 1024 * 1024
+_large: dict[tuple[bytes, bool], Glob] = {}
+
+
 @lru_cache(maxsize=256)
-def compile_glob(pattern: bytes, nocase: bool = False) -> Glob:
+def _compile_small(pattern: bytes, nocase: bool) -> Glob:
     return Glob(pattern, nocase)
+
+
+def compile_glob(pattern: bytes, nocase: bool = False) -> Glob:
+    """The compiled form of ``pattern`` (cached)."""
+    if len(pattern) <= _SMALL_PATTERN:
+        return _compile_small(pattern, nocase)
+    key = (pattern, nocase)
+    glob = _large.get(key)
+    if glob is None:
+        glob = Glob(pattern, nocase)
+        if len(pattern) <= _LARGE_CACHE_BYTES:
+            while _large and sum(len(p) for p, _ in _large) + len(pattern) > _LARGE_CACHE_BYTES:
+                del _large[next(iter(_large))]
+            _large[key] = glob
+    return glob
+
+
+def _everything(key: bytes) -> bool:
+    return True
+
+
+def glob_matcher(pattern: bytes | bytearray, nocase: bool = False) -> Callable[[bytes], bool]:
+    """``key -> bool`` for one pattern: compile once, then match many keys (KEYS, SCAN, MARKHOT).
+
+    A lone ``*`` matches every key, the empty one included (Redis special-cases it before matching)."""
+    pattern = bytes(pattern)
+    if pattern == b"*":
+        return _everything
+    return compile_glob(pattern, nocase).match
 
 
 def glob_match(pattern: bytes, key: bytes, nocase: bool = False) -> bool:
     """Whether ``key`` matches the Redis glob ``pattern`` (as Redis's stringmatchlen decides it)."""
     if pattern == b"*":
         return True
-    return compile_glob(bytes(pattern), nocase).match(key)
+    return compile_glob(pattern if pattern.__class__ is bytes else bytes(pattern), nocase).match(key)

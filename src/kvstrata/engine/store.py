@@ -26,7 +26,7 @@ from typing import Any
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.admission import Admission
 from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value
-from kvstrata.engine.keyspace import SCAN_BUCKETS, glob_match
+from kvstrata.engine.keyspace import SCAN_BUCKETS, glob_match, glob_matcher
 from kvstrata.engine.policy import EvictionPolicy, create_policy
 from kvstrata.engine.predict import Predictor
 from kvstrata.engine.profile import HEAD
@@ -867,18 +867,20 @@ class Store:
     def scan(self, cursor: int, count: int = 10, match: bytes | None = None) -> tuple[int, list[bytes]]:
         out: list[bytes] = []
         bucket = cursor
+        matches = None if match is None else glob_matcher(match)
         while bucket < SCAN_BUCKETS and len(out) < count:
             for key in self._bucket_keys(bucket):
-                if (match is None or glob_match(match, key)) and self._live(key):
+                if (matches is None or matches(key)) and self._live(key):
                     out.append(key)
             bucket += 1
         return (0 if bucket >= SCAN_BUCKETS else bucket), out
 
     def keys(self, pattern: bytes) -> list[bytes]:
         out: list[bytes] = []
+        matches = glob_matcher(pattern)
         for bucket in range(SCAN_BUCKETS):
             for key in self._bucket_keys(bucket):
-                if glob_match(pattern, key) and self._live(key):
+                if matches(key) and self._live(key):
                     out.append(key)
         return out
 
@@ -927,14 +929,15 @@ class Store:
         """Pin matching DRAM keys; returns (pinned now, matching keys still on lower tiers to bring up)."""
         self.hot[pattern] = until_ms
         pinned = 0
+        matches = glob_matcher(pattern)
         for key, entry in list(self.dram.entries.items()):
-            if not entry.pinned and glob_match(pattern, key) and self._pin(key, entry):
+            if not entry.pinned and matches(key) and self._pin(key, entry):
                 pinned += 1
         below: list[bytes] = []
         if self.ssd is not None:
             for bucket in range(SCAN_BUCKETS):
                 below.extend(k for k in self.ssd.bucket_keys(bucket)
-                             if k not in self.dram.entries and glob_match(pattern, k))
+                             if k not in self.dram.entries and matches(k))
         return pinned, below
 
     def unmark_hot(self, pattern: bytes) -> int:
