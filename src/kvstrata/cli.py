@@ -37,6 +37,14 @@ def serve(argv: list[str]) -> int:
     logging.basicConfig(level=_LOGLEVELS.get(config.get("loglevel"), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kvstrata.server.app import Server
+    from kvstrata.server.limits import check_persistence, fit_maxclients
+
+    try:
+        check_persistence(config)
+    except ValueError as exc:
+        print(f"kvstrata: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    fit_maxclients(config)
 
     try:
         import uvloop

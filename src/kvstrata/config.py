@@ -218,7 +218,9 @@ PARAMS: tuple[Param, ...] = (
     Param("http-bind", _str, "127.0.0.1",
           "Address(es) of the HTTP endpoint. A non-loopback address requires requirepass: clients send it as a "
           "Bearer token or as the basic-auth password."),
-    Param("save", _str, "", "Accepted for compatibility: kvstrata takes no snapshots (the SSD tier persists)."),
+    Param("save", _str, "",
+          "Accepted for compatibility: kvstrata takes no snapshots, its SSD tier persists every write. Without "
+          "essd-path a non-empty value is a startup error (nothing would survive a restart); \"\" is accepted."),
     Param("appendonly", _choice("no"), "no", "Accepted for compatibility: there is no append-only file."),
     Param("cluster-enabled", _choice("no"), "no", "Accepted for Tair compatibility; only 'no' is supported."),
     Param("databases", _int, 1, "Only database 0 exists."),

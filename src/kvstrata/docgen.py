@@ -104,6 +104,25 @@ def configuration_markdown() -> str:
         lines.append(f"| `{p.name}` | `{default}` | {'yes' if p.mutable else ''} | {env} | {p.help} |")
     lines += [
         "",
+        "## What survives what",
+        "",
+        "| setup | clean restart (SIGTERM, SIGINT, `SHUTDOWN`) | crash, `kill -9` | power loss |",
+        "|---|---|---|---|",
+        "| memory only (no `--essd-path`; the server says so at startup) | nothing | nothing | nothing |",
+        "| `--essd-path`, write-back (default) | every unexpired key (DRAM is checkpointed to SSD on the way out) | "
+        "what had reached SSD (demoted, `SAVE`d) | what had reached SSD and was fsynced (`--fsync`) |",
+        "| `--essd-path`, write-through | every unexpired key | every acknowledged write | per `--fsync` "
+        "(below) |",
+        "",
+        "Keys come back with their TTL and version; the version counter keeps increasing across restarts. Records "
+        "in the shared pool (`--pool`) outlive this node until `pool-ttl`, but the node's accounting of them "
+        "starts afresh. What never survives a restart: `CONFIG SET` changes (`CONFIG REWRITE` writes no file; put "
+        "them in the flags, environment or TOML file), `TAIR.KV.MARKHOT` patterns, access profiles, the slow "
+        "log and the statistics. `--save` is accepted for Redis compatibility only with `--essd-path` (the SSD "
+        "tier persists every write, there are no snapshots); without it a non-empty `--save` is a startup error "
+        "rather than a promise that would be broken at the next restart. `--save \"\"` means no persistence, "
+        "as in Redis.",
+        "",
         "## Durability modes",
         "",
         "| `--durability` | `--fsync` | a write is acknowledged | lost on kill -9 / power loss |",

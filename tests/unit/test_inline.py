@@ -119,3 +119,37 @@ def test_vertical_tab_and_form_feed_inside_a_word(line, expected):
 
 def test_vertical_tab_and_form_feed_between_words_are_blanks():
     assert split_inline(b"\x0b\x0ca \x0b\x0c b") == [b"a", b"b"]
+
+
+# ---- NUL and every byte value (issue 13: a NUL once made the splitter loop forever) ----
+
+@pytest.mark.parametrize("line,expected", [
+    (b"PI\x00NG", [b"PI"]),  # the line is a C string for Redis: it ends at the NUL
+    (b"\x00", []),
+    (b"\x00PING", []),
+    (b"SET k \x00 v", [b"SET", b"k"]),
+    (b'ECHO "a\x00b"', None),  # the quote is never closed before the NUL
+    (b"ECHO 'a\x00", None),
+    (b"ECHO a\x00'", [b"ECHO", b"a"]),
+])
+def test_nul_ends_the_line(line, expected):
+    assert split_inline(line) == expected
+
+
+@pytest.mark.parametrize("byte", range(256))
+def test_every_byte_value_alone_and_inside_words(byte):
+    b = bytes([byte])
+    for line in (b, b"x" + b + b"y", b + b" z", b"'" + b + b"'", b'"' + b + b'"'):
+        got = split_inline(line)
+        assert got is None or all(isinstance(a, bytes) for a in got)
+    if byte not in b" \t\n\r\x0b\x0c\x00\"'":
+        assert split_inline(b"x" + b + b"y") == [b"x" + b + b"y"]
+
+
+@PROPERTY
+@given(line=st.binary(max_size=200))
+def test_any_line_splits_into_pieces_of_it(line):
+    got = split_inline(line)
+    if got is not None:
+        assert sum(map(len, got)) <= len(line)
+        assert len(got) <= len(line)

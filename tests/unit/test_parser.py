@@ -701,10 +701,14 @@ def test_get_buffer_not_empty_when_chunk_ends_at_end_of_large_value():
     value = payload(THR, 6)
     frame = mbulk(b"SET", b"k", value)
     p = RequestParser()
-    n = len(frame) - 2  # everything but the final CRLF, in one read
-    buf = p.get_buffer()
-    buf[:n] = frame[:n]
-    p.buffer_updated(n)
+    n = len(frame) - 2  # everything but the final CRLF, in as few reads as the buffers allow
+    done = 0
+    while done < n:
+        buf = p.get_buffer()
+        k = min(len(buf), n - done)
+        buf[:k] = frame[done : done + k]
+        p.buffer_updated(k)
+        done += k
     assert len(p.get_buffer()) > 0
     buf = p.get_buffer()
     buf[:2] = b"\r\n"
@@ -768,3 +772,41 @@ def test_multibulk_count_up_to_int_max_accepted():
     p = RequestParser()
     p.feed(b"*1073741825\r\n$1\r\na\r\n")
     assert p.commands() == []
+
+
+# ---- NUL in an inline request (issue 13) ----
+
+def test_nul_before_the_newline_waits_like_redis():
+    """Redis finds the end of an inline request with strchr, which stops at a NUL: the request (and what comes
+    after it) waits until it exceeds the inline limit, then is a protocol error. Never a loop or a command."""
+    p = RequestParser()
+    p.feed(b"PI\x00NG\r\n")
+    p.feed(b"PING\r\n")
+    assert p.commands() == []
+    with pytest.raises(ProtocolError, match="too big inline request"):
+        p.feed(b"x" * (64 * KB))
+
+
+def test_nul_after_the_newline_belongs_to_the_next_request():
+    p = RequestParser()
+    p.feed(b"PING\r\n\x00")
+    assert p.commands() == [[b"PING"]]
+
+
+def test_only_one_cr_is_part_of_the_line_ending():
+    assert run(b"ECHO 'a\r'\r\n") == [[b"ECHO", b"a\r"]]
+    assert run(b"ECHO a\r\r\n") == [[b"ECHO", b"a"]]
+
+
+def test_headers_end_at_cr_like_redis():
+    """Redis finds a header's end with strchr(p, '\\r') and skips the byte after it without checking it."""
+    assert run(b"*1\rx$4\r\nPING\r\n") == [[b"PING"]]
+    assert run(b"*1\r\n$4\rzPING\r\n") == [[b"PING"]]
+
+
+def test_nul_before_a_header_end_means_incomplete():
+    p = RequestParser()
+    p.feed(b"*1\r\n\x006\r\nPING\r\n")
+    assert p.commands() == []
+    with pytest.raises(ProtocolError, match="too big bulk count string"):
+        p.feed(b"x" * (64 * KB))

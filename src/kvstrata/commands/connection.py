@@ -140,10 +140,13 @@ def _cmd_name(spec: Any) -> str:
 def client_line(c: ClientState, now_ms: int) -> str:
     age = (now_ms - c.created_ms) // 1000
     idle = (now_ms - c.last_ms) // 1000
+    qbuf, qfree, argv, oll, omem, total = c.memory() if c.memory is not None else (0, 0, 0, 0, 0, 0)
+    events = "rw" if omem else "r"
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
-        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 "
-        f"multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={_cmd_name(c.last_cmd)} "
+        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={qbuf} qbuf-free={qfree} argv-mem={argv} "
+        f"multi-mem=0 rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
+        f"cmd={_cmd_name(c.last_cmd)} "
         f"user={c.user.name if c.user is not None else 'default'} "
         f"redir=-1 resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
         f"lib-ver={c.lib_ver.decode(errors='replace')}"

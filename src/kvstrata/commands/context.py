@@ -26,6 +26,8 @@ class ClientState:
     last_cmd: Any = "NULL"
     closing: bool = False
     fd: int = -1
+    # () -> (qbuf, qbuf-free, argv-mem, oll, omem, tot-mem), set by the connection (CLIENT LIST, INFO)
+    memory: Any = None
 
 
 @dataclass

@@ -43,12 +43,25 @@ def _server(ctx: Context) -> list[tuple[str, Any]]:
     ]
 
 
+def _client_memory(ctx: Context) -> list[tuple[int, int, int, int, int, int]]:
+    """Each connected client's (qbuf, qbuf-free, argv-mem, oll, omem, tot-mem)."""
+    if ctx.server is None:
+        return []
+    return [conn.memory() for conn in list(ctx.server.clients.values())]
+
+
 def _clients(ctx: Context) -> list[tuple[str, Any]]:
     n = len(ctx.server.clients) if ctx.server is not None else 1
+    mem = _client_memory(ctx)
     return [
         ("connected_clients", n),
+        ("cluster_connections", 0),
         ("maxclients", ctx.config.get("maxclients")),
+        ("client_recent_max_input_buffer", max((m[0] + m[2] for m in mem), default=0)),
+        ("client_recent_max_output_buffer", max((m[4] for m in mem), default=0)),
         ("blocked_clients", 0),
+        ("tracking_clients", 0),
+        ("clients_in_timeout_table", 0),
     ]
 
 
@@ -59,12 +72,16 @@ def _memory(ctx: Context) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = [
         ("used_memory", dram.used),
         ("used_memory_human", format_size(dram.used)),
+        ("used_memory_rss", _rss()),
         ("used_memory_peak_rss", rss),
         ("maxmemory", dram.budget),
         ("maxmemory_human", format_size(dram.budget)),
         ("maxmemory_policy", ctx.config.get("maxmemory-policy")),
         ("eviction_policy", ctx.config.get("eviction-policy")),
         ("water_level_pct", _pct(dram.used, dram.budget)),
+        # What clients hold besides the data: pending requests, replies not yet sent, per-connection objects.
+        ("mem_clients_normal", sum(m[5] for m in _client_memory(ctx))),
+        ("mem_clients_slaves", 0),
     ]
     bufpool = store.dram.bufpool
     if bufpool is not None:
@@ -74,6 +91,15 @@ def _memory(ctx: Context) -> list[tuple[str, Any]]:
         rows.append((f"{tier['name']}_budget", tier["budget"]))
         rows.append((f"{tier['name']}_water_level_pct", _pct(tier["used"], tier["budget"])))
     return rows
+
+
+def _rss() -> int:
+    """The process's resident memory now (bytes), from /proc; 0 where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _pct(used: int, budget: int) -> str:
@@ -92,6 +118,7 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
             ("total_net_input_bytes", s.net_in),
             ("total_net_output_bytes", s.net_out),
             ("rejected_connections", s.rejected),
+            ("client_query_buffer_limit_disconnections", s.query_limit_closed),
             ("client_output_buffer_limit_disconnections", s.output_limit_closed),
             ("total_error_replies", s.errors),
             ("protocol_errors", s.protocol_errors),
@@ -166,11 +193,36 @@ def _latencystats(ctx: Context) -> list[tuple[str, Any]]:
     return rows
 
 
+def _cpu(ctx: Context) -> list[tuple[str, Any]]:
+    """The process's CPU times in seconds, as Redis reports them (main thread: the event loop's thread)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rows = [
+        ("used_cpu_sys", f"{me.ru_stime:.6f}"),
+        ("used_cpu_user", f"{me.ru_utime:.6f}"),
+        ("used_cpu_sys_children", f"{children.ru_stime:.6f}"),
+        ("used_cpu_user_children", f"{children.ru_utime:.6f}"),
+    ]
+    thread = getattr(resource, "RUSAGE_THREAD", None)
+    if thread is not None:
+        main = resource.getrusage(thread)
+        rows += [("used_cpu_sys_main_thread", f"{main.ru_stime:.6f}"),
+                 ("used_cpu_user_main_thread", f"{main.ru_utime:.6f}")]
+    return rows
+
+
+def _cluster(ctx: Context) -> list[tuple[str, Any]]:
+    # kvstrata nodes are standalone (the shared pool may be a Redis Cluster, which kvstrata is a client of).
+    return [("cluster_enabled", 0)]
+
+
 SECTIONS: dict[str, Section] = {
     "server": _server,
     "clients": _clients,
     "memory": _memory,
     "stats": _stats,
+    "cpu": _cpu,
+    "cluster": _cluster,
     "keyspace": _keyspace,
     "tier_dram": _tier("dram"),
     "tier_ssd": _tier("ssd"),
@@ -179,7 +231,8 @@ SECTIONS: dict[str, Section] = {
     "latencystats": _latencystats,
     "tier_pool": _tier("pool"),
 }
-DEFAULT = ["server", "clients", "memory", "stats", "tier_dram", "tier_ssd", "prefetch", "keyspace"]
+DEFAULT = ["server", "clients", "memory", "stats", "cpu", "cluster", "tier_dram", "tier_ssd", "prefetch", "keyspace"]
+_TITLES = {"cpu": "CPU"}
 
 
 def render(ctx: Context, names: list[str]) -> str:
@@ -201,6 +254,6 @@ def render(ctx: Context, names: list[str]) -> str:
         if name in ("tier_ssd", "prefetch") and ctx.store.ssd is None:
             continue
         rows = SECTIONS[name](ctx)
-        title = name.capitalize() if not name.startswith("tier_") else "Tier_" + name[5:]
+        title = _TITLES.get(name) or (name.capitalize() if not name.startswith("tier_") else "Tier_" + name[5:])
         parts.append(f"# {title}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in rows))
     return "\r\n".join(parts)

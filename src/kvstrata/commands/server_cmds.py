@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import time
 from typing import Any
 
@@ -11,6 +10,7 @@ from kvstrata.commands import info as info_report
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container
 from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
+from kvstrata.engine.keyspace import glob_match
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import OK, Status, Verbatim
 
@@ -93,7 +93,7 @@ def command_list(ctx: Context, args: list[bytes]) -> Any:
     if len(args) == 5 and args[2].upper() == b"FILTERBY":
         kind, value = args[3].upper(), args[4].decode(errors="replace")
         if kind == b"PATTERN":
-            names = [n for n in names if fnmatch.fnmatchcase(n, value)]
+            names = [n for n in names if glob_match(args[4], n.encode(), nocase=True)]
         elif kind == b"ACLCAT":
             names = [s.name for s in REGISTRY.values() if value.lower().lstrip("@") in acl_mod.categories(s)]
         elif kind == b"MODULE":
@@ -132,15 +132,23 @@ container("config", "", group="server", summary="A container for server configur
 @command("get", -3, "admin", parent="config", group="server", since="2.0.0",
          summary="Returns the effective values of configuration parameters.")
 def config_get(ctx: Context, args: list[bytes]) -> Any:
+    """Redis's rules: a name without glob characters is looked up exactly (any case, replied as first spelled),
+    a pattern is matched case-insensitively against every name; each name appears once (in any case)."""
     out: dict[str, str] = {}
+    seen: set[str] = set()
     names = [*PARAMS_BY_NAME, *ALIASES]
     for raw in args[2:]:
-        pattern = raw.decode(errors="replace").lower()
+        text = raw.decode(errors="replace")
+        if not any(c in raw for c in b"[*?"):
+            param = PARAMS_BY_NAME.get(canonical(text))
+            if param is not None and text.lower() not in seen:
+                seen.add(text.lower())
+                out[text] = param.render(ctx.config.get(text))
+            continue
         for name in names:
-            if fnmatch.fnmatchcase(name, pattern):
-                param = PARAMS_BY_NAME[canonical(name)]
-                value = ctx.config.get(name)
-                out[name] = param.render(value)
+            if name not in seen and glob_match(raw, name.encode(), nocase=True):
+                seen.add(name)
+                out[name] = PARAMS_BY_NAME[canonical(name)].render(ctx.config.get(name))
     return out
 
 

@@ -189,7 +189,8 @@ def kv_markhot(ctx: Context, args: list[bytes]) -> Any:
         until = ctx.store.clock.now_ms() + ms
     elif len(args) != 2:
         raise syntax_error()
-    pinned, below = ctx.store.mark_hot(args[1], until)
+    # bytes(): the pattern is kept, and a long one arrives in a receive buffer that must not be.
+    pinned, below = ctx.store.mark_hot(bytes(args[1]), until)
     if below:
         if ctx.server is not None:
             ctx.server.prefetcher.submit(below, 100)
@@ -202,7 +203,7 @@ def kv_markhot(ctx: Context, args: list[bytes]) -> Any:
 @command("tair.kv.unmarkhot", 2, "write", group="tairkv", since="0.1.0",
          summary="Removes a hot pattern; replies with how many keys were unpinned.")
 def kv_unmarkhot(ctx: Context, args: list[bytes]) -> Any:
-    return ctx.store.unmark_hot(args[1])
+    return ctx.store.unmark_hot(bytes(args[1]))
 
 
 @command("tair.kv.version", 2, "readonly fast", keys=(1, 1, 1), group="tairkv", since="0.1.0",

@@ -6,7 +6,7 @@ nothing uses them any more.
 
 **Size classes.** Four classes per power of two from ``min_size`` (64 KiB, 80 KiB, 96 KiB, 112 KiB, 128 KiB,
 160 KiB, ...): a value wastes under 25% of its class, and values of a power-of-two size waste nothing. A buffer
-is a ``bytearray`` allocated (and zero-filled, so touched) at its class size and then shrunk to the value's exact
+is a ``bytearray`` allocated (untouched: its pages are faulted in as the value arrives) at its class size and then shrunk to the value's exact
 length. CPython only sets the length when a bytearray shrinks by less than half of its allocation or grows back
 within it (``PyByteArray_Resize``'s "minor downsize" path), and every value is more than half its class, so
 the memory stays where it is; ``tests/unit/test_bufpool.py`` checks the address does not move. Clients, the
@@ -32,6 +32,8 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable
 from typing import Any
+
+from kvstrata.protocol.alloc import untouched
 
 MIN_SIZE = 64 * 1024
 _STEPS = 4
@@ -135,7 +137,7 @@ class BufferPool:
             buf = self._take(c, n)
         if buf is None:
             self.misses += 1
-            buf = bytearray(c)
+            buf = untouched(c)  # pages are touched as the value arrives, not for a size a client only declared
             if n != c:
                 set_length(buf, n)
         else:

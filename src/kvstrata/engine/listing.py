@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from kvstrata.engine.keyspace import SCAN_BUCKETS, glob_match
+from kvstrata.engine.keyspace import SCAN_BUCKETS, glob_matcher
 
 
 class ListingMixin:
@@ -31,18 +31,20 @@ class ListingMixin:
     def scan(self, cursor: int, count: int = 10, match: bytes | None = None) -> tuple[int, list[bytes]]:
         out: list[bytes] = []
         bucket = cursor
+        matches = None if match is None else glob_matcher(match)
         while bucket < SCAN_BUCKETS and len(out) < count:
             for key in self._bucket_keys(bucket):
-                if (match is None or glob_match(match, key)) and self._live(key):
+                if (matches is None or matches(key)) and self._live(key):
                     out.append(key)
             bucket += 1
         return (0 if bucket >= SCAN_BUCKETS else bucket), out
 
     def keys(self, pattern: bytes) -> list[bytes]:
         out: list[bytes] = []
+        matches = glob_matcher(pattern)
         for bucket in range(SCAN_BUCKETS):
             for key in self._bucket_keys(bucket):
-                if glob_match(pattern, key) and self._live(key):
+                if matches(key) and self._live(key):
                     out.append(key)
         return out
 

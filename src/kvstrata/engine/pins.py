@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from kvstrata.engine.entry import Entry
-from kvstrata.engine.keyspace import SCAN_BUCKETS, glob_match
+from kvstrata.engine.keyspace import SCAN_BUCKETS, glob_match, glob_matcher
 
 
 class PinsMixin:
@@ -33,14 +33,15 @@ class PinsMixin:
         """Pin matching DRAM keys; returns (pinned now, matching keys still on lower tiers to bring up)."""
         self.hot[pattern] = until_ms
         pinned = 0
+        matches = glob_matcher(pattern)
         for key, entry in list(self.dram.entries.items()):
-            if not entry.pinned and glob_match(pattern, key) and self._pin(key, entry):
+            if not entry.pinned and matches(key) and self._pin(key, entry):
                 pinned += 1
         below: list[bytes] = []
         if self.ssd is not None:
             for bucket in range(SCAN_BUCKETS):
                 below.extend(k for k in self.ssd.bucket_keys(bucket)
-                             if k not in self.dram.entries and glob_match(pattern, k))
+                             if k not in self.dram.entries and matches(k))
         return pinned, below
 
     def unmark_hot(self, pattern: bytes) -> int:

@@ -14,12 +14,14 @@ itself while one is being received) and ``buffer_updated(n)`` processes them.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 
 import hiredis
 
 from kvstrata.errors import ProtocolError
-from kvstrata.protocol.inline import split_inline
+from kvstrata.protocol.alloc import untouched
+from kvstrata.protocol.inline import inline_end, split_inline
 
 _STAR = 42
 _DOLLAR = 36
@@ -29,6 +31,26 @@ _MAX_MULTIBULK = 2**31 - 1
 _UNAUTH_MULTIBULK = 10
 _UNAUTH_BULK = 16384
 _RECV_SIZE = 256 * 1024
+# Bytes asked for per read of commands (a large value is received into its own buffer, whatever its size): like
+# Redis's 16 KiB reads, this bounds the batch of pipelined commands one client gets run before others are served.
+_READ_SIZE = 64 * 1024
+
+
+class _Shared(threading.local):
+    """One receive buffer per thread, shared by every parser of that thread's event loop.
+
+    The event loop calls ``get_buffer()`` and then ``buffer_updated()`` for one connection before it reads for
+    another, and ``buffer_updated`` consumes or copies out everything it was given, so the bytes never have to
+    outlive the call. An idle connection therefore holds no receive buffer of its own (issue 13: 256 KiB each).
+    """
+
+    def __init__(self) -> None:
+        self.recv = bytearray(_RECV_SIZE)
+        self.view = memoryview(self.recv)
+        self.read_view = self.view[:_READ_SIZE]
+
+
+_SHARED = _Shared()
 
 
 class _Fallback(Exception):
@@ -52,6 +74,15 @@ def _parse_len(buf: bytearray, start: int, end: int) -> int | None:
     return int(text) if _LEN.match(text) else None
 
 
+def _header_end(buf: bytearray, start: int, end: int) -> int:
+    """Where a '*<n>' or '$<n>' header ends, found as Redis finds it: strchr(p, '\\r') from the header on, which
+    stops at a NUL (then the header is incomplete: -1). Redis then skips the byte after the '\\r' unchecked."""
+    cr = buf.find(b"\r", start, end)
+    if buf.find(b"\x00", start, end if cr < 0 else cr) >= 0:
+        return -1
+    return cr
+
+
 class RequestParser:
     def __init__(
         self,
@@ -60,7 +91,7 @@ class RequestParser:
         max_query: Callable[[], int] = lambda: 1024 * 1024 * 1024,
         large_threshold: int = 64 * 1024,
         authenticated: Callable[[], bool] = lambda: True,
-        allocate: Callable[[int], bytearray] = bytearray,
+        allocate: Callable[[int], bytearray] = untouched,
     ) -> None:
         self._max_bulk = max_bulk
         self._max_query = max_query
@@ -73,8 +104,10 @@ class RequestParser:
         self._allocate = allocate
         self._reader = hiredis.Reader()
         self._fast = True
-        self._recv = bytearray(_RECV_SIZE)
-        self._recv_view = memoryview(self._recv)
+        shared = _SHARED
+        self._recv = shared.recv
+        self._recv_view = shared.view
+        self._read_view = shared.read_view
         # slow-mode state
         self._buf = bytearray()
         self._pos = 0
@@ -84,6 +117,7 @@ class RequestParser:
         self._target: bytearray | None = None
         self._target_view: memoryview | None = None
         self._filled = 0
+        self._args_bytes = 0  # bytes of the arguments in _args (the command being received)
         self._need_crlf = False
         self._ready: list[list[bytes | bytearray]] = []
         self.refresh()
@@ -95,7 +129,7 @@ class RequestParser:
     def get_buffer(self) -> memoryview:
         if self._target_view is not None:
             return self._target_view[self._filled :]
-        return self._recv_view
+        return self._read_view
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._target is not None:
@@ -224,6 +258,7 @@ class RequestParser:
     def _finish_target(self) -> None:
         assert self._target is not None
         self._args.append(self._target)
+        self._args_bytes += len(self._target)
         self._remaining -= 1
         self._target = None
         self._target_view = None
@@ -250,17 +285,19 @@ class RequestParser:
                     if self._remaining == 0:
                         self._ready.append(self._args)
                         self._args = []
+                        self._args_bytes = 0
                         continue
                 if self._remaining == 0:
                     if pos >= end:
                         break
                     if buf[pos] != _STAR:
-                        eol = buf.find(b"\n", pos, end)
+                        eol = inline_end(buf, pos, end)
                         if eol < 0:
                             if end - pos > _MAX_INLINE:
                                 raise self._error("too big inline request")
                             break
-                        line = bytes(buf[pos:eol]).rstrip(b"\r")
+                        # Like Redis, one '\r' before the '\n' belongs to the line ending.
+                        line = bytes(buf[pos : eol - 1 if eol > pos and buf[eol - 1] == 13 else eol])
                         pos = eol + 1
                         args = split_inline(line)
                         if args is None:
@@ -268,11 +305,13 @@ class RequestParser:
                         if args:
                             self._ready.append(list(args))
                         continue
-                    eol = buf.find(b"\r\n", pos, end)
+                    eol = _header_end(buf, pos, end)
                     if eol < 0:
                         if end - pos > _MAX_HEADER:
                             raise self._error("too big mbulk count string")
                         break
+                    if eol + 1 >= end:
+                        break  # the byte after '\r' (skipped unchecked, as in Redis) has not arrived
                     count = _parse_len(buf, pos + 1, eol)
                     if count is None or count > _MAX_MULTIBULK:
                         raise self._error("invalid multibulk length")
@@ -283,16 +322,20 @@ class RequestParser:
                         continue
                     self._remaining = count
                     self._args = []
+                    self._args_bytes = 0
                 while self._remaining:
                     if pos >= end:
                         break
-                    if buf[pos] != _DOLLAR:
-                        raise self._error(f"expected '$', got '{chr(buf[pos])}'")
-                    eol = buf.find(b"\r\n", pos, end)
+                    # Redis looks for the end of the header before it checks the '$'.
+                    eol = _header_end(buf, pos, end)
                     if eol < 0:
                         if end - pos > _MAX_HEADER:
                             raise self._error("too big bulk count string")
                         break
+                    if eol + 1 >= end:
+                        break  # the byte after '\r' (skipped unchecked, as in Redis) has not arrived
+                    if buf[pos] != _DOLLAR:
+                        raise self._error(f"expected '$', got '{chr(buf[pos])}'")
                     length = _parse_len(buf, pos + 1, eol)
                     if length is None or length < 0 or length > self._max_bulk():
                         raise self._error("invalid bulk length")
@@ -302,6 +345,7 @@ class RequestParser:
                     have = end - start
                     if have >= length + 2:
                         self._args.append(bytes(buf[start : start + length]))
+                        self._args_bytes += length
                         pos = start + length + 2
                         self._remaining -= 1
                     elif length >= self._large:
@@ -328,6 +372,7 @@ class RequestParser:
                 else:
                     self._ready.append(self._args)
                     self._args = []
+                    self._args_bytes = 0
                     continue
                 if self._need_crlf:
                     continue
@@ -361,3 +406,37 @@ class RequestParser:
     @property
     def pending_bytes(self) -> int:
         return len(self._buf) - self._pos + self._filled
+
+    @property
+    def query_bytes(self) -> int:
+        """What this client's pending request holds: unparsed bytes, the value being received so far and the
+        arguments already parsed (Redis's query buffer plus argv_len_sum, checked against
+        client-query-buffer-limit)."""
+        return len(self._buf) - self._pos + self._filled + self._args_bytes
+
+    def memory(self) -> tuple[int, int, int]:
+        """(qbuf, qbuf-free, argv-mem) as CLIENT LIST shows them: bytes received and not yet parsed (including
+        the part of a large value that has arrived), room reserved for the rest of that value (address space
+        only: its pages are touched as the bytes arrive), and arguments parsed for commands not yet run."""
+        qbuf = len(self._buf) - self._pos + self._filled
+        free = len(self._target) - self._filled if self._target is not None else 0
+        argv = self._args_bytes + sum(len(a) for cmd in self._ready for a in cmd)
+        return qbuf, free, argv
+
+    def partial_value(self) -> bytearray | None:
+        """The buffer of a large value still being received, if any."""
+        return self._target
+
+    def release(self) -> None:
+        """Drop every buffer (the connection is gone): nothing of a half-received request outlives it."""
+        self._buf = bytearray()
+        self._pos = 0
+        self._args = []
+        self._args_bytes = 0
+        self._target = None
+        self._target_view = None
+        self._filled = 0
+        self._remaining = 0
+        self._need_crlf = False
+        self._ready = []
+        self._reader = hiredis.Reader()

@@ -17,3 +17,5 @@ class ServerStats(Counters):
     errors: int = 0
     protocol_errors: int = 0
     output_limit_closed: int = 0
+    query_limit_closed: int = 0
+    cross_protocol_closed: int = 0

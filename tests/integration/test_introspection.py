@@ -1,0 +1,84 @@
+"""INFO and CLIENT as tools read them (issue 13): the sections and fields Redis prints, with live figures.
+
+These run against either target (KVSTRATA_TEST_TARGET), so the expectations are Redis's own.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from tests.integration.polling import wait_for
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in line.strip().split(" "))
+
+
+# The CLIENT LIST / CLIENT INFO fields of Redis 7.0, in its order.
+REDIS_CLIENT_FIELDS = ["id", "addr", "laddr", "fd", "name", "age", "idle", "flags", "db", "sub", "psub", "ssub",
+                       "multi", "qbuf", "qbuf-free", "argv-mem", "multi-mem", "rbs", "rbp", "obl", "oll", "omem",
+                       "tot-mem", "events", "cmd", "user", "redir", "resp"]
+
+
+def test_info_has_cluster_and_cpu_sections(r, raw):
+    text = raw().cmd("INFO").decode()
+    assert "# Cluster\r\ncluster_enabled:0\r\n" in text
+    assert "# CPU\r\n" in text
+    cpu = r.info("cpu")
+    for name in ("used_cpu_sys", "used_cpu_user", "used_cpu_sys_children", "used_cpu_user_children"):
+        assert isinstance(cpu[name], float) and cpu[name] >= 0
+    assert r.info("cluster") == {"cluster_enabled": 0}
+
+
+def test_client_info_fields_in_redis_order(r):
+    line = r.execute_command("CLIENT", "INFO").decode()
+    names = [part.split("=", 1)[0] for part in line.strip().split(" ")]
+    assert names[: len(REDIS_CLIENT_FIELDS)] == REDIS_CLIENT_FIELDS
+    f = _fields(line)
+    assert int(f["tot-mem"]) > 0
+    assert f["cmd"] == "client|info"
+
+
+def test_client_list_shows_a_pending_request_in_qbuf(server, r):
+    """A client with half a command sent: its bytes are in qbuf (or argv-mem once parsed), and tot-mem counts
+    them; once it leaves, it is gone from the list."""
+    s = socket.create_connection((server.host, server.port), timeout=10)
+    try:
+        s.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100\r\n" + b"x" * 50)
+        me = s.getsockname()
+
+        def pending() -> dict[str, str] | None:
+            for line in r.execute_command("CLIENT", "LIST").decode().splitlines():
+                f = _fields(line)
+                if f["addr"] == f"{me[0]}:{me[1]}" and int(f["qbuf"]) + int(f["argv-mem"]) >= 50:
+                    return f
+            return None
+
+        f = wait_for(pending, timeout=10, what="the half-sent request in CLIENT LIST")
+        assert int(f["tot-mem"]) >= int(f["qbuf"]) + int(f["argv-mem"])
+    finally:
+        s.close()
+
+
+def test_info_clients_and_memory_fields(r):
+    clients = r.info("clients")
+    for name in ("connected_clients", "maxclients", "client_recent_max_input_buffer",
+                 "client_recent_max_output_buffer", "blocked_clients"):
+        assert isinstance(clients[name], int), name
+    memory = r.info("memory")
+    assert memory["used_memory_rss"] > 0
+    assert isinstance(memory["mem_clients_normal"], int)
+
+
+def test_config_get_several_patterns(r):
+    got = r.config_get("maxmemory")
+    assert set(got) == {"maxmemory"}
+    got = r.execute_command("CONFIG", "GET", "maxmemory", "MAXMEMORY", "maxmemory")
+    names = got[::2] if isinstance(got, list) else list(got)
+    assert names == [b"maxmemory"]  # the first spelling; the others are the same name
+    got = r.execute_command("CONFIG", "GET", "MAXMEMORY", "maxmem*")
+    names = got[::2] if isinstance(got, list) else list(got)
+    assert b"MAXMEMORY" in names and b"maxmemory" not in names
+    got = r.execute_command("CONFIG", "GET", "port", "PORT*", "nosuch")
+    names = got[::2] if isinstance(got, list) else list(got)
+    assert names == [b"port"]
