@@ -9,7 +9,13 @@
    delayed by the store. The next ``generate`` of the same generator waits for that store first (outside the
    TTFT it measures), so a conversation's next turn always finds the previous turn's chunks.
 
-A chunk's value is one tensor ``[layers, 2 (K, V), kv_heads, chunk_tokens, head_dim]`` (layout ``LKHTD``).
+A chunk's value is one tensor ``[layers, 2 (K, V), kv_heads, chunk_tokens, head_dim]`` (layout ``LKHTD``). Models
+whose cached K and V differ in width (MLA as transformers computes it, DeepSeek V2/V3: K is ``qk_nope + qk_rope``
+wide, V ``v_head_dim``) store ``[layers, kv_heads, chunk_tokens, k_dim + v_dim]`` instead: each token's K then V
+(layout ``LHTD``, with ``kv_split=<k_dim>+<v_dim>`` in the namespace so the two never share keys).
+
+Store failures (server gone, a cache shape that cannot be stored) never pass silently: each is logged, counted
+in ``CachedGenerator.store_errors`` and in the client's ``ClientStats.store_errors``.
 
 Supported transformers versions: ``>=4.56,<4.58`` (the ``Cache.layers`` API; pinned in pyproject's [llm]
 extra). Older releases keep ``key_cache``/``value_cache`` lists, which ``cache_layers`` also reads.
@@ -18,6 +24,7 @@ extra). Older releases keep ``key_cache``/``value_cache`` lists, which ``cache_l
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 import warnings
@@ -37,6 +44,9 @@ from kvstrata.engine.entry import Entry
 
 SUPPORTED_TRANSFORMERS = (">=4.56", "<4.58")
 LAYOUT = "LKHTD"
+SPLIT_LAYOUT = "LHTD"  # K and V of different widths, concatenated per token (MLA)
+
+log = logging.getLogger(__name__)
 
 
 def check_version() -> None:
@@ -54,7 +64,26 @@ def model_namespace(model: Any, model_id: str | None = None, **kw: Any) -> Names
         digest = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:12]
         model_id = f"{cfg.model_type}:{getattr(cfg, '_name_or_path', '') or 'unnamed'}:{digest}"
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return Namespace(model=model_id, kv_dtype=dtype, layout=LAYOUT, **kw)
+    split = kv_widths(cfg)
+    if split is None:
+        return Namespace(model=model_id, kv_dtype=dtype, layout=LAYOUT, **kw)
+    extra = tuple(sorted({*kw.pop("extra", ()), ("kv_split", f"{split[0]}+{split[1]}")}))
+    return Namespace(model=model_id, kv_dtype=dtype, layout=SPLIT_LAYOUT, extra=extra, **kw)
+
+
+def kv_widths(config: Any) -> tuple[int, int] | None:
+    """(K width, V width) per head when a model caches K and V of different widths (MLA as transformers runs
+    it: DeepSeek V2/V3, Kimi K2, ...), None when they are equal."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    v = getattr(cfg, "v_head_dim", None)
+    nope, rope = getattr(cfg, "qk_nope_head_dim", None), getattr(cfg, "qk_rope_head_dim", None)
+    if v is None or nope is None or rope is None or nope + rope == v:
+        return None
+    return nope + rope, v
+
+
+def expected_layout(config: Any) -> str:
+    return LAYOUT if kv_widths(config) is None else SPLIT_LAYOUT
 
 
 def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -65,12 +94,21 @@ def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def chunk_tensor(layers: list[tuple[torch.Tensor, torch.Tensor]], start: int, end: int) -> torch.Tensor:
-    """One chunk's KV as a [L, 2, H, end-start, D] tensor on the cache's device (batch 0)."""
-    return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers])
+    """One chunk's KV on the cache's device (batch 0): [L, 2, H, end-start, D] when K and V have one width,
+    [L, H, end-start, Dk+Dv] (each token's K then V) when they differ (MLA)."""
+    for i, (k, v) in enumerate(layers):
+        if k.shape[-2] < end or v.shape[-2] < end:
+            # A sliding-window layer that dropped old tokens (a cache built with the model's config): its
+            # chunk cannot be cut from it. CachedGenerator builds full caches, so this is a caller's cache.
+            raise ValueError(f"cache layer {i} holds {k.shape[-2]} tokens, the chunk needs tokens up to {end}")
+    k0, v0 = layers[0]
+    if k0.shape == v0.shape and all(k.shape == k0.shape and v.shape == k0.shape for k, v in layers):
+        return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers])
+    return torch.stack([torch.cat((k[0, :, start:end], v[0, :, start:end]), dim=-1) for k, v in layers])
 
 
 def chunk_from_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], start: int, end: int) -> np.ndarray:
-    """One chunk's KV as a [L, 2, H, end-start, D] host array (batch 0)."""
+    """One chunk's KV as a host array (see ``chunk_tensor`` for its shape)."""
     return chunk_tensor(layers, start, end).cpu().numpy()
 
 
@@ -131,16 +169,24 @@ def _chunk_tensor(arr: np.ndarray, dtype: str) -> torch.Tensor:
     return t
 
 
-def restore_cache(chunks: list[Any], dtype: str, device: Any = None) -> DynamicCache:
-    """A DynamicCache holding the chunks ([L, 2, H, T, D] arrays or tensors) concatenated along T: one copy per
-    layer, into the cache's own tensors (on ``device`` when given)."""
+def restore_cache(chunks: list[Any], dtype: str, device: Any = None, k_width: int | None = None) -> DynamicCache:
+    """A DynamicCache holding the chunks concatenated along T: one copy per layer, into the cache's own tensors
+    (on ``device`` when given). Chunks are [L, 2, H, T, D] arrays or tensors, or [L, H, T, Dk+Dv] ones (MLA), whose
+    first ``k_width`` columns are K."""
     views = [c if isinstance(c, torch.Tensor) else _chunk_tensor(c, dtype) for c in chunks]
     if device is not None:
         views = [v.to(device, non_blocking=True) for v in views]
+    split = views[0].dim() == 4
+    if split and k_width is None:
+        raise ValueError("chunks with K and V concatenated ([L, H, T, Dk+Dv]) need k_width")
     cache = DynamicCache()
     for layer in range(views[0].shape[0]):
-        k = torch.cat([v[layer, 0] for v in views], dim=1).unsqueeze(0)
-        val = torch.cat([v[layer, 1] for v in views], dim=1).unsqueeze(0)
+        if split:
+            k = torch.cat([v[layer, :, :, :k_width] for v in views], dim=1).unsqueeze(0)
+            val = torch.cat([v[layer, :, :, k_width:] for v in views], dim=1).unsqueeze(0)
+        else:
+            k = torch.cat([v[layer, 0] for v in views], dim=1).unsqueeze(0)
+            val = torch.cat([v[layer, 1] for v in views], dim=1).unsqueeze(0)
         _set_layer(cache, layer, k, val)
     return cache
 
@@ -182,6 +228,12 @@ class CachedGenerator:
         check_version()
         self.model = model
         self.client = client
+        widths = kv_widths(model.config)
+        self.k_width = widths[0] if widths else None
+        layout = expected_layout(model.config)
+        if client is not None and client.namespace.layout != layout:
+            raise ValueError(f"this model's chunks have layout {layout!r}, the client's namespace says "
+                             f"{client.namespace.layout!r}: build the namespace with model_namespace(model)")
         self.device_tier = device_tier
         self.device = next(model.parameters()).device
         self.ttl_class = ttl_class
@@ -190,7 +242,7 @@ class CachedGenerator:
         self._pending: Future | None = None
         self._lock = threading.Lock()
         self.last_store_s = 0.0
-        self.store_errors: list[BaseException] = []
+        self.store_errors: list[BaseException] = []  # also logged and counted in client.stats.store_errors
         self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.device_hits = 0
 
@@ -200,8 +252,17 @@ class CachedGenerator:
         if pending is not None:
             try:
                 pending.result()
-            except BaseException as exc:
-                self.store_errors.append(exc)
+            except Exception as exc:
+                self._store_failed(exc)
+
+    def _store_failed(self, exc: Exception) -> None:
+        """A store that failed is a lost cache entry, never a failed generate: logged and counted."""
+        self.store_errors.append(exc)
+        log.warning("kvstrata: storing the KV cache failed (the next turn recomputes it): %s: %s",
+                    type(exc).__name__, exc)
+        if self.client is not None:
+            self.client._count(store_errors=1)
+            self.client.stats.errors.append(f"store: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
         self.flush()
@@ -254,7 +315,7 @@ class CachedGenerator:
                 n_cached, chunks = self.client.retrieve_chunks(ids[:limit], skip_chunks=len(held),
                                                                reuse_buffers=True, keys=keys)  # copied below
                 if n_cached:
-                    cache = restore_cache([*held, *chunks], self.dtype, self.device)
+                    cache = restore_cache([*held, *chunks], self.dtype, self.device, self.k_width)
                     restored_bytes = sum(c.nbytes for c in chunks) + sum(
                         t.numel() * t.element_size() for t in held)
                 self.device_hits = len(held)
@@ -284,7 +345,10 @@ class CachedGenerator:
             if self._pool is not None:
                 self._pending = self._pool.submit(self._store, seen, cache, n_cached)
             else:
-                self._store(seen, cache, n_cached)
+                try:
+                    self._store(seen, cache, n_cached)
+                except Exception as exc:
+                    self._store_failed(exc)
         return result
 
 
