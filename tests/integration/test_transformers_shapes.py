@@ -12,7 +12,7 @@ import pytest
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see scripts/test.sh)
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 from kvstrata.client import KVCacheClient, Namespace  # noqa: E402
 from kvstrata.integrations.models import load_tiny  # noqa: E402
@@ -20,6 +20,7 @@ from kvstrata.integrations.transformers import (  # noqa: E402
     CachedGenerator,
     cache_layers,
     chunk_from_cache,
+    kv_widths,
     model_namespace,
     restore_cache,
 )
@@ -51,9 +52,12 @@ def fresh_client(url, model, **kw):
 def test_mla_cache_has_k_and_v_of_different_widths(mla):
     res = CachedGenerator(mla).generate(prompt(20), 2, keep_cache=True)
     k, v = cache_layers(res.cache)[0]
-    assert k.shape[-1] == 24 and v.shape[-1] == 12  # qk_nope + rope, v_head_dim
+    # transformers 4.57 caches full heads (K: qk_nope 16 + rope 8, V: v_head_dim 12); 5.x the latent (16, rope 8)
+    expect = (24, 12) if transformers.__version__.startswith("4.") else (16, 8)
+    assert (k.shape[-1], v.shape[-1]) == expect
+    assert kv_widths(mla) == expect
     ns = model_namespace(mla)
-    assert ns.layout == "LHTD" and ("kv_split", "24+12") in ns.extra
+    assert ns.layout == "LHTD" and ("kv_split", f"{expect[0]}+{expect[1]}") in ns.extra
     # Different keys from an LKHTD namespace of the same model: the two layouts never read each other's chunks.
     assert ns.id != Namespace(model=ns.model, kv_dtype=ns.kv_dtype).id
 
@@ -82,10 +86,11 @@ def test_mla_chunks_decode_bitwise(url, mla):
         res = gen.generate(ids, 3, keep_cache=True)
     layers = cache_layers(res.cache)
     n, chunks = client.retrieve_chunks(ids)
-    assert n == 48 and chunks[0].shape == (2, 4, CS, 24 + 12)
+    k, v = layers[0]
+    assert n == 48 and chunks[0].shape == (2, k.shape[1], CS, k.shape[-1] + v.shape[-1])
     for i, chunk in enumerate(chunks):
         assert (chunk == chunk_from_cache(layers, i * CS, (i + 1) * CS)).all()
-    restored = restore_cache(chunks, "float32", k_width=24)
+    restored = restore_cache(chunks, "float32", k_width=k.shape[-1])
     for (k, v), (rk, rv) in zip(layers, cache_layers(restored), strict=True):
         assert torch.equal(k[:, :, :48], rk) and torch.equal(v[:, :, :48], rv)
     with pytest.raises(ValueError, match="k_width"):

@@ -73,6 +73,12 @@ def smollm2_folder() -> Path:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                      dtype=torch.float32)
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        # transformers 5 marks a GGUF-loaded model as quantised and refuses to save it; its weights are already
+        # de-quantised to fp32, so it is saved as the plain model it is.
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer = None
+        if getattr(model.config, "quantization_config", None) is not None:
+            del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         folder.parent.mkdir(parents=True, exist_ok=True)

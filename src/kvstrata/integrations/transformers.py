@@ -10,20 +10,22 @@
    TTFT it measures), so a conversation's next turn always finds the previous turn's chunks.
 
 A chunk's value is one tensor ``[layers, 2 (K, V), kv_heads, chunk_tokens, head_dim]`` (layout ``LKHTD``). Models
-whose cached K and V differ in width (MLA as transformers computes it, DeepSeek V2/V3: K is ``qk_nope + qk_rope``
-wide, V ``v_head_dim``) store ``[layers, kv_heads, chunk_tokens, k_dim + v_dim]`` instead: each token's K then V
-(layout ``LHTD``, with ``kv_split=<k_dim>+<v_dim>`` in the namespace so the two never share keys).
+whose cached K and V differ in width (MLA: DeepSeek V2/V3, whose cache holds full heads in transformers 4.57 and
+the compressed latent plus the rope key in 5.x) store ``[layers, kv_heads, chunk_tokens, k_dim + v_dim]`` instead:
+each token's K then V (layout ``LHTD``, with ``kv_split=<k_dim>+<v_dim>`` in the namespace so the two never share
+keys, also not across transformers releases that cache different things).
 
 Store failures (server gone, a cache shape that cannot be stored) never pass silently: each is logged, counted
 in ``CachedGenerator.store_errors`` and in the client's ``ClientStats.store_errors``.
 
-Supported transformers versions: ``>=4.56,<4.58`` (the ``Cache.layers`` API; pinned in pyproject's [llm]
-extra). Older releases keep ``key_cache``/``value_cache`` lists, which ``cache_layers`` also reads.
+Supported transformers versions: ``>=4.56,<6`` (the ``Cache.layers`` API; pyproject's [llm] extra), tested on
+4.57 and 5.24. Older releases keep ``key_cache``/``value_cache`` lists, which ``cache_layers`` also reads.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import threading
 import time
@@ -42,7 +44,7 @@ from kvstrata.client.local import LOCAL_ENTRY_OVERHEAD, LocalTier
 from kvstrata.client.sdk import KVCacheClient
 from kvstrata.engine.entry import Entry
 
-SUPPORTED_TRANSFORMERS = (">=4.56", "<4.58")
+SUPPORTED_TRANSFORMERS = (">=4.56", "<6")
 LAYOUT = "LKHTD"
 SPLIT_LAYOUT = "LHTD"  # K and V of different widths, concatenated per token (MLA)
 
@@ -51,7 +53,7 @@ log = logging.getLogger(__name__)
 
 def check_version() -> None:
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    if not (4, 56) <= (major, minor) < (4, 58):
+    if not (4, 56) <= (major, minor) < (6, 0):
         raise RuntimeError(f"kvstrata.integrations.transformers supports transformers "
                            f"{','.join(SUPPORTED_TRANSFORMERS)}, found {transformers.__version__}")
 
@@ -64,26 +66,50 @@ def model_namespace(model: Any, model_id: str | None = None, **kw: Any) -> Names
         digest = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:12]
         model_id = f"{cfg.model_type}:{getattr(cfg, '_name_or_path', '') or 'unnamed'}:{digest}"
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    split = kv_widths(cfg)
+    split = kv_widths(model)
     if split is None:
         return Namespace(model=model_id, kv_dtype=dtype, layout=LAYOUT, **kw)
     extra = tuple(sorted({*kw.pop("extra", ()), ("kv_split", f"{split[0]}+{split[1]}")}))
     return Namespace(model=model_id, kv_dtype=dtype, layout=SPLIT_LAYOUT, extra=extra, **kw)
 
 
-def kv_widths(config: Any) -> tuple[int, int] | None:
-    """(K width, V width) per head when a model caches K and V of different widths (MLA as transformers runs
-    it: DeepSeek V2/V3, Kimi K2, ...), None when they are equal."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    v = getattr(cfg, "v_head_dim", None)
-    nope, rope = getattr(cfg, "qk_nope_head_dim", None), getattr(cfg, "qk_rope_head_dim", None)
-    if v is None or nope is None or rope is None or nope + rope == v:
-        return None
-    return nope + rope, v
+def kv_widths(model: Any) -> tuple[int, int] | None:
+    """(K width, V width) per head when the model caches K and V of different widths, None when they are equal.
+
+    Read from the cache itself (one forward of one token, once per model), because what is cached depends on
+    the transformers release, not only on the config: DeepSeek-V3 caches full heads (K ``qk_nope + qk_rope``,
+    V ``v_head_dim``) in transformers 4.57 and the compressed latent (``kv_lora_rank``, ``qk_rope_head_dim``)
+    in 5.x. Layers whose shapes differ from each other are refused (ValueError)."""
+    cached = getattr(model, "_kvstrata_kv_widths", False)
+    if cached is not False:
+        return cached
+    with torch.inference_mode():
+        cache = DynamicCache()
+        device = next(model.parameters()).device
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True,
+              **{cache_kwarg(model): cache})
+    shapes = {(tuple(k.shape[1:2]), k.shape[-1], tuple(v.shape[1:2]), v.shape[-1]) for k, v in cache_layers(cache)}
+    if len(shapes) != 1:
+        raise ValueError(f"layers cache K/V of different shapes {sorted(shapes)}: not supported")
+    (hk, dk, hv, dv), = shapes
+    if hk != hv:
+        raise ValueError(f"K has {hk[0]} heads and V {hv[0]}: not supported")
+    widths = None if dk == dv else (dk, dv)
+    model._kvstrata_kv_widths = widths
+    return widths
 
 
-def expected_layout(config: Any) -> str:
-    return LAYOUT if kv_widths(config) is None else SPLIT_LAYOUT
+def expected_layout(model: Any) -> str:
+    return LAYOUT if kv_widths(model) is None else SPLIT_LAYOUT
+
+
+def cache_kwarg(model: Any) -> str:
+    """The forward keyword that takes the cache: ``cache`` in transformers 5, ``past_key_values`` before."""
+    name = getattr(model, "_kvstrata_cache_kwarg", None)
+    if name is None:
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        model._kvstrata_cache_kwarg = name
+    return name
 
 
 def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -198,7 +224,10 @@ def _set_layer(cache: DynamicCache, idx: int, keys: torch.Tensor, values: torch.
         cls = cache.layer_class_to_replicate
         if cls is not None:
             layer = cls()
-            layer.lazy_initialization(keys)
+            if len(inspect.signature(layer.lazy_initialization).parameters) >= 2:
+                layer.lazy_initialization(keys, values)  # transformers 5
+            else:
+                layer.lazy_initialization(keys)
             layer.keys, layer.values = keys, values
             layers.append(layer)
             return
@@ -228,9 +257,9 @@ class CachedGenerator:
         check_version()
         self.model = model
         self.client = client
-        widths = kv_widths(model.config)
+        widths = kv_widths(model)
         self.k_width = widths[0] if widths else None
-        layout = expected_layout(model.config)
+        layout = expected_layout(model)
         if client is not None and client.namespace.layout != layout:
             raise ValueError(f"this model's chunks have layout {layout!r}, the client's namespace says "
                              f"{client.namespace.layout!r}: build the namespace with model_namespace(model)")
@@ -322,8 +351,9 @@ class CachedGenerator:
             restore_s = time.perf_counter() - t0
         if cache is None:
             cache = DynamicCache()
-        out = self.model(input_ids=torch.tensor([ids[n_cached:]], device=self.device), past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
+        kw = {cache_kwarg(self.model): cache}
+        out = self.model(input_ids=torch.tensor([ids[n_cached:]], device=self.device), use_cache=True,
+                         logits_to_keep=1, **kw)
         logits = out.logits[0, -1]
         nxt = int(torch.argmax(logits))
         ttft = time.perf_counter() - t0
@@ -331,7 +361,7 @@ class CachedGenerator:
         if return_logits:
             result.first_logits = logits.float().clone()
         while len(result.tokens) < max_new_tokens and nxt not in eos:
-            out = self.model(input_ids=torch.tensor([[nxt]], device=self.device), past_key_values=cache, use_cache=True)
+            out = self.model(input_ids=torch.tensor([[nxt]], device=self.device), use_cache=True, **kw)
             logits = out.logits[0, -1]
             nxt = int(torch.argmax(logits))
             result.tokens.append(nxt)
@@ -352,6 +382,15 @@ class CachedGenerator:
         return result
 
 
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` with the generation prompt: ``apply_chat_template`` returns a list in
+    transformers 4 and a ``BatchEncoding`` in 5."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
 class ChatSession:
     """A multi-turn chat on top of ``CachedGenerator`` with a tokenizer's chat template."""
 
@@ -361,7 +400,7 @@ class ChatSession:
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
 
     def prompt_ids(self) -> list[int]:
-        return list(self.tok.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True))
+        return chat_ids(self.tok, self.messages)
 
     def ask(self, text: str, max_new_tokens: int = 32) -> tuple[str, GenerateResult]:
         self.messages.append({"role": "user", "content": text})
