@@ -25,6 +25,11 @@ python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstra
 # 4.57 is moved to 5.x here, the line CI tests).
 python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
     "transformers>=5.19,<6"
+# vLLM's real connector API for tests/integration/test_vllm_connector.py, without its GPU dependencies: the package
+# alone, then the modules its config, scheduler and connector code import (docs/vllm.md); torch stays 2.13.0.
+python3 -m pip install -q --disable-pip-version-check --no-deps vllm==0.33.0
+python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
+    cbor2 openai-harmony openai cachetools xgrammar fastapi partial-json-parser llguidance
 # --- engines (issue 17): end --------------------------------------------------------------------------------
 ruff check src tests benchmarks
 python3 -m pytest -q "$@"
