@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -320,7 +321,10 @@ class CachedGenerator:
 
     @torch.inference_mode()
     def generate(self, input_ids: Any, max_new_tokens: int = 32, eos_token_id: int | list[int] | None = None,
-                 *, return_logits: bool = False, keep_cache: bool = False) -> GenerateResult:
+                 *, return_logits: bool = False, keep_cache: bool = False,
+                 on_token: Callable[[int], None] | None = None) -> GenerateResult:
+        """Greedy generation; ``on_token(token_id)`` is called with each token as soon as it is chosen (the first
+        one right after the prefill, so a caller that streams shows it at TTFT)."""
         ids = [int(t) for t in (input_ids.reshape(-1).tolist() if hasattr(input_ids, "reshape") else input_ids)]
         if not ids:
             raise ValueError("empty prompt")
@@ -360,6 +364,8 @@ class CachedGenerator:
         result = GenerateResult([nxt], ttft, n_cached, len(ids) - n_cached, len(ids), restore_s, restored_bytes)
         if return_logits:
             result.first_logits = logits.float().clone()
+        if on_token is not None:
+            on_token(nxt)
         while len(result.tokens) < max_new_tokens and nxt not in eos:
             out = self.model(input_ids=torch.tensor([[nxt]], device=self.device), use_cache=True, **kw)
             logits = out.logits[0, -1]
@@ -367,6 +373,8 @@ class CachedGenerator:
             result.tokens.append(nxt)
             if return_logits:
                 result.step_logits.append(logits.float().clone())
+            if on_token is not None:
+                on_token(nxt)
         result.total_s = time.perf_counter() - t0
         if keep_cache:
             result.cache = cache
@@ -402,10 +410,31 @@ class ChatSession:
     def prompt_ids(self) -> list[int]:
         return chat_ids(self.tok, self.messages)
 
-    def ask(self, text: str, max_new_tokens: int = 32) -> tuple[str, GenerateResult]:
+    def ask(self, text: str, max_new_tokens: int = 32,
+            on_text: Callable[[str], None] | None = None) -> tuple[str, GenerateResult]:
+        """One turn. ``on_text(piece)`` receives the reply as it is generated, piece by piece (the pieces joined
+        are the reply; a piece is held back while it ends in an incomplete UTF-8 sequence)."""
         self.messages.append({"role": "user", "content": text})
         ids = self.prompt_ids()
-        res = self.gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=self.tok.eos_token_id)
-        reply = self.tok.decode([t for t in res.tokens if t != self.tok.eos_token_id], skip_special_tokens=True)
+        eos = self.tok.eos_token_id
+        kept: list[int] = []
+        shown = [""]
+
+        def stream(token: int) -> None:
+            if token == eos:
+                return
+            kept.append(token)
+            sofar = self.tok.decode(kept, skip_special_tokens=True)
+            if sofar.endswith("\ufffd") or not sofar.startswith(shown[0]):
+                return
+            piece, shown[0] = sofar[len(shown[0]):], sofar
+            if piece:
+                on_text(piece)
+
+        res = self.gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                on_token=stream if on_text is not None else None)
+        reply = self.tok.decode([t for t in res.tokens if t != eos], skip_special_tokens=True)
+        if on_text is not None and reply.startswith(shown[0]) and len(reply) > len(shown[0]):
+            on_text(reply[len(shown[0]):])  # what was held back at the end
         self.messages.append({"role": "assistant", "content": reply})
         return reply, res
