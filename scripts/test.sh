@@ -30,6 +30,13 @@ python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstra
 python3 -m pip install -q --disable-pip-version-check --no-deps vllm==0.33.0
 python3 -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
     cbor2 openai-harmony openai cachetools xgrammar fastapi partial-json-parser llguidance
+# LMCache 0.5.6 in its own environment (it pulls transformers 5, cupy, numba and cloud SDKs) for
+# tests/integration/test_lmcache_backend.py; created once (10 minutes on a loaded 2-core machine), reused after.
+LMCACHE_VENV="${KVSTRATA_LMCACHE_VENV:-$HOME/.cache/kvstrata/lmcache-venv}"
+if ! "$LMCACHE_VENV/bin/python" -c "import lmcache" 2>/dev/null; then
+    python3 -m venv "$LMCACHE_VENV"
+    "$LMCACHE_VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 lmcache==0.5.6
+fi
 # --- engines (issue 17): end --------------------------------------------------------------------------------
 ruff check src tests benchmarks
 python3 -m pytest -q "$@"
