@@ -33,6 +33,11 @@ def import_sglang():
         import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401
     except ImportError:
         return None
+    except AttributeError as exc:  # SGLang's transformers patches fail on transformers 4.x
+        import pytest
+
+        pytest.skip(f"SGLang 0.5.23 needs transformers 5 (scripts/test.sh installs it): {exc}",
+                    allow_module_level=True)
     finally:
         os.environ.clear()
         os.environ.update(environ)
