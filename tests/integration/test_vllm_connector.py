@@ -290,3 +290,21 @@ def test_paged_layout_detection():
         PagedLayout((3, 10, 16, 4, 8), 10, 16, False)
     with pytest.raises(ValueError):
         PagedLayout((10, 16), 10, 16, True)
+
+
+def test_a_worker_of_another_tp_rank_uses_its_own_keys(srv):
+    """An MHA rank stores its own heads: a worker whose rank differs from the scheduler's namespace computes its
+    keys from the plan's tokens (vLLM's parallel state gives the rank; set here as register_kv_caches would)."""
+    from kvstrata.client import KVCacheClient, Namespace
+
+    salt = uuid.uuid4().hex
+    eng = Engine(srv, salt=salt)
+    eng.worker._ns_fields["tp_rank"] = 1
+    eng.worker._own_keys = True
+    eng.worker._make_client("float32")
+    tokens = prompt(140, seed=7)
+    eng.prefill(request(tokens))
+    rank1 = KVCacheClient(f"redis://{srv.host}:{srv.port}", Namespace(**{**eng.worker.client.namespace.__dict__}),
+                          chunk_size=CHUNK)
+    assert rank1.namespace.tp_rank == 1 and rank1.lookup(tokens) == 128
+    assert eng.sched.client.lookup(tokens) == 0  # rank 0's keys: nothing stored under them

@@ -63,13 +63,15 @@ DEFAULT_CHUNK_SIZE = 256
 
 @dataclass
 class LoadSpec:
-    """Load chunks ``keys`` (chunk 0 starts at token 0) into ``block_ids``, for tokens ``[start, end)``."""
+    """Load chunks ``keys`` (chunk 0 starts at token 0) into ``block_ids``, for tokens ``[start, end)``. ``tokens``
+    lets a worker of another tensor-parallel rank compute its own keys (an MHA rank stores its own heads)."""
 
     req_id: str
     keys: list[bytes]
     block_ids: list[int]
     start: int
     end: int
+    tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class SaveSpec:
     keys: list[bytes]
     first: int
     block_ids: list[int]
+    tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -208,6 +211,7 @@ class KvstrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         # worker side
         self.kv_caches: dict[str, torch.Tensor] = {}
         self._dtype = torch.float32
+        self._own_keys = False  # a worker of another TP rank than the scheduler's namespace
         self.layouts: dict[str, PagedLayout] = {}
         self._fetch: Future | None = None
         self._loaded_layers: set[str] = set()
@@ -257,8 +261,9 @@ class KvstrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         end = request.num_computed_tokens + num_external_tokens
         start = end - num_external_tokens
         n_chunks = end // self.chunk_size
-        spec = LoadSpec(request.request_id, self._keys(state.tokens[:n_chunks * self.chunk_size]),
-                        list(state.block_ids[:end // self.block_size]), start, end)
+        tokens = state.tokens[:n_chunks * self.chunk_size]
+        spec = LoadSpec(request.request_id, self._keys(tokens), list(state.block_ids[:end // self.block_size]),
+                        start, end, tokens)
         state.load = spec
         self._unsent_loads.append(spec)
 
@@ -287,9 +292,9 @@ class KvstrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
             # Whole prompt chunks whose KV exists after this step and is not stored yet.
             last = min(done, len(state.tokens)) // self.chunk_size
             if last > state.saved_chunks and len(state.block_ids) * self.block_size >= last * self.chunk_size:
-                keys = self._keys(state.tokens[:last * self.chunk_size])
-                meta.saves.append(SaveSpec(req_id, keys[state.saved_chunks:], state.saved_chunks,
-                                           list(state.block_ids[:last * self.blocks_per_chunk])))
+                tokens = state.tokens[:last * self.chunk_size]
+                meta.saves.append(SaveSpec(req_id, self._keys(tokens)[state.saved_chunks:], state.saved_chunks,
+                                           list(state.block_ids[:last * self.blocks_per_chunk]), tokens))
                 state.saved_chunks = last
         return meta
 
@@ -307,6 +312,11 @@ class KvstrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.layouts = {name: PagedLayout(t.shape, num_blocks, self.block_size, self.use_mla)
                         for name, t in self.kv_caches.items()}
         self._dtype = first.dtype
+        rank = _tp_rank()
+        if rank is not None and not self.use_mla and rank != self._ns_fields["tp_rank"]:
+            self._ns_fields["tp_rank"] = rank  # this worker's heads: its own keys (from the specs' tokens)
+            self._own_keys = True
+            self._make_client(self.kv_dtype or str(first.dtype).removeprefix("torch."))
         if self.client is None:
             self._make_client(str(first.dtype).removeprefix("torch."))
 
@@ -322,7 +332,8 @@ class KvstrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         out = []
         for spec in loads:
             try:
-                _, arrays = self.client.retrieve_chunks((), keys=spec.keys)
+                keys = self._keys(spec.tokens) if self._own_keys else spec.keys
+                _, arrays = self.client.retrieve_chunks((), keys=keys)
             except Exception as exc:
                 logger.warning("kvstrata: load of %s failed: %s", spec.req_id, exc)
                 arrays = []
@@ -382,7 +393,8 @@ class KvstrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def _store(self, spec: SaveSpec, kv: torch.Tensor) -> int:
         """Store ``kv`` ([layers, ..., tokens, dim], tokens from chunk ``spec.first`` on) as chunks."""
         off = spec.first * self.chunk_size
-        keys = [b""] * spec.first + spec.keys  # the SDK indexes keys by chunk number; only these are written
+        # The SDK indexes keys by chunk number; only those from spec.first on are written.
+        keys = self._keys(spec.tokens) if self._own_keys else [b""] * spec.first + spec.keys
         try:
             return self.client.store((), lambda s, e: kv[..., s - off:e - off, :].contiguous(), keys=keys,
                                      start=off, ttl=self.ttl)
@@ -414,6 +426,16 @@ class KvstrataConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._pool.shutdown(wait=True)
         if self.client is not None:
             self.client.close()
+
+
+def _tp_rank() -> int | None:
+    """This worker's tensor-parallel rank, when vLLM's parallel state is initialised (None in tests)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # not initialised: a single process, or a test
+        return None
 
 
 def _as_tensor(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
