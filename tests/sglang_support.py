@@ -1,11 +1,9 @@
 """Helpers for the SGLang HiCache backend tests: the real SGLang classes, and small CPU host pools.
 
 * ``import_sglang()`` imports SGLang's real ``hicache_storage`` module (``pip install --no-deps sglang==0.5.23``
-  plus the few modules it imports; see docs/sglang.md). SGLang 0.5.23 patches transformers 5 internals when the
-  ``sglang`` package is imported; with the transformers 4.x that the transformers integration pins, that patch
-  fails (and the ones before it would change transformers for the rest of the test process). SGLang skips its
-  patches when transformers is absent, so the import is done with transformers hidden for its duration (the
-  storage modules do not use transformers). Nothing is stubbed.
+  plus the few modules it imports; see docs/sglang.md), next to the transformers 5 that the ``[llm]`` extra
+  installs (SGLang 0.5.23 patches transformers 5 internals on import; with transformers 4.57 that failed, which
+  is why ``[llm]`` now allows 5.x). Nothing is stubbed.
 * ``MHAHostPool`` and ``MLAHostPool`` are the page methods of SGLang 0.5.23's ``MHATokenToKVPoolHost`` and
   ``MLATokenToKVPoolHost`` (``get_page_buffer_meta``, ``get_data_page``, ``get_dummy_flat_data_page``,
   ``set_from_flat_data_page``) copied with their pointer arithmetic unchanged, over a small CPU tensor. The real
@@ -20,31 +18,27 @@ import sys
 import torch
 
 SGLANG_VERSION = "0.5.23"
-_MISSING = object()
 
 
 def import_sglang():
     """SGLang's real ``sglang.srt.mem_cache.hicache_storage`` module, or None when SGLang is not installed.
 
-    Imported with transformers hidden (SGLang then skips its transformers patches, which would otherwise change
-    transformers for every later test in this process) and with the environment restored afterwards (importing
-    ``sglang`` points triton/inductor cache variables at SGLang's cache directory).
-    """
+    The environment is restored afterwards (importing ``sglang`` points triton/inductor cache variables at
+    SGLang's cache directory)."""
     if "sglang.srt.mem_cache.hicache_storage" in sys.modules:
         return sys.modules["sglang.srt.mem_cache.hicache_storage"]
-    saved = sys.modules.get("transformers", _MISSING)
     environ = dict(os.environ)
-    sys.modules["transformers"] = None  # `import transformers` fails: SGLang skips its patches
     try:
         import sglang.srt.mem_cache.hicache_storage as mod
         import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401
     except ImportError:
         return None
+    except AttributeError as exc:  # SGLang's transformers patches fail on transformers 4.x
+        import pytest
+
+        pytest.skip(f"SGLang 0.5.23 needs transformers 5 (scripts/test.sh installs it): {exc}",
+                    allow_module_level=True)
     finally:
-        if saved is _MISSING:
-            del sys.modules["transformers"]
-        else:
-            sys.modules["transformers"] = saved
         os.environ.clear()
         os.environ.update(environ)
     return mod
@@ -219,3 +213,24 @@ class MLAHostPool(_PageChecks):
 def page_indices(pages, page_size: int) -> torch.Tensor:
     """Host indices (token slots) of whole pages given by page number, as SGLang passes them."""
     return torch.cat([torch.arange(p * page_size, (p + 1) * page_size, dtype=torch.int64) for p in pages])
+
+
+class StateHostPool(_PageChecks):
+    """A hybrid model's extra host pool (Mamba/SWA state or a DSA indexer): ``size`` slots of ``slot_bytes``
+    bytes, ``page_size`` slots per page; ``get_page_buffer_meta`` gives one buffer per page, as SGLang's state
+    pools do for their storage objects."""
+
+    def __init__(self, size=16, page_size=1, slot_elems=40, dtype=torch.float16, seed=0):
+        self.size, self.page_size, self.dtype, self.layout = size, page_size, dtype, "page_first"
+        gen = torch.Generator().manual_seed(seed)
+        self.kv_buffer = torch.randn((size, slot_elems), generator=gen, dtype=torch.float32).to(dtype)
+
+    def get_data_page(self, index, flat: bool = True) -> torch.Tensor:
+        page = self.kv_buffer[index:index + self.page_size]
+        return page.flatten() if flat else page
+
+    def get_page_buffer_meta(self, indices):
+        indices = indices.tolist()
+        row = self.kv_buffer[0].numel() * self.dtype.itemsize
+        starts = indices[:: self.page_size]
+        return ([self.kv_buffer.data_ptr() + i * row for i in starts], [row * self.page_size] * len(starts))

@@ -1,8 +1,9 @@
 """``kvstrata chat --model smollm2``: a multi-turn chat that reuses the KV cache of earlier turns through kvstrata.
 
-Per turn it prints the time to first token (TTFT), how many prompt tokens were restored from the cache and how
-many were computed. ``--no-cache`` is the recompute baseline. By default a kvstrata server is started on a free
-loopback port for the session; ``--url`` uses a running one, ``--local`` an in-process tier only.
+The reply streams as it is generated; after it, each turn prints the time to first token (TTFT), how many prompt
+tokens were restored from the cache and how many were computed. ``--no-cache`` is the recompute baseline. By
+default a kvstrata server is started for the session on a free loopback port (``--port`` picks one); ``--url``
+uses a running server, ``--local`` an in-process tier only.
 
     kvstrata chat --model smollm2 --script turns.txt     # one user message per line
     kvstrata chat --model smollm2 --no-cache --script turns.txt
@@ -58,14 +59,15 @@ def load(model_name: str) -> tuple[Any, Any]:
 
 
 @contextlib.contextmanager
-def server_url(url: str | None, local: bool) -> Iterator[str | None]:
-    """The server to use: ``url``, none (``local``), or a kvstrata server started for the session."""
+def server_url(url: str | None, local: bool, port: int | None = None) -> Iterator[str | None]:
+    """The server to use: ``url``, none (``local``), or a kvstrata server started for the session (on ``port``,
+    or a free one)."""
     if local or url:
         yield None if local else url
         return
     from kvstrata.bench.procs import start_server
 
-    srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve"])
+    srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve"], port=port)
     try:
         yield f"redis://{srv.host}:{srv.port}"
     finally:
@@ -86,11 +88,14 @@ def make_generator(model: Any, url: str | None, *, no_cache: bool, local: bool, 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="kvstrata chat", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2", help="smollm2 | tiny-qwen2 | tiny-qwen3 | tiny-llama")
+    p.add_argument("--model", default="smollm2", help="smollm2 | tiny-qwen2 | tiny-qwen3 | tiny-llama | "
+                   "tiny-mistral | tiny-gemma2 | tiny-deepseek_v3")
     p.add_argument("--script", metavar="FILE", help="user messages, one per line (default: interactive)")
     p.add_argument("--system", default=None, help="system prompt text")
     p.add_argument("--system-file", metavar="FILE", help="system prompt from a file")
     p.add_argument("--url", default=os.environ.get("KVSTRATA_URL"), help="a running kvstrata server")
+    p.add_argument("--port", type=int, default=None,
+                   help="port of the session's own kvstrata server (without --url; default: a free port)")
     p.add_argument("--local", action="store_true", help="in-process local tier only (no server)")
     p.add_argument("--no-cache", action="store_true", help="recompute every prompt (the baseline)")
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -120,7 +125,7 @@ def main(argv: list[str]) -> int:
                 if text:
                     yield text
         lines = interactive()
-    with server_url(None if args.no_cache else args.url, args.local and not args.no_cache) as url:
+    with server_url(None if args.no_cache else args.url, args.local and not args.no_cache, args.port) as url:
         gen = make_generator(model, url, no_cache=args.no_cache, local=args.local, chunk_size=args.chunk_size,
                              compression=args.compression, salt=args.salt or uuid.uuid4().hex)
         session = ChatSession(gen, tok, system)
@@ -130,8 +135,17 @@ def main(argv: list[str]) -> int:
             for turn, text in enumerate(lines, 1):
                 if args.script:
                     print(f"you> {text}")
-                reply, r = session.ask(text, max_new_tokens=args.max_new_tokens)
-                print(f"assistant> {reply.strip()}")
+                print("assistant> ", end="", flush=True)
+                started = [False]
+
+                def show(piece: str, started: list[bool] = started) -> None:
+                    if not started[0]:  # the reply's leading whitespace is not shown
+                        piece = piece.lstrip()
+                        started[0] = bool(piece)
+                    print(piece, end="", flush=True)
+
+                _, r = session.ask(text, max_new_tokens=args.max_new_tokens, on_text=show)
+                print()
                 print(f"  [turn {turn}: TTFT {r.ttft_s * 1000:.0f} ms | cached {r.cached_tokens} tokens | "
                       f"computed {r.computed_tokens} tokens | restore {r.restore_s * 1000:.0f} ms | "
                       f"reply {len(r.tokens)} tokens in {r.total_s:.2f} s]", flush=True)

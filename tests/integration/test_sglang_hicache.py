@@ -320,3 +320,115 @@ def test_prefetch_and_backup_threads_share_one_backend(r, srv):
     assert not errors, errors
     assert b.batch_exists(hashes) == 64
     assert torch.equal(dst.kv_buffer[:, :128], src.kv_buffer[:, :128])
+
+
+# -- layouts: differently shaped writers never share objects; a page of another length is a miss, then rewritten --
+
+@pytest.mark.parametrize("other", [
+    dict(head_num=4), dict(head_dim=16), dict(dtype=torch.float16), dict(page_size=8, size=128),
+    dict(layout="layer_first"), dict(tp_size=2),
+])
+def test_writers_of_different_layouts_never_collide(r, srv, other):
+    tp_size = other.pop("tp_size", 1)
+    a_pool, b_pool = MHAHostPool(seed=20), MHAHostPool(seed=21, **other)
+    a, b = backend(srv, a_pool), backend(srv, b_pool, tp_size=tp_size)
+    assert a.object_keys(HASHES[0]) != b.object_keys(HASHES[0])
+    ps_b = b_pool.page_size
+    assert a.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True, True]
+    assert b.batch_exists(HASHES[:2]) == 0  # a's pages are not b's
+    assert b.batch_set_v1(HASHES[:2], page_indices([0, 1], ps_b)) == [True, True]
+    assert b.get_stats().kvstrata["set_bytes"] > 0 and r.dbsize() == 8
+    a_dst, b_dst = MHAHostPool(seed=22), MHAHostPool(seed=23, **other)
+    assert backend(srv, a_dst).batch_get_v1(HASHES[:2], page_indices([2, 3], 4)) == [True, True]
+    assert backend(srv, b_dst, tp_size=tp_size).batch_get_v1(HASHES[:2], page_indices([2, 3], ps_b)) == [True] * 2
+    for s, d in ((0, 2), (1, 3)):
+        assert a_dst.page_bytes(d * 4) == a_pool.page_bytes(s * 4)
+        assert b_dst.page_bytes(d * ps_b) == b_pool.page_bytes(s * ps_b)
+
+
+def test_a_page_of_another_length_is_a_miss_and_the_next_set_rewrites_it(r, srv):
+    pool = MHAHostPool(seed=24)
+    b = backend(srv, pool)
+    assert b.batch_set_v1(HASHES[:3], page_indices([0, 1, 2], 4)) == [True] * 3
+    k_key = b.object_keys(HASHES[1])[0]
+    r.set(k_key, b"x" * 100)  # same key, another length: a stale or foreign writer
+    assert b.batch_exists(HASHES[:3]) == 1
+    dst = MHAHostPool(seed=25)
+    reader = backend(srv, dst)
+    assert reader.batch_get_v1(HASHES[:3], page_indices([0, 1, 2], 4))[:2] == [True, False]
+    before = b.get_stats().kvstrata
+    assert b.batch_set_v1(HASHES[:3], page_indices([0, 1, 2], 4)) == [True] * 3
+    after = b.get_stats().kvstrata
+    assert after["set_skipped_pages"] - before["set_skipped_pages"] == 2  # pages 0 and 2 were right
+    assert after["set_bytes"] - before["set_bytes"] == 2 * r.strlen(b.object_keys(HASHES[0])[0])
+    assert b.batch_exists(HASHES[:3]) == 3
+    assert reader.batch_get_v1(HASHES[1:2], page_indices([1], 4)) == [True]
+    assert dst.page_bytes(4) == pool.page_bytes(4)
+
+
+# -- hybrid models: batch_exists_v2 / batch_get_v2 / batch_set_v2 with SGLang's real PoolTransfer types ------------
+
+def hybrid_backend(srv, kv, mamba, indexer, **overrides):
+    b = backend(srv, kv, **overrides)
+    b.register_mem_host_pool_v2(mamba, hicache.PoolName.MAMBA)
+    b.register_mem_host_pool_v2(indexer, hicache.PoolName.INDEXER)
+    return b
+
+
+def transfers(keys, kv_pages, mamba_slot, indexer_pages, page=4):
+    P = hicache.PoolTransfer
+    return [P(name=hicache.PoolName.KV, keys=keys, host_indices=page_indices(kv_pages, page)),
+            P(name=hicache.PoolName.MAMBA, keys=keys[-1:], host_indices=torch.tensor([mamba_slot]),
+              hit_policy=hicache.PoolHitPolicy.TRAILING_PAGES),
+            P(name=hicache.PoolName.INDEXER, keys=keys, host_indices=page_indices(indexer_pages, 2),
+              hit_policy=hicache.PoolHitPolicy.ALL_PAGES)]
+
+
+def test_hybrid_pools_round_trip_and_gate_the_hit(r, srv):
+    from sglang_support import StateHostPool
+
+    kv, mamba, indexer = MHAHostPool(seed=30), StateHostPool(seed=31), StateHostPool(size=32, page_size=2, seed=32)
+    b = hybrid_backend(srv, kv, mamba, indexer)
+    keys = HASHES[:4]
+    written = b.batch_set_v2(transfers(keys, [0, 1, 2, 3], 5, [0, 1, 2, 3]))
+    assert written == {"kv": [True] * 4, "mamba": [True], "indexer": [True] * 4}
+    probe = transfers(keys, [0, 1, 2, 3], 5, [0, 1, 2, 3])[1:]
+    res = b.batch_exists_v2(keys, probe)
+    assert isinstance(res, hicache.PoolTransferResult)
+    assert res.kv_hit_pages == 4 and res.restorable_prefix_pages == [4]  # the state exists only after page 4
+    assert res.extra_pool_hit_pages == {"kv": 4, "mamba": 4, "indexer": 4}
+    # Into other slots of other pools.
+    kv2, mamba2, indexer2 = MHAHostPool(seed=33), StateHostPool(seed=34), StateHostPool(size=32, page_size=2, seed=35)
+    reader = hybrid_backend(srv, kv2, mamba2, indexer2)
+    got = reader.batch_get_v2(transfers(keys, [4, 5, 6, 7], 9, [4, 5, 6, 7]))
+    assert got == {"kv": [True] * 4, "mamba": [True], "indexer": [True] * 4}
+    for p in range(4):
+        assert kv2.page_bytes((p + 4) * 4) == kv.page_bytes(p * 4)
+        assert indexer2.page_bytes((p + 4) * 2) == indexer.page_bytes(p * 2)
+    assert mamba2.page_bytes(9) == mamba.page_bytes(5)
+    # An indexer page missing (ALL_PAGES) cuts the prefix before it; with no state at that stop point, nothing.
+    r.delete(b._pool_keys("indexer").key(keys[2]))
+    res = b.batch_exists_v2(keys, probe)
+    assert res.extra_pool_hit_pages["indexer"] == 2 and res.kv_hit_pages == 0 and res.restorable_prefix_pages == []
+    # The state stored at page 2 too: that stop point works.
+    b.batch_set_v2([hicache.PoolTransfer(name=hicache.PoolName.MAMBA, keys=[keys[1]], host_indices=torch.tensor([6]),
+                                         hit_policy=hicache.PoolHitPolicy.TRAILING_PAGES)])
+    res = b.batch_exists_v2(keys, probe)
+    assert res.kv_hit_pages == 2 and res.restorable_prefix_pages == [2]
+    # Without extra pools the v2 hit is the KV hit.
+    assert b.batch_exists_v2(keys, []).kv_hit_pages == 4
+
+
+def test_extra_pools_have_their_own_layout_keys(r, srv):
+    from sglang_support import StateHostPool
+
+    kv = MHAHostPool(seed=36)
+    small = hybrid_backend(srv, kv, StateHostPool(slot_elems=40), StateHostPool(size=32, page_size=2))
+    big = hybrid_backend(srv, kv, StateHostPool(slot_elems=80), StateHostPool(size=32, page_size=2))
+    assert small._pool_keys("mamba").key(HASHES[0]) != big._pool_keys("mamba").key(HASHES[0])
+    assert small._pool_keys("indexer").key(HASHES[0]) == big._pool_keys("indexer").key(HASHES[0])
+    assert big.batch_get_v2([hicache.PoolTransfer(name=hicache.PoolName.MAMBA, keys=HASHES[:1],
+                                                  host_indices=torch.tensor([0]))]) == {"mamba": [False]}
+    with pytest.raises(ValueError, match="not registered"):
+        backend(srv, kv).batch_get_v2([hicache.PoolTransfer(name=hicache.PoolName.SWA, keys=HASHES[:1],
+                                                            host_indices=torch.tensor([0]))])

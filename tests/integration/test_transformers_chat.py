@@ -53,3 +53,39 @@ def test_bench_chat_tiny_all_modes():
     md = bench_chat.write_markdown(result)
     assert md.startswith("## Chat") and "| server |" in md and "tokens identical" in md
     assert "turn 2" in bench_chat.render(result)
+
+
+def test_tokens_stream_as_they_are_generated():
+    """``on_token`` gets each token when it is chosen: the first right after the prefill, before any decode step."""
+    from kvstrata.chat import ByteChatTokenizer
+    from kvstrata.integrations.models import load_tiny
+    from kvstrata.integrations.transformers import CachedGenerator, ChatSession
+
+    model = load_tiny("qwen2")
+    gen = CachedGenerator(model)
+    forwards = []
+    hook = model.register_forward_hook(lambda *a: forwards.append(1))
+    seen = []  # (token, forwards so far)
+    res = gen.generate(list(range(40)), 6, on_token=lambda t: seen.append((t, len(forwards))))
+    hook.remove()
+    assert [t for t, _ in seen] == res.tokens
+    assert [n for _, n in seen] == list(range(1, 7))  # token i is out after forward i, not at the end
+    pieces = []
+    session = ChatSession(gen, ByteChatTokenizer(), "be brief")
+    reply, _ = session.ask("hello", max_new_tokens=8, on_text=pieces.append)
+    assert "".join(pieces) == reply
+
+
+def test_chat_session_server_on_the_given_port(tmp_path, capsys):
+    from kvstrata.bench.procs import free_port
+
+    port = free_port()
+    script = tmp_path / "turns.txt"
+    script.write_text("hi\nagain\n")
+    assert main(["chat", "--model", "tiny-llama", "--script", str(script), "--max-new-tokens", "3",
+                 "--chunk-size", "8", "--port", str(port)]) == 0
+    captured = capsys.readouterr()
+    assert f"server redis://127.0.0.1:{port}" in captured.err
+    turns = [ln for ln in captured.out.splitlines() if "[turn" in ln]
+    assert len(turns) == 2 and "cached 0 tokens" not in turns[1]
+    assert captured.out.count("assistant> ") == 2

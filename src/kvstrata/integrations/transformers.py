@@ -9,18 +9,28 @@
    delayed by the store. The next ``generate`` of the same generator waits for that store first (outside the
    TTFT it measures), so a conversation's next turn always finds the previous turn's chunks.
 
-A chunk's value is one tensor ``[layers, 2 (K, V), kv_heads, chunk_tokens, head_dim]`` (layout ``LKHTD``).
+A chunk's value is one tensor ``[layers, 2 (K, V), kv_heads, chunk_tokens, head_dim]`` (layout ``LKHTD``). Models
+whose cached K and V differ in width (MLA: DeepSeek V2/V3, whose cache holds full heads in transformers 4.57 and
+the compressed latent plus the rope key in 5.x) store ``[layers, kv_heads, chunk_tokens, k_dim + v_dim]`` instead:
+each token's K then V (layout ``LHTD``, with ``kv_split=<k_dim>+<v_dim>`` in the namespace so the two never share
+keys, also not across transformers releases that cache different things).
 
-Supported transformers versions: ``>=4.56,<4.58`` (the ``Cache.layers`` API; pinned in pyproject's [llm]
-extra). Older releases keep ``key_cache``/``value_cache`` lists, which ``cache_layers`` also reads.
+Store failures (server gone, a cache shape that cannot be stored) never pass silently: each is logged, counted
+in ``CachedGenerator.store_errors`` and in the client's ``ClientStats.store_errors``.
+
+Supported transformers versions: ``>=4.56,<6`` (the ``Cache.layers`` API; pyproject's [llm] extra), tested on
+4.57 and 5.24. Older releases keep ``key_cache``/``value_cache`` lists, which ``cache_layers`` also reads.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
+import logging
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,13 +45,16 @@ from kvstrata.client.local import LOCAL_ENTRY_OVERHEAD, LocalTier
 from kvstrata.client.sdk import KVCacheClient
 from kvstrata.engine.entry import Entry
 
-SUPPORTED_TRANSFORMERS = (">=4.56", "<4.58")
+SUPPORTED_TRANSFORMERS = (">=4.56", "<6")
 LAYOUT = "LKHTD"
+SPLIT_LAYOUT = "LHTD"  # K and V of different widths, concatenated per token (MLA)
+
+log = logging.getLogger(__name__)
 
 
 def check_version() -> None:
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    if not (4, 56) <= (major, minor) < (4, 58):
+    if not (4, 56) <= (major, minor) < (6, 0):
         raise RuntimeError(f"kvstrata.integrations.transformers supports transformers "
                            f"{','.join(SUPPORTED_TRANSFORMERS)}, found {transformers.__version__}")
 
@@ -54,7 +67,50 @@ def model_namespace(model: Any, model_id: str | None = None, **kw: Any) -> Names
         digest = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()[:12]
         model_id = f"{cfg.model_type}:{getattr(cfg, '_name_or_path', '') or 'unnamed'}:{digest}"
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return Namespace(model=model_id, kv_dtype=dtype, layout=LAYOUT, **kw)
+    split = kv_widths(model)
+    if split is None:
+        return Namespace(model=model_id, kv_dtype=dtype, layout=LAYOUT, **kw)
+    extra = tuple(sorted({*kw.pop("extra", ()), ("kv_split", f"{split[0]}+{split[1]}")}))
+    return Namespace(model=model_id, kv_dtype=dtype, layout=SPLIT_LAYOUT, extra=extra, **kw)
+
+
+def kv_widths(model: Any) -> tuple[int, int] | None:
+    """(K width, V width) per head when the model caches K and V of different widths, None when they are equal.
+
+    Read from the cache itself (one forward of one token, once per model), because what is cached depends on
+    the transformers release, not only on the config: DeepSeek-V3 caches full heads (K ``qk_nope + qk_rope``,
+    V ``v_head_dim``) in transformers 4.57 and the compressed latent (``kv_lora_rank``, ``qk_rope_head_dim``)
+    in 5.x. Layers whose shapes differ from each other are refused (ValueError)."""
+    cached = getattr(model, "_kvstrata_kv_widths", False)
+    if cached is not False:
+        return cached
+    with torch.inference_mode():
+        cache = DynamicCache()
+        device = next(model.parameters()).device
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True,
+              **{cache_kwarg(model): cache})
+    shapes = {(tuple(k.shape[1:2]), k.shape[-1], tuple(v.shape[1:2]), v.shape[-1]) for k, v in cache_layers(cache)}
+    if len(shapes) != 1:
+        raise ValueError(f"layers cache K/V of different shapes {sorted(shapes)}: not supported")
+    (hk, dk, hv, dv), = shapes
+    if hk != hv:
+        raise ValueError(f"K has {hk[0]} heads and V {hv[0]}: not supported")
+    widths = None if dk == dv else (dk, dv)
+    model._kvstrata_kv_widths = widths
+    return widths
+
+
+def expected_layout(model: Any) -> str:
+    return LAYOUT if kv_widths(model) is None else SPLIT_LAYOUT
+
+
+def cache_kwarg(model: Any) -> str:
+    """The forward keyword that takes the cache: ``cache`` in transformers 5, ``past_key_values`` before."""
+    name = getattr(model, "_kvstrata_cache_kwarg", None)
+    if name is None:
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        model._kvstrata_cache_kwarg = name
+    return name
 
 
 def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -65,12 +121,21 @@ def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def chunk_tensor(layers: list[tuple[torch.Tensor, torch.Tensor]], start: int, end: int) -> torch.Tensor:
-    """One chunk's KV as a [L, 2, H, end-start, D] tensor on the cache's device (batch 0)."""
-    return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers])
+    """One chunk's KV on the cache's device (batch 0): [L, 2, H, end-start, D] when K and V have one width,
+    [L, H, end-start, Dk+Dv] (each token's K then V) when they differ (MLA)."""
+    for i, (k, v) in enumerate(layers):
+        if k.shape[-2] < end or v.shape[-2] < end:
+            # A sliding-window layer that dropped old tokens (a cache built with the model's config): its
+            # chunk cannot be cut from it. CachedGenerator builds full caches, so this is a caller's cache.
+            raise ValueError(f"cache layer {i} holds {k.shape[-2]} tokens, the chunk needs tokens up to {end}")
+    k0, v0 = layers[0]
+    if k0.shape == v0.shape and all(k.shape == k0.shape and v.shape == k0.shape for k, v in layers):
+        return torch.stack([torch.stack((k[0, :, start:end], v[0, :, start:end])) for k, v in layers])
+    return torch.stack([torch.cat((k[0, :, start:end], v[0, :, start:end]), dim=-1) for k, v in layers])
 
 
 def chunk_from_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], start: int, end: int) -> np.ndarray:
-    """One chunk's KV as a [L, 2, H, end-start, D] host array (batch 0)."""
+    """One chunk's KV as a host array (see ``chunk_tensor`` for its shape)."""
     return chunk_tensor(layers, start, end).cpu().numpy()
 
 
@@ -131,16 +196,24 @@ def _chunk_tensor(arr: np.ndarray, dtype: str) -> torch.Tensor:
     return t
 
 
-def restore_cache(chunks: list[Any], dtype: str, device: Any = None) -> DynamicCache:
-    """A DynamicCache holding the chunks ([L, 2, H, T, D] arrays or tensors) concatenated along T: one copy per
-    layer, into the cache's own tensors (on ``device`` when given)."""
+def restore_cache(chunks: list[Any], dtype: str, device: Any = None, k_width: int | None = None) -> DynamicCache:
+    """A DynamicCache holding the chunks concatenated along T: one copy per layer, into the cache's own tensors
+    (on ``device`` when given). Chunks are [L, 2, H, T, D] arrays or tensors, or [L, H, T, Dk+Dv] ones (MLA), whose
+    first ``k_width`` columns are K."""
     views = [c if isinstance(c, torch.Tensor) else _chunk_tensor(c, dtype) for c in chunks]
     if device is not None:
         views = [v.to(device, non_blocking=True) for v in views]
+    split = views[0].dim() == 4
+    if split and k_width is None:
+        raise ValueError("chunks with K and V concatenated ([L, H, T, Dk+Dv]) need k_width")
     cache = DynamicCache()
     for layer in range(views[0].shape[0]):
-        k = torch.cat([v[layer, 0] for v in views], dim=1).unsqueeze(0)
-        val = torch.cat([v[layer, 1] for v in views], dim=1).unsqueeze(0)
+        if split:
+            k = torch.cat([v[layer, :, :, :k_width] for v in views], dim=1).unsqueeze(0)
+            val = torch.cat([v[layer, :, :, k_width:] for v in views], dim=1).unsqueeze(0)
+        else:
+            k = torch.cat([v[layer, 0] for v in views], dim=1).unsqueeze(0)
+            val = torch.cat([v[layer, 1] for v in views], dim=1).unsqueeze(0)
         _set_layer(cache, layer, k, val)
     return cache
 
@@ -152,7 +225,10 @@ def _set_layer(cache: DynamicCache, idx: int, keys: torch.Tensor, values: torch.
         cls = cache.layer_class_to_replicate
         if cls is not None:
             layer = cls()
-            layer.lazy_initialization(keys)
+            if len(inspect.signature(layer.lazy_initialization).parameters) >= 2:
+                layer.lazy_initialization(keys, values)  # transformers 5
+            else:
+                layer.lazy_initialization(keys)
             layer.keys, layer.values = keys, values
             layers.append(layer)
             return
@@ -182,6 +258,12 @@ class CachedGenerator:
         check_version()
         self.model = model
         self.client = client
+        widths = kv_widths(model)
+        self.k_width = widths[0] if widths else None
+        layout = expected_layout(model)
+        if client is not None and client.namespace.layout != layout:
+            raise ValueError(f"this model's chunks have layout {layout!r}, the client's namespace says "
+                             f"{client.namespace.layout!r}: build the namespace with model_namespace(model)")
         self.device_tier = device_tier
         self.device = next(model.parameters()).device
         self.ttl_class = ttl_class
@@ -190,7 +272,7 @@ class CachedGenerator:
         self._pending: Future | None = None
         self._lock = threading.Lock()
         self.last_store_s = 0.0
-        self.store_errors: list[BaseException] = []
+        self.store_errors: list[BaseException] = []  # also logged and counted in client.stats.store_errors
         self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.device_hits = 0
 
@@ -200,8 +282,17 @@ class CachedGenerator:
         if pending is not None:
             try:
                 pending.result()
-            except BaseException as exc:
-                self.store_errors.append(exc)
+            except Exception as exc:
+                self._store_failed(exc)
+
+    def _store_failed(self, exc: Exception) -> None:
+        """A store that failed is a lost cache entry, never a failed generate: logged and counted."""
+        self.store_errors.append(exc)
+        log.warning("kvstrata: storing the KV cache failed (the next turn recomputes it): %s: %s",
+                    type(exc).__name__, exc)
+        if self.client is not None:
+            self.client._count(store_errors=1)
+            self.client.stats.errors.append(f"store: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
         self.flush()
@@ -230,7 +321,10 @@ class CachedGenerator:
 
     @torch.inference_mode()
     def generate(self, input_ids: Any, max_new_tokens: int = 32, eos_token_id: int | list[int] | None = None,
-                 *, return_logits: bool = False, keep_cache: bool = False) -> GenerateResult:
+                 *, return_logits: bool = False, keep_cache: bool = False,
+                 on_token: Callable[[int], None] | None = None) -> GenerateResult:
+        """Greedy generation; ``on_token(token_id)`` is called with each token as soon as it is chosen (the first
+        one right after the prefill, so a caller that streams shows it at TTFT)."""
         ids = [int(t) for t in (input_ids.reshape(-1).tolist() if hasattr(input_ids, "reshape") else input_ids)]
         if not ids:
             raise ValueError("empty prompt")
@@ -254,28 +348,33 @@ class CachedGenerator:
                 n_cached, chunks = self.client.retrieve_chunks(ids[:limit], skip_chunks=len(held),
                                                                reuse_buffers=True, keys=keys)  # copied below
                 if n_cached:
-                    cache = restore_cache([*held, *chunks], self.dtype, self.device)
+                    cache = restore_cache([*held, *chunks], self.dtype, self.device, self.k_width)
                     restored_bytes = sum(c.nbytes for c in chunks) + sum(
                         t.numel() * t.element_size() for t in held)
                 self.device_hits = len(held)
             restore_s = time.perf_counter() - t0
         if cache is None:
             cache = DynamicCache()
-        out = self.model(input_ids=torch.tensor([ids[n_cached:]], device=self.device), past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
+        kw = {cache_kwarg(self.model): cache}
+        out = self.model(input_ids=torch.tensor([ids[n_cached:]], device=self.device), use_cache=True,
+                         logits_to_keep=1, **kw)
         logits = out.logits[0, -1]
         nxt = int(torch.argmax(logits))
         ttft = time.perf_counter() - t0
         result = GenerateResult([nxt], ttft, n_cached, len(ids) - n_cached, len(ids), restore_s, restored_bytes)
         if return_logits:
             result.first_logits = logits.float().clone()
+        if on_token is not None:
+            on_token(nxt)
         while len(result.tokens) < max_new_tokens and nxt not in eos:
-            out = self.model(input_ids=torch.tensor([[nxt]], device=self.device), past_key_values=cache, use_cache=True)
+            out = self.model(input_ids=torch.tensor([[nxt]], device=self.device), use_cache=True, **kw)
             logits = out.logits[0, -1]
             nxt = int(torch.argmax(logits))
             result.tokens.append(nxt)
             if return_logits:
                 result.step_logits.append(logits.float().clone())
+            if on_token is not None:
+                on_token(nxt)
         result.total_s = time.perf_counter() - t0
         if keep_cache:
             result.cache = cache
@@ -284,8 +383,20 @@ class CachedGenerator:
             if self._pool is not None:
                 self._pending = self._pool.submit(self._store, seen, cache, n_cached)
             else:
-                self._store(seen, cache, n_cached)
+                try:
+                    self._store(seen, cache, n_cached)
+                except Exception as exc:
+                    self._store_failed(exc)
         return result
+
+
+def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` with the generation prompt: ``apply_chat_template`` returns a list in
+    transformers 4 and a ``BatchEncoding`` in 5."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return [int(t) for t in out]
 
 
 class ChatSession:
@@ -297,12 +408,33 @@ class ChatSession:
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
 
     def prompt_ids(self) -> list[int]:
-        return list(self.tok.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True))
+        return chat_ids(self.tok, self.messages)
 
-    def ask(self, text: str, max_new_tokens: int = 32) -> tuple[str, GenerateResult]:
+    def ask(self, text: str, max_new_tokens: int = 32,
+            on_text: Callable[[str], None] | None = None) -> tuple[str, GenerateResult]:
+        """One turn. ``on_text(piece)`` receives the reply as it is generated, piece by piece (the pieces joined
+        are the reply; a piece is held back while it ends in an incomplete UTF-8 sequence)."""
         self.messages.append({"role": "user", "content": text})
         ids = self.prompt_ids()
-        res = self.gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=self.tok.eos_token_id)
-        reply = self.tok.decode([t for t in res.tokens if t != self.tok.eos_token_id], skip_special_tokens=True)
+        eos = self.tok.eos_token_id
+        kept: list[int] = []
+        shown = [""]
+
+        def stream(token: int) -> None:
+            if token == eos:
+                return
+            kept.append(token)
+            sofar = self.tok.decode(kept, skip_special_tokens=True)
+            if sofar.endswith("\ufffd") or not sofar.startswith(shown[0]):
+                return
+            piece, shown[0] = sofar[len(shown[0]):], sofar
+            if piece:
+                on_text(piece)
+
+        res = self.gen.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                on_token=stream if on_text is not None else None)
+        reply = self.tok.decode([t for t in res.tokens if t != eos], skip_special_tokens=True)
+        if on_text is not None and reply.startswith(shown[0]) and len(reply) > len(shown[0]):
+            on_text(reply[len(shown[0]):])  # what was held back at the end
         self.messages.append({"role": "assistant", "content": reply})
         return reply, res
