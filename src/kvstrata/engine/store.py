@@ -387,7 +387,7 @@ class Store:
             entry = Entry(value, self.version, expire_at)
         else:
             entry = Entry(value, self.next_version(), expire_at)
-        size = len(key) + len(value) + self.dram.overhead
+        size = self.dram.charge(key, value)  # data plane hook: an arena value is charged its slot's class
         dram = self.dram
         old = dram.entries.get(key)
         if ssd is not None:
@@ -427,7 +427,8 @@ class Store:
     def _insert(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
         """Put an entry of ``size`` bytes into DRAM, replacing ``old``, after making room for it."""
         dram = self.dram
-        growth = size if old is None else size - (len(key) + len(old.value) + dram.overhead)
+        # data plane hook: dram.size is what dropping ``old`` frees now (a leased arena slot stays charged)
+        growth = size if old is None else size - dram.size(key, old.value)
         if dram.used + growth > dram.budget:
             self.make_room(growth, exclude=key)
         if old is not None and self.prefetched:
