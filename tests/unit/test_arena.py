@@ -148,7 +148,7 @@ def test_leases_are_bounded_per_client_and_in_time() -> None:
     assert not pool.release_lease(l1, client=8)  # only the owner releases
     assert pool.expire(now_ms=999) == 2  # the 10 ms leases
     assert pool.expire(now_ms=1000) == 1  # 5000 ms was capped at max_lease_ms
-    assert pool.leases == {}
+    assert pool.lease_table == {}
     pool.lease(9, [a], 10, now_ms=0)
     assert pool.drop_clients(lambda c: c != 9) == 1
 
@@ -225,7 +225,7 @@ def test_no_leased_slot_is_reused_and_the_budget_holds(ops: list[tuple[str, int,
         elif op == "tick":
             clock.advance(0.4)
             pool.expire(clock.now_ms())
-            leases = {lid: v for lid, v in leases.items() if lid in pool.leases}
+            leases = {lid: v for lid, v in leases.items() if lid in pool.lease_table}
         elif op == "flush":
             store.flush()
         # Every promise a live lease made still holds, byte for byte.

@@ -294,12 +294,14 @@ def _zstd_decompressor() -> Any:
     return dctx
 
 
-def verify(buf: Any) -> Header:
-    """Check length and checksum; returns the header."""
+def verify(buf: Any, check: bool = True) -> Header:
+    """Check length and (unless ``check`` is false) checksum; returns the header."""
     mv = memoryview(buf)
     hdr = read_header(mv)
     if mv.nbytes != hdr.size + hdr.payload_len:
         raise CodecError(f"value length {mv.nbytes} != header {hdr.size} + payload {hdr.payload_len}")
+    if not check:
+        return hdr
     h = xxhash.xxh3_64()
     h.update(mv[:_CHECKSUM_OFFSET])
     h.update(b"\0" * 8)
@@ -309,15 +311,18 @@ def verify(buf: Any) -> Header:
     return hdr
 
 
-def decode(buf: Any, out: np.ndarray | None = None) -> tuple[np.ndarray, Header]:
+def decode(buf: Any, out: np.ndarray | None = None, check: bool = True) -> tuple[np.ndarray, Header]:
     """Verify and decode a value: (numpy array in the original dtype and shape, header).
+
+    ``check=False`` skips the checksum (lengths are still checked): for bytes that cannot have changed since
+    they were verified or written, such as a leased value read in place from the server's arena.
 
     bfloat16 comes back as a uint16 array (``to_torch`` views it as bfloat16). For the raw codec without
     ``out`` the array is a zero-copy view of ``buf``; with ``out`` (a preallocated array of the right size) the
     bytes are written there.
     """
     mv = memoryview(buf)
-    hdr = verify(mv)
+    hdr = verify(mv, check)
     np_dtype = np.dtype(DTYPES[hdr.dtype][1])
     payload = mv[hdr.size:]
     if hdr.flags & FLAG_ZSTD:

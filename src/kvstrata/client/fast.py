@@ -121,15 +121,26 @@ def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
 
 class FastClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
-                 password: str | None = None) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                 password: str | None = None, *, unix_path: str | None = None,
+                 username: str | None = None) -> None:
+        """TCP to ``host:port``, or the Unix socket ``unix_path`` when given."""
+        if unix_path is not None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            try:
+                self.sock.connect(unix_path)
+            except OSError:
+                self.sock.close()
+                raise
+        else:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._rbuf = bytearray(_RECV)
         self._rview = memoryview(self._rbuf)
         self._start = 0
         self._end = 0
         if password is not None:
-            self.call(b"AUTH", password)
+            self.call(b"AUTH", *([username] if username else []), password)
 
     def close(self) -> None:
         self.sock.close()

@@ -98,7 +98,8 @@ class Region:
 class Slot:
     """One allocation: ``view`` is the value (exactly ``length`` bytes at ``off``; ``cls`` bytes reserved)."""
 
-    __slots__ = ("checksum", "cls", "deferred", "entries", "holds", "leases", "length", "off", "seqs", "view")
+    __slots__ = ("checksum", "cls", "deferred", "entries", "gen", "holds", "leases", "length", "off", "seqs",
+                 "view")
 
     def __init__(self, off: int, cls: int, length: int, view: memoryview) -> None:
         self.off = off
@@ -111,6 +112,9 @@ class Slot:
         self.deferred = 0  # DRAM budget bytes still charged for this slot after its entries dropped it
         self.checksum: int | None = None
         self.seqs: tuple[int, ...] = ()
+        # Bumped each time the holds reach zero: a queue entry of an older generation is stale (the slot was
+        # held again since, and queued anew when that hold ended).
+        self.gen = 0
 
     def digest(self) -> int:
         """xxh3-64 of the value, computed once (a slot's bytes never change while it is allocated)."""
@@ -148,15 +152,16 @@ class ArenaPool:
         self.max_lease_ms = max_lease_ms
         self.max_leases = max_leases
         self._slots: dict[int, Slot] = {}  # id(view) -> slot; the slot keeps the view alive, so ids stay unique
-        self._limbo: list[Slot] = []
-        self._gated: list[Slot] = []
-        self._quarantine: list[Slot] = []
+        # (slot, generation) waiting at each gate; see Slot.gen.
+        self._limbo: list[tuple[Slot, int]] = []
+        self._gated: list[tuple[Slot, int]] = []
+        self._quarantine: list[tuple[Slot, int]] = []
         # Writers that may read stored values from another thread: objects with enqueued_seq and committed_seq
         # (and optionally ``stuck``, failed writes kept for a retry).
         self.gates: list[Any] = []
         self.holders: set[Any] = set()
         self.on_uncharge: Callable[[int], None] | None = None
-        self.leases: dict[int, Lease] = {}
+        self.lease_table: dict[int, Lease] = {}
         self._by_client: dict[int, set[int]] = {}
         self._expiry: list[tuple[int, int]] = []
         self._ids = itertools.count(1)
@@ -191,11 +196,13 @@ class ArenaPool:
         or the arena has no room."""
         if n < self.min_size:
             return bytearray(n)
-        self.collect()
-        slot = self._new_slot(n)
-        if slot is None and (self.holders or self._quarantine or self._gated):
+        # Reply holds the transports have written are given back first: a slot freed now is reused while its
+        # pages are resident, rather than touching (page-faulting) fresh ones.
+        if self.holders or self._quarantine:
             self.settle()
-            slot = self._new_slot(n)
+        else:
+            self.collect()
+        slot = self._new_slot(n)
         if slot is None:
             self.misses += 1
             return bytearray(n)
@@ -216,6 +223,19 @@ class ArenaPool:
         self.copies += 1
         return slot.view
 
+    def discard(self, view: Any) -> None:
+        """Give back a slot from ``copy_in`` that nothing took a hold on."""
+        s = self._slots.get(id(view))
+        if s is not None and s.holds == 0:
+            self._queue(s)
+
+    def charge_transient(self, view: Any) -> None:
+        """A slot that no DRAM entry holds (a lower tier's value copied in for a lease) stays charged to the
+        DRAM budget until it is freed, as leased-but-dropped bytes are."""
+        s = self._slots[id(view)]
+        s.deferred += s.cls
+        self.deferred_bytes += s.cls
+
     # ---- holds (the BufferPool interface) ----
     def slot(self, buf: Any) -> Slot | None:
         return self._slots.get(id(buf))
@@ -223,6 +243,11 @@ class ArenaPool:
     def tracked(self, buf: Any) -> bool:
         s = self._slots.get(id(buf))
         return s is not None and s.holds > 0
+
+    def leases(self, buf: Any) -> int:
+        """Holds on ``buf``'s slot (the BufferPool interface's name for them); 0 for other objects."""
+        s = self._slots.get(id(buf))
+        return 0 if s is None else s.holds
 
     def retain(self, buf: Any) -> bool:
         s = self._slots.get(id(buf))
@@ -241,7 +266,11 @@ class ArenaPool:
             return
         s.holds -= 1
         if s.holds == 0:
-            self._limbo.append(s)
+            self._queue(s)
+
+    def _queue(self, s: Slot) -> None:
+        s.gen += 1
+        self._limbo.append((s, s.gen))
 
     def forfeit(self, buf: Any) -> None:
         """Kept for the BufferPool interface: an arena slot's ownership never leaves the pool."""
@@ -286,19 +315,22 @@ class ArenaPool:
         if self._limbo:
             limbo, self._limbo = self._limbo, []
             seqs = tuple(g.enqueued_seq for g in self.gates)
-            for s in limbo:
-                if s.holds == 0 and self._slots.get(id(s.view)) is s:
+            for s, gen in limbo:
+                if self._current(s, gen):
                     s.seqs = seqs
-                    self._gated.append(s)
+                    self._gated.append((s, gen))
         if self._gated:
             waiting, self._gated = self._gated, []
-            for s in waiting:
-                if s.holds:  # taken again (a reply or lease after the drop): it is live
+            for s, gen in waiting:
+                if not self._current(s, gen):  # held again since: it is live (or queued anew)
                     continue
                 if self._writers_done(s):
-                    self._try_free(s)
+                    self._try_free(s, gen)
                 else:
-                    self._gated.append(s)
+                    self._gated.append((s, gen))
+
+    def _current(self, s: Slot, gen: int) -> bool:
+        return s.gen == gen and s.holds == 0 and self._slots.get(id(s.view)) is s
 
     def _writers_done(self, s: Slot) -> bool:
         for g, seq in zip(self.gates, s.seqs, strict=False):
@@ -309,12 +341,12 @@ class ArenaPool:
                 return False
         return True
 
-    def _try_free(self, s: Slot) -> None:
+    def _try_free(self, s: Slot, gen: int) -> None:
         try:
             s.view.release()
         except BufferError:  # still exported by C code (a transport write): not yet
             self.quarantined += 1
-            self._quarantine.append(s)
+            self._quarantine.append((s, gen))
             return
         del self._slots[id(s.view)]
         self.extents.free(s.off, s.cls)
@@ -333,9 +365,9 @@ class ArenaPool:
         self.collect()
         if self._quarantine:
             waiting, self._quarantine = self._quarantine, []
-            for s in waiting:
-                if s.holds == 0:
-                    self._try_free(s)
+            for s, gen in waiting:
+                if self._current(s, gen):
+                    self._try_free(s, gen)
 
     def trim(self) -> None:
         self.settle()
@@ -353,22 +385,30 @@ class ArenaPool:
         ttl_ms = max(1, min(int(ttl_ms), self.max_lease_ms))
         lease = Lease(next(self._ids), client, now_ms + ttl_ms)
         for v in values:
-            s = self._slots[id(v)]
-            s.holds += 1
-            s.leases += 1
-            lease.slots.append(s)
-        self.leases[lease.id] = lease
+            self._add(lease, v)
+        self.lease_table[lease.id] = lease
         self._by_client.setdefault(client, set()).add(lease.id)
         heapq.heappush(self._expiry, (lease.expire_ms, lease.id))
         self.leases_granted += 1
         return lease.id
 
+    def _add(self, lease: Lease, view: Any) -> None:
+        s = self._slots[id(view)]
+        s.holds += 1
+        s.leases += 1
+        lease.slots.append(s)
+
+    def extend(self, lease_id: int, view: Any) -> None:
+        """Add the slot of ``view`` to a lease (MGETREF leases each slot as soon as it has placed it, so that
+        placing the next value cannot free or move it)."""
+        self._add(self.lease_table[lease_id], view)
+
     def release_lease(self, lease_id: int, client: int | None = None) -> bool:
         """Give back a lease (only its own client may, when ``client`` is given); False when unknown."""
-        lease = self.leases.get(lease_id)
+        lease = self.lease_table.get(lease_id)
         if lease is None or (client is not None and lease.client != client):
             return False
-        del self.leases[lease_id]
+        del self.lease_table[lease_id]
         mine = self._by_client.get(lease.client)
         if mine is not None:
             mine.discard(lease_id)
@@ -419,7 +459,7 @@ class ArenaPool:
             "arena_copies_in": self.copies,
             "arena_waiting_writers": len(self._gated),
             "arena_quarantined": self.quarantined,
-            "arena_leases": len(self.leases),
+            "arena_leases": len(self.lease_table),
             "arena_leased_slots": sum(1 for s in self._slots.values() if s.leases),
             "arena_leased_dropped_bytes": self.deferred_bytes,
             "arena_leases_granted": self.leases_granted,

@@ -456,14 +456,20 @@ class Store:
             return
         if self.ssd is None and self.noeviction:
             raise OutOfMemoryError()
-        kept = dram.pinned_bytes
+        kept = dram.pinned_bytes + dram.held_bytes  # data plane hook: leased-but-dropped bytes cannot move
         current = dram.entries.get(exclude) if exclude is not None else None
         if current is not None and not current.pinned:
             kept += self.dram.size(exclude, current.value)  # type: ignore[arg-type]
         if kept + nbytes > dram.budget:
             raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
                                    "pinned keys.")
-        self._move_out(self._choose_victims(dram.used + nbytes - dram.budget, exclude))
+        need = dram.used + nbytes - dram.budget
+        chosen = self._choose_victims(need, exclude)
+        # Leased arena slots free only their key when demoted (data plane): refuse rather than overshoot.
+        if sum(dram.size(k, dram.entries[k].value) for k in chosen) < need:
+            raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
+                                   "pinned and leased values.")
+        self._move_out(chosen)
 
     def _move_out(self, chosen: list[bytes]) -> None:
         """Demote ``chosen`` (or, in the last tier, evict them); -OOM, with nothing moved, if the SSD cannot take them."""

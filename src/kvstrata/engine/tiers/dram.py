@@ -39,7 +39,13 @@ class DramTier:
 
     def attach_arena(self, arena: Any) -> None:
         self.arena = arena
+        self.bufpool = arena  # INFO memory lists the receive pool's rows: the arena's
         arena.on_uncharge = self._uncharge
+
+    @property
+    def held_bytes(self) -> int:
+        """Charged bytes no entry holds (leased-but-dropped arena slots): nothing can be demoted to free them."""
+        return self.arena.deferred_bytes if self.arena is not None else 0
 
     def _uncharge(self, nbytes: int) -> None:
         self.used -= nbytes
