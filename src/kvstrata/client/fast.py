@@ -72,7 +72,8 @@ def pack(args: Sequence[Any], parts: list[Any]) -> int:
                     head.append(p)
                 else:
                     h = b"".join(head)
-                    parts.append(h)
+                    if h:  # consecutive runs of one value (a strided tensor) need no separator
+                        parts.append(h)
                     parts.append(_bytes_view(p))
                     total += len(h) + nbytes(p)
                     head = []

@@ -765,7 +765,8 @@ class KVCacheClient(_Base):
                     return n * self.chunk_size, kv
             finally:
                 self._arena_done()
-        n, chunks = self.retrieve_chunks(tokens, max_tokens)
+        # Into ``out``: received into this thread's reused buffers (views, copied out at once).
+        n, chunks = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=out is not None)
         if out is not None:
             return n, self._into(chunks, out)
         return n, self.concat(chunks, self._layout())
