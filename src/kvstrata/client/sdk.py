@@ -411,6 +411,7 @@ class KVCacheClient(_Base):
             return None
         from kvstrata.client.fast import RespError
 
+        self._arena_done()  # views handed out by this thread's previous call end now (released with this one)
         mine: list[np.ndarray] = []
         try:
             n, lease = self._read_arena(ac, keys[first:], mine)
@@ -651,7 +652,9 @@ class KVCacheClient(_Base):
 
         ``reuse_buffers=True``: values are received straight into this thread's reusable buffers (no new
         memory, no page faults) and the raw-codec arrays returned are views of them, valid only until this
-        thread's next ``retrieve_chunks``: copy them out first (the transformers integration does). This holds
+        thread's next ``retrieve_chunks``: copy them out first (the transformers integration does). From a
+        local server's arena they are read-only views of its memory, leased until that next call (at most
+        ``lease_ms``). This holds
         with ``overlap`` too: a background fetch receives into the calling thread's buffers (each window of a
         call into buffers of its own, never those of an earlier window) over the fetch thread's own
         connection, and it has finished before the call returns."""
@@ -672,10 +675,10 @@ class KVCacheClient(_Base):
             out.append(arr)
             i += 1
         self._count(local_hits=i - skipped)
-        if i < len(keys) and self.redis is not None and self._arena_ok and not reuse_buffers:
-            # Local server: read in place from its arena, one copy per chunk (reuse_buffers asks for views of
-            # this thread's buffers instead, which the socket path provides).
-            done = self._retrieve_arena(keys, i, out, copy=True)
+        if i < len(keys) and self.redis is not None and self._arena_ok:
+            # Local server: read in place from its arena, one copy per chunk; with reuse_buffers the arrays are
+            # views of the mapping instead, under a lease held until this thread's next call (or lease_ms).
+            done = self._retrieve_arena(keys, i, out, copy=not reuse_buffers)
             if done is not None:
                 self._count(hit_chunks=done, miss_chunks=min(1, len(keys) - done))
                 return done * self.chunk_size, out
