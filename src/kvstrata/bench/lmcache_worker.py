@@ -7,8 +7,9 @@ kvstrata). It reads one JSON request per line on stdin and answers one JSON line
   ``local_cpu``, no remote), a random KV tensor in LMCache's own memory layout (``KV_2LTD``: K/V, layers,
   tokens, kv heads x head dim),
   an existing destination tensor of the same shape, each prefix stored once; answers LMCache's version;
-* ``{"op": "store" | "retrieve", "case": i}``: one timed ``engine.store`` / ``engine.retrieve`` of the whole
-  prefix, answered in seconds; the retrieve is checked to restore every token;
+* ``{"op": "store" | "retrieve", "case": i}``: one timed ``engine.store`` (of new token ids, so every chunk is
+  copied; LRU makes room) / ``engine.retrieve`` of the whole prefix, answered in seconds; the retrieve is
+  checked to restore every token;
 * ``{"op": "quit"}``.
 
 LMCache's ``MockGPUConnector`` copies nothing, so ``CopyConnector`` below copies between each memory object's
