@@ -7,6 +7,8 @@ the caller (no page faults in any mode) by:
 * ``memcpy``: a copy of the same bytes into the same buffer (the limit);
 * ``arena``: ``KVCacheClient("unix://...").retrieve(out=)``: leases by ``TAIR.KV.MGETREF`` and one copy out of
   the server's shared-memory arena, mapped read-only;
+* ``arena-copy``: the copy part of ``arena`` alone (the chunks leased before the clock starts): what the
+  request round trip adds on top of moving the bytes;
 * ``unix``: the same client with ``local_plane=False``: values over the Unix socket into reused buffers;
 * ``tcp``: the same over TCP loopback;
 * ``redis-py``: redis-py ``MGET`` of the same chunk values from a real Redis 7, decoded and copied;
@@ -43,6 +45,7 @@ import numpy as np
 from kvstrata.bench.large import loopback_gbps, memcpy_gbps
 from kvstrata.bench.procs import ServerProcess, describe_machine, machine_summary, start_server
 from kvstrata.bench.report import target_lines, target_table
+from kvstrata.client.codec import decode
 
 MB = 1024 * 1024
 CHUNK = 256
@@ -53,7 +56,7 @@ MODELS: dict[str, tuple[int, int, int]] = {  # layers, kv heads, head dim (from 
 }
 DEFAULT_CASES = "smollm2-135m:float32:1536,smollm2-135m:bfloat16:4096,qwen2.5-7b:bfloat16:1536,llama-3.1-8b:bfloat16:1536"
 PREFILL_RATES = (15_000, 30_000)  # tokens/s of a 7-8B model on one Hopper GPU (the issue's figures)
-RESTORE_MODES = ("memcpy", "arena", "unix", "tcp", "redis-py", "lmcache")
+RESTORE_MODES = ("memcpy", "arena", "arena-copy", "unix", "tcp", "redis-py", "lmcache")
 STORE_MODES = ("store-memcpy", "store-unix", "store-tcp", "store-lmcache")
 
 
@@ -127,10 +130,22 @@ class LMCacheWorker:
 
 def _redis_mget_restore(r: Any, keys: list[bytes], case: Case, client: Any) -> None:
     """redis-py MGET of the chunk values, each decoded (checksum verified) and copied into the case's buffer."""
-    from kvstrata.client.codec import decode
-
     chunks = [decode(v)[0] for v in r.mget(keys)]
     client._into(chunks, case.out)
+
+
+def _leased_copy(client: Any, case: Case) -> float:
+    """Time only the copy of a retrieve from the arena: lease first, then decode and copy into the buffer."""
+    client.namespace = case.namespace()
+    ac = client._arena()
+    lease, refs = ac.mgetref(client.keys(case.token_ids))
+    try:
+        t0 = time.perf_counter()
+        chunks = [decode(ac.value(ref), check=False)[0] for ref in refs]
+        client._into(chunks, case.out)
+        return time.perf_counter() - t0
+    finally:
+        ac.release(lease)
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -196,6 +211,8 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             if mode == "lmcache":
                 assert lmc is not None
                 return lmc.time("retrieve", i)
+            if mode == "arena-copy":
+                return _leased_copy(clients["arena"], c)
             if mode == "redis-py":
                 clients["redis-py"].namespace = c.namespace()
                 keys = clients["redis-py"].keys(c.token_ids)
@@ -223,7 +240,8 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             cl.namespace = c.namespace()
             return _timed(lambda: cl.store(c.token_ids, c.kv, skip_existing=False))
 
-        active = [m for m in modes if m in ("memcpy", "arena", "unix", "tcp") or (m == "redis-py" and rpy)
+        active = [m for m in modes if m in ("memcpy", "arena", "arena-copy", "unix", "tcp")
+                  or (m == "redis-py" and rpy)
                   or (m == "lmcache" and lmc)]
         active_store = [m for m in STORE_MODES if m != "store-lmcache" or lmc]
         times: dict[tuple[int, str], list[float]] = {}
