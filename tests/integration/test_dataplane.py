@@ -279,6 +279,9 @@ def test_sdk_reads_through_the_arena_over_unix_and_loopback(make_server, sockdir
             n, chunks = c.retrieve_chunks(tokens)
             assert n == 1024 and np.array_equal(np.concatenate(chunks, axis=3), kv)
             assert c._tls.arena is not None  # the arena was used, not the socket
+            n, views = c.retrieve_chunks(tokens, reuse_buffers=True)  # views of the server's memory, leased
+            assert n == 1024 and not views[0].flags.writeable
+            assert np.array_equal(np.concatenate(views, axis=3), kv)
     with KVCacheClient(f"redis://127.0.0.1:{srv.port}", ns, local_plane=False) as c:
         n, out = c.retrieve(tokens)
         assert n == 1024 and np.array_equal(out, kv) and getattr(c._tls, "arena", None) is None
