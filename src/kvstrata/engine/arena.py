@@ -41,6 +41,7 @@ import heapq
 import itertools
 import mmap
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,8 @@ class Region:
         self.fd = fd
         self.mm = mm
         self.view = memoryview(mm)
+        # The descriptor lives as long as the region (servers built and dropped in one process, as in tests).
+        weakref.finalize(self, os.close, fd)
 
     def reader_fd(self) -> int:
         """A new read-only descriptor of the region (the caller closes it): mappable only PROT_READ."""
