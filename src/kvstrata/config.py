@@ -106,7 +106,8 @@ PARAMS: tuple[Param, ...] = (
           "Keep large DRAM values in a shared-memory arena that Unix-socket clients can map read-only "
           "(docs/dataplane.md)."),
     Param("arena-size", parse_size, 0,
-          "Size of the shared-memory arena (0: the DRAM budget plus a quarter; only touched pages use memory)."),
+          "Size of the shared-memory arena (0: the DRAM budget plus a quarter, plus ssd-write-queue with lower "
+          "tiers; only touched pages use memory)."),
     Param("arena-hugepages", _yes_no, True, "Try huge pages for the arena (MFD_HUGETLB, then MADV_HUGEPAGE)."),
     Param("lease-default-ms", _int, 10_000, "Lease time of TAIR.KV.MGETREF without LEASE.", mutable=True),
     Param("lease-max-ms", _int, 60_000, "Longest lease a client may ask for.", mutable=True),

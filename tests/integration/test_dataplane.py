@@ -241,6 +241,8 @@ def test_values_below_dram_are_loaded_into_the_arena(make_server, sockdir, tmp_p
     for k, v in vals.items():
         r.set(k, v)
     wait_for(lambda: r.execute_command("TAIR.KV.TIER", "s0") == b"ssd", what="s0 demoted")
+    # The demoted values' slots are reused once the SSD writer has written them.
+    wait_for(lambda: _info(r)["arena_waiting_writers"] == 0, what="demotions written")
     c = ArenaClient(path)
     try:
         # Two at a time fit beside what DRAM holds: each SSD value is loaded and copied into an arena slot.
@@ -250,6 +252,8 @@ def test_values_below_dram_are_loaded_into_the_arena(make_server, sockdir, tmp_p
             for k, ref in zip(pair, refs, strict=True):
                 assert bytes(c.value(ref)) == vals[k]
             c.release(lease, now=True)
+            # Released slots stay charged until freed (after the writer has written what making room demoted).
+            wait_for(lambda: _info(r)["arena_leased_dropped_bytes"] == 0, what="released slots freed")
         # All six do not fit in the 2 MB budget at once: those that cannot be placed come back inline.
         lease, refs = c.mgetref(list(vals))
         assert any(isinstance(ref, bytes) for ref in refs)

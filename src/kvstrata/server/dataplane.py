@@ -30,7 +30,13 @@ def setup_arena(server: Server) -> ArenaPool | None:
         return None
     store = server.store
     dram = store.dram
-    size = int(config.get("arena-size")) or dram.budget + dram.budget // 4
+    size = int(config.get("arena-size"))
+    if not size:
+        # The budget, room for size-class slack and slots waiting for a lease or a reply, and the demoted values
+        # still queued to the SSD writer (their slots are reused only once it has written them).
+        size = dram.budget + dram.budget // 4
+        if store.ssd is not None or store.pool is not None:
+            size += int(config.get("ssd-write-queue"))
     try:
         arena = ArenaPool(size, min_size=int(config.get("large-value-threshold")),
                           hugepages=bool(config.get("arena-hugepages")),
