@@ -498,6 +498,7 @@ class KVCacheClient(_Base):
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True)  # no fetch may still be using a connection closed below
+        self._arena_done()  # this thread's leased views end here (their release goes out as the client closes)
         with self._lock:
             fast, self._fast_clients = self._fast_clients, []
         for fc in fast:
@@ -857,10 +858,16 @@ class AsyncKVCacheClient(_Base):
     """asyncio client with the same operations as ``KVCacheClient`` (``await c.lookup(tokens)``, ...)."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
-                 max_connections: int = 8, socket_timeout: float = 30.0, **kw: Any) -> None:
+                 max_connections: int = 8, socket_timeout: float = 30.0, local_plane: bool = True,
+                 **kw: Any) -> None:
         super().__init__(namespace, **kw)
         import redis.asyncio as aredis
 
+        # Reads through a local server's arena (docs/dataplane.md) go through a synchronous client in a worker
+        # thread: the copy out of the mapping is the work, and it must not run on the event loop.
+        self._local_kw = {"socket_timeout": socket_timeout, **kw}
+        self._local: KVCacheClient | None = None
+        self._local_ok = local_plane
         self.url = url
         self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
                                                    socket_timeout=socket_timeout)
@@ -868,6 +875,9 @@ class AsyncKVCacheClient(_Base):
         self._plain_redis: bool | None = None
 
     async def aclose(self) -> None:
+        if self._local is not None:
+            self._local.close()
+            self._local = None
         await self.redis.aclose()
         await self.pool.disconnect()
 
@@ -1080,8 +1090,31 @@ class AsyncKVCacheClient(_Base):
 
     async def retrieve(self, tokens: Sequence[int],
                        max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
+        if self.local is None and await self._plane():
+            assert self._local is not None
+            self._local.namespace = self.namespace
+            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens)
         n, chunks = await self.retrieve_chunks(tokens, max_tokens)
         return n, self.concat(chunks, self._layout())
+
+    async def _plane(self) -> bool:
+        """Whether the server's arena can be mapped from here (decided once, in a worker thread)."""
+        if not self._local_ok:
+            return False
+        if self._local is None:
+            def attach() -> KVCacheClient | None:
+                c = KVCacheClient(self.url, self.namespace, **self._local_kw)
+                c.stats, c._stats_lock = self.stats, self._stats_lock  # one set of counters
+                if c._arena() is None:
+                    c.close()
+                    return None
+                return c
+
+            self._local = await asyncio.to_thread(attach)
+            if self._local is None:
+                self._local_ok = False
+                return False
+        return True
 
     async def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
         keys = self.keys(tokens)[:max_chunks]
