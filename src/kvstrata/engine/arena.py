@@ -218,7 +218,8 @@ class ArenaPool:
         n = len(value)
         if n == 0:
             return None
-        self.collect()
+        # No collect() here: this runs inside a command, and a value an earlier command of the same batch
+        # dropped may still be on its way into that command's reply (limbo exists for it).
         slot = self._new_slot(n)
         if slot is None:
             return None
