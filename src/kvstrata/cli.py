@@ -13,7 +13,7 @@ from kvstrata import __version__
 from kvstrata.config import ALIASES, PARAMS, build_config
 
 _LOGLEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING}
-BENCHMARKS = ("small", "hitrate", "large", "ssd", "chat", "prefetch")
+BENCHMARKS = ("small", "hitrate", "large", "ssd", "chat", "prefetch", "restore")
 
 
 def _serve_parser() -> argparse.ArgumentParser:

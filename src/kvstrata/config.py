@@ -57,6 +57,17 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _octal(text: str | int) -> str:
+    """File permissions in octal, kept as written (``700``), as Redis's unixsocketperm."""
+    value = str(text).strip()
+    try:
+        if not 0 <= int(value, 8) <= 0o777:
+            raise ValueError
+    except ValueError:
+        raise ValueError("argument must be octal file permissions, e.g. 700") from None
+    return value
+
+
 def _float(text: str | float) -> float:
     return float(text)
 
@@ -91,6 +102,19 @@ class Param:
 PARAMS: tuple[Param, ...] = (
     Param("bind", _str, "127.0.0.1", "Address to listen on (loopback by default)."),
     Param("port", _int, 6379, "TCP port for the RESP protocol."),
+    Param("unixsocket", _str, "", "Also listen on this Unix domain socket path (empty: no Unix socket)."),
+    Param("unixsocketperm", _octal, "700",
+          "Permissions of the Unix socket file, in octal (as Redis: 700 lets only the server's user connect)."),
+    Param("arena", _yes_no, True,
+          "Keep large DRAM values in a shared-memory arena that Unix-socket clients can map read-only "
+          "(docs/dataplane.md)."),
+    Param("arena-size", parse_size, 0,
+          "Size of the shared-memory arena (0: the DRAM budget plus a quarter, plus ssd-write-queue with lower "
+          "tiers; only touched pages use memory)."),
+    Param("arena-hugepages", _yes_no, True, "Try huge pages for the arena (MFD_HUGETLB, then MADV_HUGEPAGE)."),
+    Param("lease-default-ms", _int, 10_000, "Lease time of TAIR.KV.MGETREF without LEASE.", mutable=True),
+    Param("lease-max-ms", _int, 60_000, "Longest lease a client may ask for.", mutable=True),
+    Param("lease-max-per-client", _int, 64, "Most leases one client may hold at once.", mutable=True),
     Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),

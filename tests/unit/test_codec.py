@@ -163,3 +163,30 @@ def test_empty_and_scalar_shapes():
             y, _ = decode(encode(np.asarray(x), name))
             assert y.shape == x.shape and np.array_equal(y, x)
     assert struct.calcsize("<4sBBBBBBHQQIQ") == HEADER_SIZE
+
+
+def test_strided_chunk_is_sent_as_its_contiguous_runs_with_identical_bytes():
+    kv = np.random.default_rng(3).standard_normal((4, 2, 3, 1024, 64)).astype(np.float32)
+    chunk = kv[:, :, :, 256:512]  # a chunk sliced along the token axis: not contiguous
+    parts = codec.encode_parts(chunk, "raw", "LKHTD")
+    assert len(parts) == 1 + 4 * 2 * 3  # header, then one run per (layer, K/V, head), none of them copied
+    assert all(np.shares_memory(np.frombuffer(p, np.uint8), kv) for p in parts[1:])
+    assert b"".join(bytes(p) for p in parts) == codec.encode(np.ascontiguousarray(chunk), "raw", "LKHTD")
+    arr, _ = codec.decode(b"".join(bytes(p) for p in parts))
+    assert np.array_equal(arr, chunk)
+
+
+def test_small_or_many_runs_fall_back_to_one_copy():
+    kv = np.zeros((2, 2, 2, 64, 4), np.float32)  # runs of 1 KiB: gathered into one buffer instead
+    assert codec.contiguous_runs(kv[:, :, :, :32]) is None
+    assert len(codec.encode_parts(kv[:, :, :, :32], "raw")) == 2
+
+
+def test_decode_without_checksum_still_checks_lengths():
+    value = codec.encode(np.ones((4, 4), np.float32))
+    corrupt = bytearray(value)
+    corrupt[-1] ^= 0xFF
+    arr, _ = codec.decode(corrupt, check=False)  # the caller vouches for the bytes (a leased arena slot)
+    assert arr.shape == (4, 4)
+    with pytest.raises(codec.CodecError):
+        codec.decode(bytes(corrupt)[:-1], check=False)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
+
 from kvstrata.config import build_config
 from kvstrata.server.app import Server
 from kvstrata.server.connection import Connection
@@ -116,24 +118,37 @@ def _cmd(*args: bytes) -> bytes:
     return b"".join(out)
 
 
-def test_large_set_is_received_into_a_pool_buffer_and_reused_after_overwrite() -> None:
-    srv, conn, t = _conn()
+def _where(pool: Any, value: Any) -> int:
+    """Which memory holds a received value: its arena slot's offset, or the pool buffer itself."""
+    slot = getattr(pool, "slot", None)
+    return slot(value).off if slot is not None else id(value)
+
+
+# The shared-memory arena (the default) and the heap buffer pool (arena no) give the same guarantees.
+both = pytest.mark.parametrize("arena", ["yes", "no"])
+
+
+@both
+def test_large_set_is_received_into_a_pool_buffer_and_reused_after_overwrite(arena: str) -> None:
+    srv, conn, t = _conn({"arena": arena})
     pool = srv.bufpool  # type: ignore[attr-defined]
     v1 = os.urandom(MB)
     _feed(conn, _cmd(b"SET", b"k", v1), chunk=100_000)
     stored = srv.store.get(b"k").value  # type: ignore[union-attr]
     assert stored == v1 and pool.leases(stored) == 1  # the entry's lease; the parser gave its own back
+    where = _where(pool, stored)
     t.drain()
     v2 = os.urandom(MB)
     _feed(conn, _cmd(b"SET", b"k", v2), chunk=100_000)  # the old buffer is in limbo while this one arrives
     _feed(conn, _cmd(b"SET", b"k", v1), chunk=100_000)
-    assert srv.store.get(b"k").value is stored  # type: ignore[union-attr]
-    assert stored == v1
-    assert pool.hits == 1
+    now = srv.store.get(b"k").value  # type: ignore[union-attr]
+    assert _where(pool, now) == where
+    assert now == v1
 
 
-def test_mget_of_many_large_values_streams_with_backpressure() -> None:
-    srv, conn, t = _conn(high=8 * MB)
+@both
+def test_mget_of_many_large_values_streams_with_backpressure(arena: str) -> None:
+    srv, conn, t = _conn({"arena": arena}, high=8 * MB)
     values = [os.urandom(4 * MB + i) for i in range(12)]
     for i, v in enumerate(values):
         _feed(conn, _cmd(b"SET", b"k%d" % i, v), chunk=256 * 1024)
@@ -172,13 +187,15 @@ def test_tair_kv_mget_streams_too() -> None:
     assert bytes(t.sent) == b"*6\r\n" + b"".join(b"$%d\r\n%b\r\n" % (len(v), v) for v in values)
 
 
-def test_overwritten_value_in_flight_is_not_reused_until_written() -> None:
-    srv, conn, t = _conn(high=64 * MB)
+@both
+def test_overwritten_value_in_flight_is_not_reused_until_written(arena: str) -> None:
+    srv, conn, t = _conn({"arena": arena}, high=64 * MB)
     pool = srv.bufpool  # type: ignore[attr-defined]
     v1 = os.urandom(MB)
     _feed(conn, _cmd(b"SET", b"k", v1), chunk=100_000)
     t.drain()
     old = srv.store.get(b"k").value  # type: ignore[union-attr]
+    where = _where(pool, old)
     _feed(conn, _cmd(b"GET", b"k"))  # reply in flight (not drained)
     assert pool.leases(old) == 2
     other = conn.server.clients  # a second client overwrites the key meanwhile
@@ -191,19 +208,21 @@ def test_overwritten_value_in_flight_is_not_reused_until_written() -> None:
     assert pool.leases(old) == 1  # only the reply's lease
     v2 = os.urandom(MB)
     _feed(srv2conn, _cmd(b"SET", b"k2", v2), chunk=100_000)
-    assert srv.store.get(b"k2").value is not old  # type: ignore[union-attr]
+    assert _where(pool, srv.store.get(b"k2").value) != where  # type: ignore[union-attr]
     t.drain()
     assert bytes(t.sent).endswith(b"$%d\r\n%b\r\n" % (MB, v1))
     # Written: before allocating, the pool asks connections holding reply leases to give back what the
     # transport has written, so the buffer comes back for the next value.
     assert pool.leases(old) == 1
     _feed(srv2conn, _cmd(b"SET", b"k3", v2), chunk=100_000)
-    assert srv.store.get(b"k3").value is old  # type: ignore[union-attr]
-    assert old == v2
+    k3 = srv.store.get(b"k3").value  # type: ignore[union-attr]
+    assert _where(pool, k3) == where
+    assert k3 == v2
 
 
-def test_getset_returns_the_old_large_value_intact() -> None:
-    srv, conn, t = _conn()
+@both
+def test_getset_returns_the_old_large_value_intact(arena: str) -> None:
+    srv, conn, t = _conn({"arena": arena})
     v1, v2, v3 = os.urandom(MB), os.urandom(MB), os.urandom(MB)
     _feed(conn, _cmd(b"SET", b"k", v1), chunk=100_000)
     t.drain()

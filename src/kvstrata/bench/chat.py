@@ -1,14 +1,18 @@
-"""kvstrata bench chat: multi-turn chats with a shared ~1,000-token system prompt, measured three ways in one run.
+"""kvstrata bench chat: multi-turn chats with a shared ~1,500-token system prompt, measured four ways in one run.
 
-Modes: ``recompute`` (no cache: every turn prefills its whole prompt), ``server`` (a kvstrata server over
-loopback, started here) and ``local`` (the SDK's in-process local tier, no server). Several users each hold a
-conversation of ``--turns`` turns; turns are taken round-robin (every user's turn 1, then every user's turn 2,
+Modes: ``recompute`` (no cache: every turn prefills its whole prompt), ``arena`` (a kvstrata server started
+here, read through its shared-memory arena over the Unix socket: docs/dataplane.md), ``server`` (the same server
+over TCP loopback, no arena) and ``local`` (the SDK's in-process local tier, no server). Several users each hold
+a conversation of ``--turns`` turns; turns are taken round-robin (every user's turn 1, then every user's turn 2,
 ...), so users after the first find the system prompt cached in turn 1 already. Each (turn, user) step runs in
-every mode back to back, so changes of load on a shared machine hit all modes alike. Between turns the generator
-finishes storing the previous turn's chunks (that is the user's think time; it is not part of any TTFT).
+every mode back to back, in an order that alternates from step to step, so changes of load on a shared machine
+hit all modes alike. Every mode first runs one untimed warm-up turn on a prompt of its own. Between turns the
+generator finishes storing the previous turn's chunks (that is the user's think time; it is not part of any TTFT).
 
 Reported per mode and turn: the median TTFT over users, restored (hit) and computed tokens; per mode: the
-restore time against a plain memcpy of the same bytes, and whether every generated token equals recompute.
+restore time against a plain memcpy of the same bytes, the restore bandwidth next to this machine's break-even
+(KV bytes per token x the prefill tokens/s recompute achieved here), and whether every generated token equals
+recompute.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 
 from kvstrata.bench.procs import describe_machine, machine_summary, start_server
 
-MODES = ("recompute", "server", "local")
+MODES = ("recompute", "arena", "server", "local")
 TOPICS = ["the eviction policy", "the SSD tier", "TTL classes", "prefetching", "chunk keys", "the codec",
           "tensor parallelism", "cache salts", "the local tier", "versions"]
 
@@ -75,13 +79,21 @@ class _Mode:
         self.client = None
         if mode != "recompute":
             ns = model_namespace(model, salt=uuid.uuid4().hex)
-            self.client = KVCacheClient(url if mode == "server" else None, ns, chunk_size=chunk_size,
-                                        compression=compression,
+            self.client = KVCacheClient(None if mode == "local" else url, ns, chunk_size=chunk_size,
+                                        compression=compression, local_plane=mode == "arena",
                                         local_tier=LocalTier(8 << 30) if mode == "local" else None)
         self.gen = CachedGenerator(model, self.client)
         self.sessions = [ChatSession(self.gen, tok, system) for _ in range(users)]
         self.records: list[dict[str, Any]] = []
         self.buffers: dict[str, np.ndarray] = {}
+
+    def warmup(self, tok: Any, max_new: int) -> None:
+        """One untimed turn on a prompt no measured turn shares (first-call costs: allocator, kernels, sockets)."""
+        from kvstrata.integrations.transformers import ChatSession
+
+        session = ChatSession(self.gen, tok, "Warm-up: answer briefly. " * 20)
+        session.ask("Say hello.", max_new_tokens=max_new)
+        self.gen.flush()
 
     def turn(self, user: int, turn: int, question: str, max_new: int) -> None:
         _, r = self.sessions[user].ask(question, max_new_tokens=max_new)
@@ -131,6 +143,10 @@ class _Mode:
 
 def run(model_name: str, users: int, turns: int, max_new: int, chunk_size: int, system_tokens: int,
         modes: list[str], compression: str | None) -> dict[str, Any]:
+    import os
+    import shutil
+    import tempfile
+
     from kvstrata.chat import load
 
     t0 = time.perf_counter()
@@ -144,30 +160,48 @@ def run(model_name: str, users: int, turns: int, max_new: int, chunk_size: int, 
         "machine": describe_machine(),
         "model": model_name, "users": users, "turns": turns, "max_new_tokens": max_new,
         "chunk_size": chunk_size, "system_tokens": len(tok(system).input_ids), "compression": compression or "raw",
-        "model_load_s": load_s, "peers": ["recompute (no cache)", "kvstrata server over loopback",
-                                          "in-process local tier"],
-        "order": "interleaved: each (turn, user) runs in every mode back to back, so load changes on the "
-                 "machine hit all modes alike",
+        "model_load_s": load_s, "peers": ["recompute (no cache)", "kvstrata arena over its Unix socket",
+                                          "kvstrata server over TCP loopback", "in-process local tier"],
+        "order": "interleaved: each (turn, user) runs in every mode back to back, the mode order alternating "
+                 "from step to step, after one warm-up turn per mode",
         "modes": {},
     }
     srv = None
+    sockdir = tempfile.mkdtemp(prefix="kvs-chat-")
     try:
-        url = None
-        if "server" in modes:
-            srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve"])
-            url = f"redis://{srv.host}:{srv.port}"
-        runners = [_Mode(m, model, tok, system, users, chunk_size, url, compression) for m in modes]
+        urls: dict[str, str | None] = {"recompute": None, "local": None}
+        if "server" in modes or "arena" in modes:
+            sock = os.path.join(sockdir, "kv.sock")
+            srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve", "--http-port", "0",
+                                            "--unixsocket", sock])
+            urls["server"] = f"redis://{srv.host}:{srv.port}"
+            urls["arena"] = f"unix://{sock}"
+        runners = [_Mode(m, model, tok, system, users, chunk_size, urls[m], compression) for m in modes]
+        for r in runners:
+            r.warmup(tok, max_new)
         qs = [questions(u, turns) for u in range(users)]
+        step = 0
         for t in range(turns):
             for u in range(users):
-                for r in runners:
+                for r in runners if step % 2 == 0 else runners[::-1]:
                     r.turn(u, t + 1, qs[u][t], max_new)
+                step += 1
         for r in runners:
             result["modes"][r.mode] = r.summary(turns)
     finally:
         if srv is not None:
             srv.stop()
+        shutil.rmtree(sockdir, ignore_errors=True)
     base = result["modes"].get("recompute")
+    if base is not None:
+        # This machine's break-even: a hit pays when restoring beats prefilling the same tokens here.
+        rates = [r["computed_tokens"] / r["ttft_s"] for r in base["records"] if r["ttft_s"] > 0]
+        result["prefill_tokens_per_s"] = statistics.median(rates) if rates else None
+        for m in result["modes"].values():
+            hits = [r for r in m["records"] if r["restored_bytes"] and r["cached_tokens"]]
+            if hits and result["prefill_tokens_per_s"]:
+                per_token = statistics.median(r["restored_bytes"] / r["cached_tokens"] for r in hits)
+                m["break_even_gbps"] = per_token * result["prefill_tokens_per_s"] / 1e9
     for m in result["modes"].values():
         if base is not None:
             m["tokens_identical"] = all(a["tokens"] == b["tokens"]
@@ -200,7 +234,8 @@ def render(result: dict[str, Any]) -> str:
         if "restore_over_memcpy_median" in m:
             lines.append(f"{mode}: restore {m['restore_median_s'] * 1000:.0f} ms median for "
                          f"{m['restored_mb_median']:.0f} MB = {m['restore_over_memcpy_median']:.1f}x a memcpy "
-                         f"({m['restore_gbps_median']:.2f} vs {m['memcpy_gbps_median']:.2f} GB/s)")
+                         f"({m['restore_gbps_median']:.2f} vs {m['memcpy_gbps_median']:.2f} GB/s); break-even "
+                         f"here {m.get('break_even_gbps', 0):.3f} GB/s")
     return "\n".join(lines)
 
 
@@ -219,10 +254,11 @@ def write_markdown(result: dict[str, Any]) -> str:
             notes.append(f"- {mode}: TTFT speedup vs recompute by turn "
                          + ", ".join(f"{s:.1f}x" for s in m["speedup_by_turn"]))
         if "restore_over_memcpy_median" in m:
-            notes.append(f"- {mode}: restore (fetch, verify checksums, decode, build the DynamicCache) "
+            notes.append(f"- {mode}: restore (fetch, decode, build the DynamicCache; checksums verified except on arena reads) "
                          f"{m['restore_median_s'] * 1000:.0f} ms median for {m['restored_mb_median']:.0f} MB: "
                          f"{m['restore_over_memcpy_median']:.1f}x a plain memcpy of the same bytes "
-                         f"({m['restore_gbps_median']:.2f} vs {m['memcpy_gbps_median']:.2f} GB/s)")
+                         f"({m['restore_gbps_median']:.2f} vs {m['memcpy_gbps_median']:.2f} GB/s); this "
+                         f"machine's break-even {m.get('break_even_gbps', 0):.3f} GB/s")
     return (
         f"## Chat: prefix KV reuse with {result['model']}\n\n"
         f"Command: `{result['command']}`  \nMachine: {machine_summary(result['machine'])}\n\n"
@@ -230,8 +266,9 @@ def write_markdown(result: dict[str, Any]) -> str:
         f"{result['system_tokens']} tokens; {result['max_new_tokens']} greedy tokens per reply; chunks of "
         f"{result['chunk_size']} tokens, codec {result['compression']}; fp32 on the CPU, 2 torch threads. TTFT "
         "is the median over users of the time from the request to the first token (lookup, restore and the "
-        "prefill of the uncached rest). Peers in the same run, interleaved step by step: full recompute, a kvstrata "
-        "server over loopback, the SDK's in-process local tier. LMCache was not run.\n\n"
+        "prefill of the uncached rest). Peers in the same run, interleaved step by step (alternating order, one "
+        "warm-up turn each): full recompute, the kvstrata arena over the Unix socket, the kvstrata server over TCP "
+        "loopback, the SDK's in-process local tier. LMCache was not run.\n\n"
         f"{head}\n" + "\n".join(rows) + "\n\n" + "\n".join(notes) + "\n\n"
         f"Greedy tokens identical to recompute in every mode: **{str(result.get('tokens_identical')).lower()}**. "
         f"Smallest speedup from turn 2 on: {result.get('min_speedup_from_turn_2') or 0:.1f}x.\n"
@@ -245,7 +282,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--chunk-size", type=int, default=32)
-    p.add_argument("--system-tokens", type=int, default=1000)
+    p.add_argument("--system-tokens", type=int, default=1536)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--compression", default=None)
     p.add_argument("--json", action="store_true")

@@ -159,8 +159,10 @@ def as_array(value: Any) -> tuple[np.ndarray, str]:
         if name not in DTYPES:
             raise CodecError(f"unsupported dtype {name}")
         if name in ("bfloat16", "float8_e4m3fn"):
+            if not t.is_contiguous() and t.stride(-1) != 1:
+                t = t.contiguous()  # view() to another dtype needs a unit last stride
             t = t.view(torch.uint16 if name == "bfloat16" else torch.uint8)
-        return t.contiguous().numpy(), name
+        return t.numpy(), name  # strided tensors stay strided: encode_parts sends their contiguous runs
     raise CodecError(f"cannot encode a {type(value).__name__}; give a numpy array or a torch tensor")
 
 
@@ -169,8 +171,13 @@ def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale:
     """Encode a tensor; returns ``[header, payload...]`` buffers to send without joining them."""
     codec = check_codec(codec)
     arr, dtype = as_array(value)
+    runs = None
     if not arr.flags.c_contiguous:
-        arr = arr.copy(order="C")
+        # A chunk sliced out of a larger KV tensor along its token axis: send its contiguous runs (one per
+        # layer, K/V and head) as they are instead of gathering them into a copy first.
+        runs = contiguous_runs(arr) if codec == "raw" else None
+        if runs is None:
+            arr = arr.copy(order="C")
     shape = tuple(int(s) for s in arr.shape)
     layout_b = layout.encode("ascii")
     if len(layout_b) > 255 or len(shape) > 255:
@@ -205,6 +212,8 @@ def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale:
         payload = _zstd_compressor(zstd_level).compress(scales + body.tobytes())
         parts_payload: list[Any] = [payload]
         scales = b""
+    elif runs is not None:
+        parts_payload = runs
     else:
         parts_payload = [scales, data] if scales else [data]
     payload_len = sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts_payload)
@@ -220,6 +229,21 @@ def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale:
     header = bytearray(fixed + tail)
     struct.pack_into("<Q", header, _CHECKSUM_OFFSET, h.intdigest())
     return [bytes(header), *parts_payload]
+
+
+def contiguous_runs(arr: np.ndarray, min_run: int = 16 * 1024, max_runs: int = 4096) -> list[memoryview] | None:
+    """Byte views of ``arr``'s C-contiguous blocks in order (its trailing axes that are laid out contiguously),
+    or None when they are too small or too many to be worth sending one by one."""
+    expected = arr.itemsize
+    k = arr.ndim
+    while k > 0 and (arr.shape[k - 1] == 1 or arr.strides[k - 1] == expected):
+        expected *= arr.shape[k - 1]
+        k -= 1
+    outer = arr.shape[:k]
+    count = int(np.prod(outer)) if outer else 1
+    if expected < min_run or count > max_runs or arr.size == 0:
+        return None
+    return [memoryview(arr[idx].reshape(-1).view(np.uint8)) for idx in np.ndindex(*outer)]
 
 
 def encode(value: Any, codec: str = "raw", layout: str = "", **kw: Any) -> bytes:
@@ -294,12 +318,14 @@ def _zstd_decompressor() -> Any:
     return dctx
 
 
-def verify(buf: Any) -> Header:
-    """Check length and checksum; returns the header."""
+def verify(buf: Any, check: bool = True) -> Header:
+    """Check length and (unless ``check`` is false) checksum; returns the header."""
     mv = memoryview(buf)
     hdr = read_header(mv)
     if mv.nbytes != hdr.size + hdr.payload_len:
         raise CodecError(f"value length {mv.nbytes} != header {hdr.size} + payload {hdr.payload_len}")
+    if not check:
+        return hdr
     h = xxhash.xxh3_64()
     h.update(mv[:_CHECKSUM_OFFSET])
     h.update(b"\0" * 8)
@@ -309,15 +335,18 @@ def verify(buf: Any) -> Header:
     return hdr
 
 
-def decode(buf: Any, out: np.ndarray | None = None) -> tuple[np.ndarray, Header]:
+def decode(buf: Any, out: np.ndarray | None = None, check: bool = True) -> tuple[np.ndarray, Header]:
     """Verify and decode a value: (numpy array in the original dtype and shape, header).
+
+    ``check=False`` skips the checksum (lengths are still checked): for bytes that cannot have changed since
+    they were verified or written, such as a leased value read in place from the server's arena.
 
     bfloat16 comes back as a uint16 array (``to_torch`` views it as bfloat16). For the raw codec without
     ``out`` the array is a zero-copy view of ``buf``; with ``out`` (a preallocated array of the right size) the
     bytes are written there.
     """
     mv = memoryview(buf)
-    hdr = verify(mv)
+    hdr = verify(mv, check)
     np_dtype = np.dtype(DTYPES[hdr.dtype][1])
     payload = mv[hdr.size:]
     if hdr.flags & FLAG_ZSTD:

@@ -72,7 +72,8 @@ def pack(args: Sequence[Any], parts: list[Any]) -> int:
                     head.append(p)
                 else:
                     h = b"".join(head)
-                    parts.append(h)
+                    if h:  # consecutive runs of one value (a strided tensor) need no separator
+                        parts.append(h)
                     parts.append(_bytes_view(p))
                     total += len(h) + nbytes(p)
                     head = []
@@ -121,18 +122,26 @@ def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
 
 class FastClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
-                 password: str | None = None, username: str | None = None) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                 password: str | None = None, *, unix_path: str | None = None,
+                 username: str | None = None) -> None:
+        """TCP to ``host:port``, or the Unix socket ``unix_path`` when given."""
+        if unix_path is not None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            try:
+                self.sock.connect(unix_path)
+            except OSError:
+                self.sock.close()
+                raise
+        else:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._rbuf = bytearray(_RECV)
         self._rview = memoryview(self._rbuf)
         self._start = 0
         self._end = 0
         if password is not None:
-            if username is not None:
-                self.call(b"AUTH", username, password)
-            else:
-                self.call(b"AUTH", password)
+            self.call(b"AUTH", *([username] if username else []), password)
 
     def close(self) -> None:
         self.sock.close()

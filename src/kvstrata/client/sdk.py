@@ -222,6 +222,27 @@ class _Base:
         return np.concatenate(chunks, axis=layout.index("T") if "T" in layout else 0)
 
 
+def _copy_bytes(dst: np.ndarray, src: np.ndarray) -> None:
+    """np.copyto through byte views: a value's payload in the arena follows its header at an odd offset, and
+    numpy copies misaligned arrays of wider types several times slower than bytes."""
+    if dst.ndim and dst.strides[-1] == dst.itemsize and src.flags.c_contiguous and src.dtype == dst.dtype:
+        np.copyto(dst.view(np.uint8), src.view(np.uint8))
+    else:
+        np.copyto(dst, src, casting="no")
+
+
+def _copied(a: np.ndarray) -> np.ndarray:
+    out = np.empty(a.shape, a.dtype)
+    _copy_bytes(out, a)
+    return out
+
+
+def _joined_shape(chunks: list[np.ndarray], axis: int) -> tuple[int, ...]:
+    shape = list(chunks[0].shape)
+    shape[axis] = sum(c.shape[axis] for c in chunks)
+    return tuple(shape)
+
+
 class KVCacheClient(_Base):
     """Synchronous client. ``url=None`` runs with the local tier only (no server).
 
@@ -232,10 +253,19 @@ class KVCacheClient(_Base):
 
     def __init__(self, url: str | None = "redis://127.0.0.1:6379", namespace: Namespace | str = "default",
                  *, max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
-                 password: str | None = None, **kw: Any) -> None:
+                 password: str | None = None, local_plane: bool = True, verify_local: bool = False,
+                 lease_ms: int = 10_000, **kw: Any) -> None:
+        """``url``: ``redis://host:port`` or ``unix:///path/to/socket``. ``local_plane``: read through the
+        server's shared-memory arena when it is local (a ``unix://`` URL, or TCP to a loopback address of a
+        server whose ``unixsocket`` this process can open): one copy from the server's memory, no socket
+        transfer (docs/dataplane.md). ``verify_local``: check each arena read against the value's checksum
+        too (leased bytes cannot change, so this is off by default)."""
         super().__init__(namespace, **kw)
         self.url = url
         self.redis = None
+        self._arena_ok = url is not None and local_plane
+        self.verify_local = verify_local
+        self.lease_ms = lease_ms
         if url is not None:
             import redis
 
@@ -273,12 +303,14 @@ class KVCacheClient(_Base):
                 self._fast_ok = False
                 return None
             kw = self.pool.connection_kwargs
-            if self.pool.connection_class is not redis.Connection or kw.get("db", 0):
+            cls = self.pool.connection_class
+            if cls not in (redis.Connection, redis.UnixDomainSocketConnection) or kw.get("db", 0):
                 self._fast_ok = False
                 return None
             fc = FastClient(kw.get("host", "localhost"), int(kw.get("port", 6379)),
                             timeout=kw.get("socket_timeout"), password=kw.get("password"),
-                            username=kw.get("username"))
+                            username=kw.get("username"),
+                            unix_path=kw.get("path") if cls is redis.UnixDomainSocketConnection else None)
             self._tls.fast = fc
             with self._lock:
                 self._fast_clients.append(fc)
@@ -290,6 +322,120 @@ class KVCacheClient(_Base):
         with self._lock:
             if fc in self._fast_clients:
                 self._fast_clients.remove(fc)
+
+    # ---- the local data plane (kvstrata.client.arena) ----
+    def _arena_path(self) -> str | None:
+        """The server's Unix socket: the URL's, or the one a loopback server reports (CONFIG GET unixsocket)."""
+        import redis
+
+        kw = self.pool.connection_kwargs
+        if kw.get("db", 0):
+            return None
+        if self.pool.connection_class is redis.UnixDomainSocketConnection:
+            return kw.get("path")
+        if self.pool.connection_class is not redis.Connection:
+            return None  # TLS: a server that wants encryption gets it, even on this host
+        if str(kw.get("host", "")) not in ("localhost", "127.0.0.1", "::1"):
+            return None
+        try:
+            path = self.redis.config_get("unixsocket").get("unixsocket")
+        except redis.RedisError:
+            return None
+        if isinstance(path, bytes):
+            path = path.decode()
+        return path if path and os.path.exists(path) else None
+
+    def _arena(self) -> Any:
+        """This thread's ``ArenaClient``, or None when the server's arena cannot be mapped from here."""
+        if not self._arena_ok:
+            return None
+        ac = getattr(self._tls, "arena", None)
+        if ac is None:
+            from kvstrata.client.arena import ArenaClient, ArenaUnavailable
+            from kvstrata.client.fast import RespError
+
+            path = self._arena_path()
+            kw = self.pool.connection_kwargs
+            try:
+                if path is None:
+                    raise ArenaUnavailable("no local Unix socket")
+                ac = ArenaClient(path, password=kw.get("password"), username=kw.get("username"),
+                                 timeout=kw.get("socket_timeout"), lease_ms=self.lease_ms)
+            except (ArenaUnavailable, OSError, RespError) as exc:
+                log.info("kvstrata: reading over the socket (no shared-memory arena: %s)", exc)
+                self._arena_ok = False
+                return None
+            self._tls.arena = ac
+            with self._lock:
+                self._fast_clients.append(ac)
+        return ac
+
+    def _drop_arena(self, ac: Any, exc: BaseException) -> None:
+        log.warning("kvstrata: arena read failed (%s); reading over the socket", exc)
+        self._tls.arena = None
+        with self._lock:
+            if ac in self._fast_clients:
+                self._fast_clients.remove(ac)
+        try:
+            ac.close()
+        except OSError:
+            pass
+
+    def _read_arena(self, ac: Any, keys: list[bytes], out: list[np.ndarray]) -> tuple[int, int]:
+        """Lease ``keys`` and decode the leading ones found into ``out`` as views of the mapping (valid until the
+        returned lease is released); returns (how many, lease)."""
+        from kvstrata.client.arena import Ref
+
+        lease, refs = ac.mgetref(keys)
+        n = 0
+        for key, ref in zip(keys, refs, strict=True):
+            value = ac.value(ref)
+            if value is None:
+                break
+            try:
+                arr, _ = decode(value, check=self.verify_local or not isinstance(ref, Ref))
+            except FormatVersionError as exc:
+                self._error("refused", f"{key.decode()}: {exc}")
+                break
+            except CodecError as exc:
+                self._error("corrupt", f"{key.decode()}: {exc}")
+                break
+            self._received(key, value)
+            self._count(bytes_received=len(value))
+            out.append(arr)
+            n += 1
+        return n, lease
+
+    def _retrieve_arena(self, keys: list[bytes], first: int, out: list[np.ndarray],
+                        copy: bool) -> int | None:
+        """The arena path of retrieve_chunks (``copy``: each chunk copied out) and retrieve (the caller
+        concatenates, the one copy, before ``_arena_done``). None when the arena is not usable."""
+        ac = self._arena()
+        if ac is None:
+            return None
+        from kvstrata.client.fast import RespError
+
+        self._arena_done()  # views handed out by this thread's previous call end now (released with this one)
+        mine: list[np.ndarray] = []
+        try:
+            n, lease = self._read_arena(ac, keys[first:], mine)
+        except (OSError, ConnectionError, RespError) as exc:
+            self._drop_arena(ac, exc)
+            return None
+        if copy:
+            out.extend(_copied(a) for a in mine)
+            ac.release(lease)
+        else:
+            out.extend(mine)
+            self._tls.lease = lease
+        return first + n
+
+    def _arena_done(self) -> None:
+        lease = getattr(self._tls, "lease", 0)
+        ac = getattr(self._tls, "arena", None)
+        if lease and ac is not None:
+            ac.release(lease)
+        self._tls.lease = 0
 
     def _bufs(self) -> list[bytearray]:
         """This thread's reusable receive buffers: the arrays ``retrieve_chunks(reuse_buffers=True)`` returns are
@@ -356,11 +502,13 @@ class KVCacheClient(_Base):
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True)  # no fetch may still be using a connection closed below
+        self._arena_done()  # this thread's leased views end here (their release goes out as the client closes)
         with self._lock:
             fast, self._fast_clients = self._fast_clients, []
         for fc in fast:
             fc.close()  # another thread's FastClient, found closed, is replaced on its next use
         self._tls.fast = None
+        self._tls.arena = None
         if self.redis is not None:
             self.redis.close()
             self.pool.disconnect()
@@ -509,7 +657,9 @@ class KVCacheClient(_Base):
 
         ``reuse_buffers=True``: values are received straight into this thread's reusable buffers (no new
         memory, no page faults) and the raw-codec arrays returned are views of them, valid only until this
-        thread's next ``retrieve_chunks``: copy them out first (the transformers integration does). This holds
+        thread's next ``retrieve_chunks``: copy them out first (the transformers integration does). From a
+        local server's arena they are read-only views of its memory, leased until that next call (at most
+        ``lease_ms``). This holds
         with ``overlap`` too: a background fetch receives into the calling thread's buffers (each window of a
         call into buffers of its own, never those of an earlier window) over the fetch thread's own
         connection, and it has finished before the call returns."""
@@ -530,6 +680,13 @@ class KVCacheClient(_Base):
             out.append(arr)
             i += 1
         self._count(local_hits=i - skipped)
+        if i < len(keys) and self.redis is not None and self._arena_ok:
+            # Local server: read in place from its arena, one copy per chunk; with reuse_buffers the arrays are
+            # views of the mapping instead, under a lease held until this thread's next call (or lease_ms).
+            done = self._retrieve_arena(keys, i, out, copy=not reuse_buffers)
+            if done is not None:
+                self._count(hit_chunks=done, miss_chunks=min(1, len(keys) - done))
+                return done * self.chunk_size, out
         if i < len(keys) and self.redis is not None:
             bufs = self._bufs() if reuse_buffers else None
             if self.overlap:
@@ -615,10 +772,50 @@ class KVCacheClient(_Base):
         if self.local is not None:
             self.local.put(key, Entry(bytes(value) if isinstance(value, memoryview) else value, 0))
 
-    def retrieve(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
-        """(n_tokens, kv): the leading cached tokens and their KV concatenated along the token axis (None if 0)."""
-        n, chunks = self.retrieve_chunks(tokens, max_tokens)
+    def retrieve(self, tokens: Sequence[int], max_tokens: int | None = None,
+                 out: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+        """(n_tokens, kv): the leading cached tokens and their KV concatenated along the token axis (None if 0).
+
+        ``out``: an existing array with room for every token of ``tokens`` along the token axis (same dtype);
+        the KV is written there and ``kv`` is its first n_tokens (reused memory: no page faults). From a local
+        server's arena the chunks are copied straight out of its memory: one copy."""
+        if self.local is None and self.redis is not None and self._arena_ok:
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+            chunks: list[np.ndarray] = []
+            try:
+                n = self._retrieve_arena(keys, 0, chunks, copy=False)
+                if n is not None:
+                    self._count(hit_chunks=n, miss_chunks=min(1, len(keys) - n))
+                    if out is not None:
+                        return n * self.chunk_size, self._into(chunks, out)
+                    if not chunks:
+                        return 0, None
+                    layout = self._layout()
+                    axis = layout.index("T") if "T" in layout else 0
+                    kv = np.empty(_joined_shape(chunks, axis), chunks[0].dtype)
+                    return n * self.chunk_size, self._into(chunks, kv)
+            finally:
+                self._arena_done()
+        # Into ``out``: received into this thread's reused buffers (views, copied out at once).
+        n, chunks = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=out is not None)
+        if out is not None:
+            return n, self._into(chunks, out)
         return n, self.concat(chunks, self._layout())
+
+    def _into(self, chunks: list[np.ndarray], out: np.ndarray) -> np.ndarray | None:
+        """Copy ``chunks`` one after the other along the token axis into ``out``; returns the filled part."""
+        if not chunks:
+            return None
+        layout = self._layout()
+        axis = layout.index("T") if "T" in layout else 0
+        index: list[Any] = [slice(None)] * out.ndim
+        pos = 0
+        for c in chunks:
+            index[axis] = slice(pos, pos + c.shape[axis])
+            _copy_bytes(out[tuple(index)], c.view(out.dtype) if c.dtype != out.dtype else c)
+            pos += c.shape[axis]
+        index[axis] = slice(0, pos)
+        return out[tuple(index)]
 
     def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
         """Ask the server to promote the chunks of ``tokens`` to DRAM (TAIR.KV.PREFETCH); returns how many it
@@ -676,10 +873,15 @@ class AsyncKVCacheClient(_Base):
 
     def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
                  max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
-                 password: str | None = None, **kw: Any) -> None:
+                 password: str | None = None, local_plane: bool = True, **kw: Any) -> None:
         super().__init__(namespace, **kw)
         import redis.asyncio as aredis
 
+        # Reads through a local server's arena (docs/dataplane.md) go through a synchronous client in a worker
+        # thread: the copy out of the mapping is the work, and it must not run on the event loop.
+        self._local_kw = {"socket_timeout": socket_timeout, "username": username, "password": password, **kw}
+        self._local: KVCacheClient | None = None
+        self._local_ok = local_plane
         self.url = url
         self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
                                                    socket_timeout=socket_timeout, **_auth(username, password))
@@ -687,6 +889,9 @@ class AsyncKVCacheClient(_Base):
         self._plain_redis: bool | None = None
 
     async def aclose(self) -> None:
+        if self._local is not None:
+            self._local.close()
+            self._local = None
         await self.redis.aclose()
         await self.pool.disconnect()
 
@@ -899,8 +1104,31 @@ class AsyncKVCacheClient(_Base):
 
     async def retrieve(self, tokens: Sequence[int],
                        max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
+        if self.local is None and await self._plane():
+            assert self._local is not None
+            self._local.namespace = self.namespace
+            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens)
         n, chunks = await self.retrieve_chunks(tokens, max_tokens)
         return n, self.concat(chunks, self._layout())
+
+    async def _plane(self) -> bool:
+        """Whether the server's arena can be mapped from here (decided once, in a worker thread)."""
+        if not self._local_ok:
+            return False
+        if self._local is None:
+            def attach() -> KVCacheClient | None:
+                c = KVCacheClient(self.url, self.namespace, **self._local_kw)
+                c.stats, c._stats_lock = self.stats, self._stats_lock  # one set of counters
+                if c._arena() is None:
+                    c.close()
+                    return None
+                return c
+
+            self._local = await asyncio.to_thread(attach)
+            if self._local is None:
+                self._local_ok = False
+                return False
+        return True
 
     async def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
         keys = self.keys(tokens)[:max_chunks]

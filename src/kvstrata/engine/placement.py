@@ -19,7 +19,8 @@ class PlacementMixin:
     def _insert(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
         """Put an entry of ``size`` bytes into DRAM, replacing ``old``, after making room for it."""
         dram = self.dram
-        growth = size if old is None else size - (len(key) + len(old.value) + dram.overhead)
+        # dram.size is what dropping ``old`` frees now (a leased arena slot stays charged)
+        growth = size if old is None else size - dram.size(key, old.value)
         if dram.used + growth > dram.budget:
             self.make_room(growth, exclude=key)
         if old is not None and self.prefetched:
@@ -47,14 +48,20 @@ class PlacementMixin:
             return
         if self.ssd is None and self.noeviction:
             raise OutOfMemoryError()
-        kept = dram.pinned_bytes
+        kept = dram.pinned_bytes + dram.held_bytes  # leased-but-dropped arena bytes cannot move
         current = dram.entries.get(exclude) if exclude is not None else None
         if current is not None and not current.pinned:
             kept += self.dram.size(exclude, current.value)  # type: ignore[arg-type]
         if kept + nbytes > dram.budget:
             raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
                                    "pinned keys.")
-        self._move_out(self._choose_victims(dram.used + nbytes - dram.budget, exclude))
+        need = dram.used + nbytes - dram.budget
+        chosen = self._choose_victims(need, exclude)
+        # Leased arena slots free only their key when demoted (docs/dataplane.md): refuse rather than overshoot.
+        if sum(dram.size(k, dram.entries[k].value) for k in chosen) < need:
+            raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
+                                   "pinned and leased values.")
+        self._move_out(chosen)
 
     def _move_out(self, chosen: list[bytes]) -> None:
         """Demote ``chosen`` (or, in the last tier, evict them); -OOM, with nothing moved, if the SSD cannot take them."""

@@ -188,7 +188,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             entry = Entry(value, self.version, expire_at)
         else:
             entry = Entry(value, self.next_version(), expire_at)
-        size = len(key) + len(value) + self.dram.overhead
+        size = self.dram.charge(key, value)  # an arena value is charged its slot's class (docs/dataplane.md)
         dram = self.dram
         old = dram.entries.get(key)
         if ssd is not None:

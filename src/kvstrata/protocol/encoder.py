@@ -44,6 +44,13 @@ class NullArray:
 NULL_ARRAY = NullArray()
 
 
+class NoReply:
+    """The handler wrote its reply itself (TAIR.KV.ARENA sends it with a file descriptor attached)."""
+
+
+NO_REPLY = NoReply()
+
+
 def _format_double(x: float) -> bytes:
     if math.isinf(x):
         return b"inf" if x > 0 else b"-inf"
@@ -121,6 +128,8 @@ def encode(value: Any, proto: int, out: list[Any]) -> None:
             out.append(b"$%d\r\n%b\r\n" % (len(data), data))
     elif t is NullArray:
         out.append(_NULL3 if proto == 3 else _NULL_ARRAY2)
+    elif t is NoReply:
+        return
     elif isinstance(value, str):
         encode(str(value), proto, out)
     elif isinstance(value, int):

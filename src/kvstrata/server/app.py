@@ -23,6 +23,7 @@ from kvstrata.engine.store import LoadTicket, Store
 from kvstrata.engine.tiers.pool import PoolTier
 from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.observability.service import Observability
+from kvstrata.server import dataplane
 from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.prefetch import Prefetcher
@@ -96,6 +97,9 @@ class Server:
         self.store = store or build_store(config)
         # Tiered: a lower tier below DRAM (SSD, pool or both), so commands may load keys and wait for writers.
         self.tiered = self.store.ssd is not None or self.store.pool is not None
+        # The shared-memory arena (docs/dataplane.md): before any connection exists, as they receive into it.
+        self.arena = dataplane.setup_arena(self)
+        self._unix: asyncio.base_events.Server | None = None
         if self.store.ssd is not None:
             self.store.ssd.stuck_limit = int(config.get("ssd-write-queue"))
         # TLS contexts are built before anything listens, so a bad certificate stops the start with its reason.
@@ -241,6 +245,7 @@ class Server:
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
+        dataplane.apply_config(self)
         for conn in self.clients.values():
             conn.parser.refresh()
         if store.dram.used > store.dram.budget:
@@ -271,6 +276,7 @@ class Server:
             self.now_ms = self.store.clock.now_ms()
             try:
                 self.store.active_expire(int(self.config.get("active-expire-keys")))
+                dataplane.tick(self)
                 now = time.monotonic()
                 if now - last_second >= 1.0:
                     last_second = now
@@ -350,6 +356,7 @@ class Server:
                 lambda: Connection(self), host=hosts or None, port=self.tls_port, reuse_address=True, backlog=511,
                 ssl=self._tls)
             log.info("TLS on port %d (client certificates: %s)", self.tls_port, self.config.get("tls-auth-clients"))
+        self._unix = await dataplane.listen_unix(self, lambda: Connection(self))
         for coro in (self._cron(), self.prefetcher.run()):
             task = asyncio.ensure_future(coro)
             self.tasks.add(task)
@@ -374,6 +381,9 @@ class Server:
             self._server.close()
         if self._tls_server is not None:
             self._tls_server.close()
+        if self._unix is not None:
+            self._unix.close()
+            dataplane.close_unix(self)
         await self.observability.close()
         for conn in list(self.clients.values()):
             conn.kill()
