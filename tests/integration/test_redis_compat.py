@@ -63,3 +63,97 @@ def test_config_set_failure_restores_earlier_values(raw, resp):
     assert c.cmd("CONFIG", "SET", "timeout", "7", "slowlog-max-len", "64") == "OK"
     assert c.cmd("CONFIG", "GET", "timeout") == [b"timeout", b"7"]
     assert c.cmd("CONFIG", "SET", "timeout", "0", "slowlog-max-len", "128") == "OK"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CLIENT KILL
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (("TYPE", "foo"), "ERR Unknown client type 'foo'"),
+    (("TYPE", "normal", "USER", "nobody"), "ERR No such user 'nobody'"),
+    (("ID", "0"), "ERR client-id should be greater than 0"),
+    (("ID", "abc"), "ERR client-id should be greater than 0"),
+    (("SKIPME", "maybe"), "ERR syntax error"),
+    (("MAXAGE", "10"), "ERR syntax error"),
+    (("TYPE",), "ERR No such client"),  # one argument: the old form, an address
+    (("TYPE", "normal", "ID"), "ERR syntax error"),
+    (("1.2.3.4:5",), "ERR No such client"),
+])
+def test_client_kill_errors(raw, resp, args, error):
+    c = raw()
+    assert c.cmd("CLIENT", "KILL", *args) == resp.Error(error)
+    assert c.cmd("PING") == "PONG"
+
+
+def test_client_kill_filters(raw):
+    me, other = raw(), raw()
+    other_id = other.cmd("CLIENT", "ID")
+    for kind in ("master", "replica", "slave", "pubsub", "PubSub"):
+        assert me.cmd("CLIENT", "KILL", "TYPE", kind) == 0
+    assert me.cmd("CLIENT", "KILL", "USER", "default", "ID", str(other_id + 1000)) == 0
+    assert other.cmd("PING") == "PONG"
+    assert me.cmd("CLIENT", "KILL", "TYPE", "Normal", "USER", "default", "ID", str(other_id)) == 1
+    other.read_until_closed()
+    assert me.cmd("PING") == "PONG"
+
+
+def test_client_kill_self_replies_then_closes(raw):
+    c = raw()
+    assert c.cmd("CLIENT", "KILL", "ID", str(c.cmd("CLIENT", "ID")), "SKIPME", "no") == 1
+    assert c.read_until_closed() == b""
+    c = raw()
+    addr = next(f.split("=", 1)[1] for f in c.cmd("CLIENT", "INFO").decode().split() if f.startswith("addr="))
+    c.send(b"CLIENT KILL " + addr.encode() + b"\r\nPING\r\n")
+    assert c.read_until_closed() == b"+OK\r\n"  # the PING after it never runs
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CLIENT REPLY
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_client_reply_on_off_skip(raw, resp):
+    c = raw()
+    assert c.cmd("CLIENT", "REPLY", "maybe") == resp.Error("ERR syntax error")
+    assert c.cmd("CLIENT", "REPLY", "ON") == "OK"
+    script = [
+        ("CLIENT", "REPLY", "OFF"), ("PING",), ("SET", "k", "v"), ("NOSUCH",), ("GET",),
+        ("CLIENT", "REPLY", "SKIP"),  # no effect while off
+        ("CLIENT", "REPLY", "ON"),  # +OK
+        ("CLIENT", "REPLY", "SKIP"), ("GET", "k"), ("ECHO", "a"),  # $1 a
+        ("CLIENT", "REPLY", "SKIP"), ("CLIENT", "REPLY", "SKIP"), ("NOSUCH",), ("ECHO", "b"),  # $1 b
+        ("CLIENT", "REPLY", "SKIP"), ("CLIENT", "REPLY", "ON"),  # ON clears the skip and answers: +OK
+        ("CLIENT", "REPLY", "SKIP"), ("RESET",),  # RESET's own reply is skipped
+        ("CLIENT", "REPLY", "OFF"), ("RESET",),  # RESET turns replies on again: +RESET
+        ("GET", "k"),  # $1 v
+    ]
+    c.send(b"".join(resp.encode(*cmd) for cmd in script))
+    assert [c.read_raw() for _ in range(6)] == [
+        b"+OK\r\n", b"$1\r\na\r\n", b"$1\r\nb\r\n", b"+OK\r\n", b"+RESET\r\n", b"$1\r\nv\r\n"]
+    assert c.nothing_pending()
+
+
+@pytest.mark.kvstrata_only
+def test_client_reply_off_then_kill_self_closes_silently(raw, resp):
+    """Redis 7.0 leaves this connection open and deaf (close-after-reply with no reply to write never fires);
+    kvstrata closes it."""
+    c = raw()
+    c.send(resp.encode("CLIENT", "REPLY", "OFF") + resp.encode("CLIENT", "KILL", "SKIPME", "no", "ID",
+                                                                  str(c.cmd("CLIENT", "ID"))))
+    assert c.read_until_closed() == b""
+    c = raw()
+    c.send(resp.encode("CLIENT", "REPLY", "OFF") + resp.encode("QUIT") + resp.encode("PING"))
+    assert c.read_until_closed() == b""
+
+
+def test_client_reply_resp3(server, resp):
+    c = server.raw()
+    try:
+        assert isinstance(c.cmd("HELLO", "3"), dict)
+        c.send(resp.encode("CLIENT", "REPLY", "SKIP") + resp.encode("CLIENT", "INFO") + resp.encode("ECHO", "x"))
+        assert c.read_raw() == b"$1\r\nx\r\n"
+        assert c.nothing_pending()
+    finally:
+        c.close()

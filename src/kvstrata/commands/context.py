@@ -28,6 +28,11 @@ class ClientState:
     fd: int = -1
     # () -> (qbuf, qbuf-free, argv-mem, oll, omem, tot-mem), set by the connection (CLIENT LIST, INFO)
     memory: Any = None
+    # CLIENT REPLY: REPLY_OFF / REPLY_SKIP / REPLY_SKIP_NEXT bits, as Redis's client flags (0: every reply sent)
+    reply: int = 0
+
+
+REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 1, 2, 4
 
 
 @dataclass

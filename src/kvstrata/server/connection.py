@@ -15,7 +15,7 @@ from collections import deque
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from kvstrata.commands.context import ClientState, Context
+from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
 from kvstrata.commands.registry import CommandSpec, resolve
 from kvstrata.commands.waits import Suspend
 from kvstrata.engine.bufpool import BufferPool, tune_malloc
@@ -287,24 +287,31 @@ class Connection(asyncio.BufferedProtocol):
         cmds = self.parser.commands()
         backlog = self.backlog
         execute = self.execute
+        client = self.client
         if backlog:
             backlog.extend(cmds)
             while backlog:
+                mark = len(self.out)
                 waiter = execute(backlog.popleft())
                 if waiter is not None:
                     self._suspend(waiter)
                     break
-                if self.client.closing:
+                if client.reply:
+                    self._reply_done(mark)
+                if client.closing:
                     backlog.clear()
                     break
         else:
             for i, args in enumerate(cmds):
+                mark = len(self.out)
                 waiter = execute(args)
                 if waiter is not None:
                     backlog.extend(cmds[i + 1 :])
                     self._suspend(waiter)
                     break
-                if self.client.closing:
+                if client.reply:
+                    self._reply_done(mark)
+                if client.closing:
                     break
         self._flush()
         if self._recv_leases:
@@ -312,10 +319,22 @@ class Connection(asyncio.BufferedProtocol):
         if self._pending_error is not None and not self.busy:
             self._protocol_error(self._pending_error)
 
+    def _reply_done(self, mark: int) -> None:
+        """CLIENT REPLY, as Redis's resetClient: the command that just ended keeps no reply while replies are
+        off or skipped (``out[mark:]`` is its reply); a SKIP applies to the one command after CLIENT REPLY SKIP."""
+        client = self.client
+        if client.reply & (REPLY_OFF | REPLY_SKIP):
+            del self.out[mark:]
+        client.reply &= ~REPLY_SKIP
+        if client.reply & REPLY_SKIP_NEXT:
+            client.reply = (client.reply | REPLY_SKIP) & ~REPLY_SKIP_NEXT
+
     def _flush(self) -> None:
         out = self.out
         if not out or self.transport is None or self.closed:
             out.clear()
+            if self.client.closing and not self.closed:  # QUIT or a self-kill whose reply CLIENT REPLY dropped
+                self._close()
             return
         if len(out) == 1 and self._stream is None:
             data = out[0]
@@ -612,6 +631,8 @@ class Connection(asyncio.BufferedProtocol):
             log.error("suspended command failed: %s", traceback.format_exc())
             self._error(f"ERR internal error: {type(exc).__name__}")
         self.busy = False
+        if self.client.reply:
+            self._reply_done(0)  # _run flushed everything before the suspended command
         if self.closed:
             return
         self._run()
