@@ -157,3 +157,29 @@ def test_client_reply_resp3(server, resp):
         assert c.nothing_pending()
     finally:
         c.close()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CLIENT LIST / CLIENT INFO: the running command counts in qbuf and argv-mem
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _fields(line):
+    return dict(item.split("=", 1) for item in line.strip().split(" "))
+
+
+def test_client_list_counts_running_command(raw):
+    me, idle = raw(), raw()
+    idle_id = idle.cmd("CLIENT", "ID")
+    my_id = me.cmd("CLIENT", "ID")
+    # "*2\r\n$6\r\nclient\r\n$4\r\nlist\r\n" is 26 bytes; argv-mem is the argument bytes, 6 + 4
+    lines = {int(f["id"]): f for f in map(_fields, me.cmd("CLIENT", "LIST").decode().splitlines())}
+    assert (lines[my_id]["qbuf"], lines[my_id]["argv-mem"], lines[my_id]["cmd"]) == ("26", "10", "client|list")
+    assert (lines[idle_id]["qbuf"], lines[idle_id]["argv-mem"]) == ("0", "0")
+    mine = _fields(me.cmd("CLIENT", "INFO").decode())
+    assert (mine["qbuf"], mine["argv-mem"], mine["cmd"]) == ("26", "10", "client|info")
+    # CLIENT LIST ID <me> 2 3: the bytes of the request as sent, and its argument bytes
+    args = ("CLIENT", "LIST", "ID", str(my_id), "2", "3")
+    only = _fields(me.cmd(*args).decode())
+    assert int(only["qbuf"]) == len(f"*{len(args)}\r\n") + sum(len(f"${len(a)}\r\n{a}\r\n") for a in args)
+    assert int(only["argv-mem"]) == sum(map(len, args))

@@ -138,10 +138,11 @@ def _cmd_name(spec: Any) -> str:
     return spec if isinstance(spec, str) else spec.full_name
 
 
-def client_line(c: ClientState, now_ms: int) -> str:
+def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
+    """One CLIENT LIST line; ``running``: ``c`` is the client asking (its command counts in qbuf/argv-mem)."""
     age = (now_ms - c.created_ms) // 1000
     idle = (now_ms - c.last_ms) // 1000
-    qbuf, qfree, argv, oll, omem, total = c.memory() if c.memory is not None else (0, 0, 0, 0, 0, 0)
+    qbuf, qfree, argv, oll, omem, total = c.memory(running) if c.memory is not None else (0, 0, 0, 0, 0, 0)
     events = "rw" if omem else "r"
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
@@ -186,7 +187,7 @@ def client_getname(ctx: Context, args: list[bytes]) -> Any:
 @command("info", 2, "fast", parent="client", group="connection", since="6.2.0",
          summary="Returns information about the connection.")
 def client_info(ctx: Context, args: list[bytes]) -> Any:
-    return Verbatim(client_line(ctx.client, _now(ctx)) + "\n")
+    return Verbatim(client_line(ctx.client, _now(ctx), running=True) + "\n")
 
 
 @command("list", -2, "", parent="client", group="connection", since="2.4.0",
@@ -208,7 +209,7 @@ def client_list(ctx: Context, args: list[bytes]) -> Any:
             raise syntax_error()
     now = _now(ctx)
     states = [c.client for c in conns] if conns or ctx.server is not None else [ctx.client]
-    return Verbatim("".join(client_line(s, now) + "\n" for s in states))
+    return Verbatim("".join(client_line(s, now, s is ctx.client) + "\n" for s in states))
 
 
 @command("setinfo", 4, "fast", parent="client", group="connection", since="7.2.0",

@@ -26,7 +26,7 @@ class ClientState:
     last_cmd: Any = "NULL"
     closing: bool = False
     fd: int = -1
-    # () -> (qbuf, qbuf-free, argv-mem, oll, omem, tot-mem), set by the connection (CLIENT LIST, INFO)
+    # (running) -> (qbuf, qbuf-free, argv-mem, oll, omem, tot-mem), set by the connection (CLIENT LIST, INFO)
     memory: Any = None
     # CLIENT REPLY: REPLY_OFF / REPLY_SKIP / REPLY_SKIP_NEXT bits, as Redis's client flags (0: every reply sent)
     reply: int = 0

@@ -92,6 +92,8 @@ class Connection(asyncio.BufferedProtocol):
         self.client.memory = self.memory
         self.transport: asyncio.Transport | None = None
         self.out: list[Any] = []
+        # The arguments of the command running (or last run): CLIENT LIST counts them while it runs, as Redis
+        self._argv: list[Any] = []
         self.backlog: deque[list[bytes]] = deque()
         self.busy = False
         self.closed = False
@@ -206,9 +208,16 @@ class Connection(asyncio.BufferedProtocol):
         self.parser.release()
         self._close(abort=True)
 
-    def memory(self) -> tuple[int, int, int, int, int, int]:
-        """(qbuf, qbuf-free, argv-mem, oll, omem, tot-mem) for CLIENT LIST and INFO: what this client holds."""
+    def memory(self, running: bool = False) -> tuple[int, int, int, int, int, int]:
+        """(qbuf, qbuf-free, argv-mem, oll, omem, tot-mem) for CLIENT LIST and INFO: what this client holds.
+
+        ``running``: the caller is this client's own command (CLIENT LIST, CLIENT INFO); a command in progress
+        counts in qbuf (as the request bytes Redis still holds) and argv-mem, as in Redis."""
         qbuf, free, argv = self.parser.memory()
+        if running or self.busy:
+            args = self._argv
+            argv += sum(map(len, args))
+            qbuf += wire_size(args)
         t = self.transport
         omem = self._stream_bytes + sum(map(len, self.out))
         if t is not None and not self.closed:
@@ -450,6 +459,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def execute(self, args: list[Any]) -> Any:
         """Run one command; returns None when its reply is in ``out``, or a coroutine to await first."""
+        self._argv = args
         spec = self.dispatch.get(args[0])
         if spec is None:
             spec = self.dispatch.get(args[0].lower()) if args[0].__class__ is bytes else None
@@ -639,6 +649,15 @@ class Connection(asyncio.BufferedProtocol):
         if (not self.busy and not self.closed and self.transport is not None and not self.paused_writing
                 and self._stream is None):
             self.transport.resume_reading()
+
+
+def wire_size(args: list[Any]) -> int:
+    """Bytes of ``args`` sent as a RESP multibulk request (``*2\r\n$6\r\nclient\r\n$4\r\nlist\r\n``: 26)."""
+    size = len(b"*%d\r\n" % len(args))
+    for a in args:
+        n = len(a)
+        size += len(b"$%d\r\n" % n) + n + 2
+    return size
 
 
 def _unknown(args: list[Any]) -> str:
