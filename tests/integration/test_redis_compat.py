@@ -5,6 +5,7 @@ errors, CLIENT REPLY ON|OFF|SKIP, CLIENT LIST qbuf of the running command.
 The expectations were read off redis-server 7.0.15; each case fails on either target if the two differ."""
 
 import pytest
+from tests.integration.polling import wait_for
 
 SET_FAILED = "ERR CONFIG SET failed (possibly related to argument '{}') - {}"
 
@@ -76,7 +77,7 @@ def test_config_set_failure_restores_earlier_values(raw, resp):
     (("ID", "0"), "ERR client-id should be greater than 0"),
     (("ID", "abc"), "ERR client-id should be greater than 0"),
     (("SKIPME", "maybe"), "ERR syntax error"),
-    (("MAXAGE", "10"), "ERR syntax error"),
+    (("NOSUCHFILTER", "10"), "ERR syntax error"),
     (("TYPE",), "ERR No such client"),  # one argument: the old form, an address
     (("TYPE", "normal", "ID"), "ERR syntax error"),
     (("1.2.3.4:5",), "ERR No such client"),
@@ -107,6 +108,23 @@ def test_client_kill_self_replies_then_closes(raw):
     addr = next(f.split("=", 1)[1] for f in c.cmd("CLIENT", "INFO").decode().split() if f.startswith("addr="))
     c.send(b"CLIENT KILL " + addr.encode() + b"\r\nPING\r\n")
     assert c.read_until_closed() == b"+OK\r\n"  # the PING after it never runs
+
+
+@pytest.mark.kvstrata_only
+def test_client_kill_maxage(raw, resp):
+    """MAXAGE is Redis 7.4's (7.0 answers a syntax error); texts and behaviour as in Redis 7.4."""
+    c = raw()
+    assert c.cmd("CLIENT", "KILL", "MAXAGE", "str") == resp.Error("ERR maxage is not an integer or out of range")
+    assert c.cmd("CLIENT", "KILL", "MAXAGE", "9999999999999999999") == resp.Error(
+        "ERR maxage is not an integer or out of range")
+    assert c.cmd("CLIENT", "KILL", "MAXAGE", "-1") == resp.Error("ERR maxage should be greater than 0")
+    old = raw()
+    old_id = old.cmd("CLIENT", "ID")
+    assert c.cmd("CLIENT", "KILL", "ID", str(old_id), "MAXAGE", "100000") == 0
+    wait_for(lambda: int(old.cmd("CLIENT", "INFO").decode().split(" age=")[1].split(" ")[0]) >= 1,
+             what="a client one second old")
+    assert c.cmd("CLIENT", "KILL", "ID", str(old_id), "MAXAGE", "1") == 1
+    old.read_until_closed()
 
 
 # --------------------------------------------------------------------------------------------------------------

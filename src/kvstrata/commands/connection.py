@@ -146,8 +146,8 @@ def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
     events = "rw" if omem else "r"
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
-        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={qbuf} qbuf-free={qfree} argv-mem={argv} "
-        f"multi-mem=0 rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
+        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf={qbuf} qbuf-free={qfree} "
+        f"argv-mem={argv} multi-mem=0 rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
         f"cmd={_cmd_name(c.last_cmd)} "
         f"user={c.user.name if c.user is not None else 'default'} "
         f"redir=-1 resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
@@ -230,7 +230,8 @@ def client_setinfo(ctx: Context, args: list[bytes]) -> Any:
 
 @command("kill", -3, "admin", parent="client", group="connection", since="2.4.0",
          summary="Terminates open connections.",
-         syntax="CLIENT KILL ip:port | [ID client-id] [ADDR ip:port] [LADDR ip:port] [SKIPME yes|no]")
+         syntax="CLIENT KILL ip:port | [ID client-id] [TYPE type] [USER username] [ADDR ip:port] "
+                "[LADDR ip:port] [SKIPME yes|no] [MAXAGE seconds]")
 def client_kill(ctx: Context, args: list[bytes]) -> Any:
     conns = _connections(ctx)
     if len(args) == 3:
@@ -255,6 +256,9 @@ def client_kill(ctx: Context, args: list[bytes]) -> Any:
                 raise syntax_error()
             skipme = val.lower() == b"yes"
             continue
+        elif opt == b"MAXAGE":  # Redis 7.4
+            if parse_int(val, "maxage is not an integer or out of range") <= 0:
+                raise CommandError("maxage should be greater than 0")
         elif opt == b"TYPE":
             if val.lower() not in _CLIENT_TYPES:
                 raise CommandError(f"Unknown client type '{text}'")
@@ -265,11 +269,12 @@ def client_kill(ctx: Context, args: list[bytes]) -> Any:
             raise syntax_error()
         filters.append((opt, val))
     killed = 0
+    now_s = _now(ctx) // 1000
     for c in conns:
         s = c.client
         if skipme and s.id == ctx.client.id:
             continue
-        if all(_kill_filter_ok(s, opt, val) for opt, val in filters):
+        if all(_kill_filter_ok(s, opt, val, now_s) for opt, val in filters):
             _kill(ctx, c)
             killed += 1
     return killed
@@ -279,10 +284,12 @@ def client_kill(ctx: Context, args: list[bytes]) -> Any:
 _CLIENT_TYPES = (b"normal", b"master", b"replica", b"slave", b"pubsub")
 
 
-def _kill_filter_ok(s: ClientState, opt: bytes, val: bytes) -> bool:
+def _kill_filter_ok(s: ClientState, opt: bytes, val: bytes, now_s: int) -> bool:
     text = val.decode(errors="replace")
     if opt == b"ID":
         return s.id == int(val)
+    if opt == b"MAXAGE":  # Redis compares whole seconds: now - ctime
+        return now_s - s.created_ms // 1000 >= int(val)
     if opt == b"ADDR":
         return s.addr == text
     if opt == b"LADDR":
