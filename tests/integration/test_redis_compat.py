@@ -55,6 +55,30 @@ def test_config_set_errors_as_redis(raw, resp, args, error):
     assert c.cmd("PING") == "PONG"
 
 
+def test_config_set_writes_back_what_config_get_gives(raw, resp, server):
+    """Every parameter CONFIG GET lists (but the ones Redis itself cannot change at runtime) can be set to the
+    value it has; the values stay the same (Redis's "CONFIG sanity" test)."""
+    c = raw()
+    port = str(server.port)
+    assert c.cmd("CONFIG", "SET", "port", port, "save", "", "appendonly", "no", "bind", "127.0.0.1") == "OK"
+    assert c.cmd("CONFIG", "GET", "port") == [b"port", port.encode()]
+    assert c.cmd("CONFIG", "SET", "databases", "1") == resp.Error(
+        SET_FAILED.format("databases", "can't set immutable config"))
+    skip = {"databases", "cluster-enabled", "aclfile", "requirepass", "daemonize", "dir", "logfile", "pidfile",
+            "unixsocket", "unixsocketperm", "supervised", "dbfilename", "appendfilename", "appenddirname",
+            "replicaof", "slaveof", "io-threads", "io-threads-do-reads", "set-proc-title", "syslog-enabled",
+            "syslog-ident", "syslog-facility", "tcp-backlog", "always-show-logo", "disable-thp", "rdbchecksum",
+            "enable-protected-configs", "enable-debug-command", "enable-module-command", "oom-score-adj",
+            "oom-score-adj-values", "cluster-config-file", "cluster-port", "socket-mark-id", "bio-cpulist",
+            "server-cpulist", "aof-rewrite-cpulist", "bgsave-cpulist", "client-default-resp"}
+    before = c.cmd("CONFIG", "GET", "*")
+    values = {k.decode(): v for k, v in zip(before[::2], before[1::2], strict=True)}
+    for name, value in values.items():
+        if name.replace("_", "-") not in skip and not name.startswith("tls-"):
+            assert (name, c.cmd("CONFIG", "SET", name, value)) == (name, "OK")
+    assert c.cmd("CONFIG", "GET", "*") == before
+
+
 def test_config_set_failure_restores_earlier_values(raw, resp):
     c = raw()
     assert c.cmd("CONFIG", "SET", "timeout", "0") == "OK"

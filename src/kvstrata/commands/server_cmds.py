@@ -163,11 +163,11 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
     pairs = [(args[i].decode(errors="replace"), args[i + 1].decode(errors="replace"))
              for i in range(2, len(args), 2)]
     seen: set[str] = set()
-    for name, _ in pairs:
+    for name, value in pairs:
         key = canonical(name)
         if key not in PARAMS_BY_NAME:
             raise CommandError(f"Unknown option or number of arguments for CONFIG SET - '{name}'")
-        if not PARAMS_BY_NAME[key].mutable:
+        if not PARAMS_BY_NAME[key].mutable and not _unchanged(ctx, key, value):
             raise CommandError(f"CONFIG SET failed (possibly related to argument '{name}') - "
                                "can't set immutable config")
         if key in seen:
@@ -175,6 +175,8 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
         seen.add(key)
     old = {canonical(n): ctx.config.get(n) for n, _ in pairs}
     for name, value in pairs:
+        if not PARAMS_BY_NAME[canonical(name)].mutable:
+            continue  # set to the value it has (checked above): nothing to do
         try:
             ctx.config.set(name, value, runtime=True)
         except ValueError as exc:
@@ -186,6 +188,22 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
     if ctx.server is not None:
         ctx.server.apply_config()
     return OK
+
+
+# Immutable in Redis too: CONFIG SET refuses them whatever the value, as Redis does.
+_REDIS_IMMUTABLE = frozenset({"databases", "cluster-enabled", "aclfile"})
+
+
+def _unchanged(ctx: Context, key: str, value: str) -> bool:
+    """A parameter kvstrata cannot change at runtime (but Redis can, or Redis does not have) may be "set" to
+    the value it already has: the effective configuration stays true, and a client that writes back what
+    CONFIG GET gave it (as Redis's own CONFIG sanity test does) works."""
+    if key in _REDIS_IMMUTABLE:
+        return False
+    try:
+        return PARAMS_BY_NAME[key].parse(value) == ctx.config.get(key)
+    except ValueError:
+        return False
 
 
 @command("resetstat", 2, "admin", parent="config", group="server", since="2.0.0",
