@@ -225,3 +225,43 @@ def test_client_list_counts_running_command(raw):
     only = _fields(me.cmd(*args).decode())
     assert int(only["qbuf"]) == len(f"*{len(args)}\r\n") + sum(len(f"${len(a)}\r\n{a}\r\n") for a in args)
     assert int(only["argv-mem"]) == sum(map(len, args))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# INCRBYFLOAT: long double arithmetic and "%.17Lf" digits, as Redis
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("start", "delta", "expected"), [
+    ("100001.5", "0.1", b"100001.60000000000000142"),
+    ("1.5", "0.1", b"1.6"),
+    ("0.1", "0.2", b"0.3"),
+    ("5.0e3", "2.0e4", b"25000"),
+    ("1", "1e-17", b"1.00000000000000001"),
+    ("0", "-1e-18", b"0"),
+    ("-1.5", "1.5", b"0"),
+    ("0", "1e400", b"10000000000000000000281880683947586514586453433629052038625910693539685534008629862039363994848"
+                   b"3241605220940539273176162002958227772592557340238289765933406610177974474345461739178624481166"
+                   b"7497172377894382439159333804747067502624668440135923751360383034373548550524495596497902182503"
+                   b"8280091068414947402456898653040951017512658092615827588920183472511643316591362664138176309734"
+                   b"806343732497430221946880"),
+])
+def test_incrbyfloat_digits(raw, start, delta, expected):
+    c = raw()
+    assert c.cmd("SET", "f", start) == "OK"
+    assert c.cmd("INCRBYFLOAT", "f", delta) == expected
+    assert c.cmd("GET", "f") == expected
+
+
+@pytest.mark.parametrize(("start", "delta", "error"), [
+    ("0", "1e5000", "ERR value is not a valid float"),  # overflows a long double
+    ("0", "1e-5000", "ERR value is not a valid float"),  # underflows to zero
+    ("0", "abc", "ERR value is not a valid float"),
+    ("1e4932", "1e4932", "ERR increment would produce NaN or Infinity"),
+    ("0", "inf", "ERR increment would produce NaN or Infinity"),
+])
+def test_incrbyfloat_errors(raw, resp, start, delta, error):
+    c = raw()
+    assert c.cmd("SET", "f", start) == "OK"
+    assert c.cmd("INCRBYFLOAT", "f", delta) == resp.Error(error)
+    assert c.cmd("GET", "f") == start.encode()
