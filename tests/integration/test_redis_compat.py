@@ -265,3 +265,14 @@ def test_incrbyfloat_errors(raw, resp, start, delta, error):
     assert c.cmd("SET", "f", start) == "OK"
     assert c.cmd("INCRBYFLOAT", "f", delta) == resp.Error(error)
     assert c.cmd("GET", "f") == start.encode()
+
+
+def test_substr_is_getrange(raw, resp):
+    c = raw()
+    assert c.cmd("SET", "k", "Hello World") == "OK"
+    for start, end in (("0", "4"), ("-3", "-1"), ("5", "3"), ("0", "-100"), ("-100", "100")):
+        assert c.cmd("SUBSTR", "k", start, end) == c.cmd("GETRANGE", "k", start, end)
+    assert c.cmd("SUBSTR", "k", "0", "4") == b"Hello"
+    assert c.cmd("SUBSTR", "nokey", "0", "1") == b""
+    assert c.cmd("SUBSTR", "k", "a", "1") == resp.Error("ERR value is not an integer or out of range")
+    assert c.cmd("SUBSTR", "k", "0") == resp.Error("ERR wrong number of arguments for 'substr' command")

@@ -215,6 +215,13 @@ def getrange(ctx: Context, args: list[bytes]) -> Any:
     return bytes(value[start : end + 1])
 
 
+@command("substr", 4, "readonly", keys=(1, 1, 1), group="string", since="1.0.0",
+         summary="Returns a substring from a string value.", syntax="SUBSTR key start end")
+def substr(ctx: Context, args: list[bytes]) -> Any:
+    """Redis keeps the old name of GETRANGE (deprecated since 2.0) with the same answers."""
+    return getrange(ctx, args)
+
+
 @command("setrange", 4, "write denyoom", keys=(1, 1, 1), group="string", since="2.2.0",
          summary="Overwrites a part of a string value with another by an offset. Creates the key if it doesn't "
                  "exist.", syntax="SETRANGE key offset value")
