@@ -242,6 +242,8 @@ PARAMS: tuple[Param, ...] = (
           mutable=True),
 )
 PARAMS_BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+# Redis's CONFIG_MIN_HZ / CONFIG_MAX_HZ: any hz within the bounds is accepted and used as 1..500.
+CLAMPS: dict[str, tuple[int, int]] = {"hz": (1, 500)}
 # Redis calls the DRAM budget `maxmemory`; accept both names everywhere.
 ALIASES: dict[str, str] = {"maxmemory": "dram-size"}
 
@@ -282,6 +284,8 @@ class Config:
         value = param.parse(raw)
         if param.bounds is not None and not param.bounds[0] <= value <= param.bounds[1]:
             raise ValueError(f"argument must be between {param.bounds[0]} and {param.bounds[1]} inclusive")
+        if key in CLAMPS:  # accepted, then brought into range (CONFIG GET shows the value in use), as Redis
+            value = max(CLAMPS[key][0], min(CLAMPS[key][1], value))
         self.values[key] = value
 
     def get(self, name: str) -> Any:

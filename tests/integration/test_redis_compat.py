@@ -79,6 +79,13 @@ def test_config_set_writes_back_what_config_get_gives(raw, resp, server):
     assert c.cmd("CONFIG", "GET", "*") == before
 
 
+def test_config_hz_is_brought_into_range(raw):
+    c = raw()
+    for given, used in (("0", b"1"), ("100000", b"500"), ("10", b"10")):
+        assert c.cmd("CONFIG", "SET", "hz", given) == "OK"
+        assert c.cmd("CONFIG", "GET", "hz") == [b"hz", used]
+
+
 def test_config_set_failure_restores_earlier_values(raw, resp):
     c = raw()
     assert c.cmd("CONFIG", "SET", "timeout", "0") == "OK"
