@@ -146,7 +146,7 @@ def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
     events = "rw" if omem else "r"
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
-        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 watch=0 qbuf={qbuf} qbuf-free={qfree} "
+        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={qbuf} qbuf-free={qfree} "
         f"argv-mem={argv} multi-mem=0 rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
         f"cmd={_cmd_name(c.last_cmd)} "
         f"user={c.user.name if c.user is not None else 'default'} "
