@@ -283,3 +283,46 @@ def test_substr_is_getrange(raw, resp):
     assert c.cmd("SUBSTR", "nokey", "0", "1") == b""
     assert c.cmd("SUBSTR", "k", "a", "1") == resp.Error("ERR value is not an integer or out of range")
     assert c.cmd("SUBSTR", "k", "0") == resp.Error("ERR wrong number of arguments for 'substr' command")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# COPY
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_copy(raw, resp):
+    c = raw()
+    assert c.cmd("SET", "a", "1", "EX", "100") == "OK"
+    assert c.cmd("SET", "b", "2") == "OK"
+    assert c.cmd("COPY", "a", "c") == 1
+    assert c.cmd("GET", "c") == b"1"
+    assert 99 <= c.cmd("TTL", "c") <= 100  # the expiry comes along
+    assert c.cmd("COPY", "a", "b") == 0  # exists, no REPLACE
+    assert c.cmd("GET", "b") == b"2"
+    assert c.cmd("COPY", "a", "b", "REPLACE", "DB", "0") == 1
+    assert c.cmd("GET", "b") == b"1"
+    assert c.cmd("APPEND", "a", "x") == 2  # the copy has its own bytes
+    assert c.cmd("GET", "b") == b"1"
+    assert c.cmd("COPY", "nokey", "x") == 0
+    assert c.cmd("EXISTS", "x") == 0
+    assert c.cmd("PERSIST", "a") == 1
+    assert c.cmd("COPY", "a", "p") == 1
+    assert c.cmd("TTL", "p") == -1
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (("a", "a"), "ERR source and destination objects are the same"),
+    (("nokey", "nokey"), "ERR source and destination objects are the same"),
+    (("a", "d", "DB", "1"), "ERR DB index is out of range"),
+    (("a", "a", "DB", "1"), "ERR DB index is out of range"),  # options first
+    (("a", "d", "DB", "abc"), "ERR value is not an integer or out of range"),
+    (("a", "d", "DB", "99999999999"), "ERR value is out of range, value must between -2147483648 and 2147483647"),
+    (("a", "d", "DB"), "ERR syntax error"),
+    (("a", "d", "FOO"), "ERR syntax error"),
+    (("a",), "ERR wrong number of arguments for 'copy' command"),
+])
+def test_copy_errors(raw, resp, args, error):
+    c = raw()
+    assert c.cmd("SET", "a", "1") == "OK"
+    assert c.cmd("COPY", *args) == resp.Error(error)
+    assert c.cmd("EXISTS", "d") == 0
