@@ -33,14 +33,20 @@ def _yes_no(text: str | bool) -> bool:
         return True
     if value in ("no", "false", "0", "off"):
         return False
-    raise ValueError(f"argument must be 'yes' or 'no', got {text!r}")
+    raise ValueError("argument must be 'yes' or 'no'")  # Redis's text, so CONFIG SET answers as Redis does
+
+
+INT64_MAX = 2**63 - 1
 
 
 def _int(text: str | int) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise ValueError("argument couldn't be parsed into an integer") from None
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:  # Redis's string2ll fails outside a long long
+        raise ValueError("argument couldn't be parsed into an integer")
+    return value
 
 
 def _str(text: str | Any) -> str:
@@ -51,7 +57,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = str(text).strip().lower()
         if value not in choices:
-            raise ValueError(f"argument must be one of {', '.join(choices)}")
+            raise ValueError(f"argument(s) must be one of the following: {', '.join(choices)}")
         return value
 
     return parse
@@ -82,6 +88,8 @@ class Param:
     help: str
     mutable: bool = False
     env: tuple[str, ...] = ()
+    # Inclusive (low, high) an integer value must lie in: Redis's bounds for the parameters it also has.
+    bounds: tuple[int, int] | None = None
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -218,23 +226,29 @@ PARAMS: tuple[Param, ...] = (
     Param("ssd-write-queue", parse_size, 64 * 1024**2,
           "Bytes of demoted values waiting for the SSD writer before writers are made to wait.", mutable=True),
     Param("proto-max-bulk-len", parse_size, 512 * 1024**2, "Largest bulk string a client may send.",
-          mutable=True),
+          mutable=True, bounds=(1024**2, INT64_MAX)),
     Param("client-query-buffer-limit", parse_size, 1024**3, "Largest pending request of one client.",
-          mutable=True),
+          mutable=True, bounds=(1024**2, INT64_MAX)),
     Param("client-output-buffer-limit", parse_size, 1024**3,
           "Pending reply bytes after which a client that does not read is disconnected.", mutable=True),
     Param("large-value-threshold", parse_size, 64 * 1024,
           "Bulk values at least this large are received straight into their own buffer."),
-    Param("maxclients", _int, 10000, "Most clients connected at once.", mutable=True),
-    Param("timeout", _int, 0, "Close a client idle this many seconds (0: never).", mutable=True),
-    Param("hz", _int, 10, "Background cycles per second (active expiry).", mutable=True),
+    Param("maxclients", _int, 10000, "Most clients connected at once.", mutable=True,
+          bounds=(1, 2**32 - 1)),
+    Param("timeout", _int, 0, "Close a client idle this many seconds (0: never).", mutable=True,
+          bounds=(0, 2**31 - 1)),
+    Param("hz", _int, 10, "Background cycles per second (active expiry).", mutable=True,
+          bounds=(0, 2**31 - 1)),
     Param("active-expire-keys", _int, 20, "Keys sampled per active-expiry round.", mutable=True),
     Param("slowlog-log-slower-than", _int, 10000,
-          "Microseconds after which a command is logged as slow (0: every command, -1: none).", mutable=True),
-    Param("slowlog-max-len", _int, 128, "Entries kept in the slow log.", mutable=True),
+          "Microseconds after which a command is logged as slow (0: every command, -1: none).", mutable=True,
+          bounds=(-1, INT64_MAX)),
+    Param("slowlog-max-len", _int, 128, "Entries kept in the slow log.", mutable=True,
+          bounds=(0, INT64_MAX)),
     Param("latency-monitor-threshold", _int, 0,
           "LATENCY LATEST/HISTORY record a command's slowest latency of each second when it reaches this many "
-          "milliseconds (0: off, as in Redis).", mutable=True),
+          "milliseconds (0: off, as in Redis).", mutable=True,
+          bounds=(0, INT64_MAX)),
     Param("http-port", _int, 9379,
           "Port of the HTTP endpoint: /metrics (Prometheus), /stats.json, /healthz and the dashboard at /; 0 "
           "disables it. If the default port is taken the server runs without it (with a warning); a port given "
@@ -252,6 +266,8 @@ PARAMS: tuple[Param, ...] = (
           mutable=True),
 )
 PARAMS_BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+# Redis's CONFIG_MIN_HZ / CONFIG_MAX_HZ: any hz within the bounds is accepted and used as 1..500.
+CLAMPS: dict[str, tuple[int, int]] = {"hz": (1, 500)}
 # Redis calls the DRAM budget `maxmemory`; accept both names everywhere.
 ALIASES: dict[str, str] = {"maxmemory": "dram-size"}
 
@@ -289,7 +305,12 @@ class Config:
             raise ValueError(f"Unknown option or number of arguments for CONFIG SET - '{name}'")
         if runtime and not param.mutable:
             raise ValueError(f"can't set immutable config '{name}'")
-        self.values[key] = param.parse(raw)
+        value = param.parse(raw)
+        if param.bounds is not None and not param.bounds[0] <= value <= param.bounds[1]:
+            raise ValueError(f"argument must be between {param.bounds[0]} and {param.bounds[1]} inclusive")
+        if key in CLAMPS:  # accepted, then brought into range (CONFIG GET shows the value in use), as Redis
+            value = max(CLAMPS[key][0], min(CLAMPS[key][1], value))
+        self.values[key] = value
 
     def get(self, name: str) -> Any:
         values = self.values

@@ -7,7 +7,7 @@ from typing import Any
 from kvstrata import __version__
 from kvstrata import acl as acl_mod
 from kvstrata.commands.args import parse_int
-from kvstrata.commands.context import ClientState, Context
+from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
 from kvstrata.commands.registry import command, container
 from kvstrata.errors import CommandError, WrongPassError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import OK, PONG, Status, Verbatim
@@ -125,6 +125,7 @@ def reset(ctx: Context, args: list[bytes]) -> Any:
     client = ctx.client
     client.proto = 2
     client.name = b""
+    client.reply &= REPLY_SKIP  # as Redis: replies back on, but a pending SKIP still swallows RESET's own reply
     acl_mod.acl_of(ctx).attach(client)
     return Status("RESET")
 
@@ -137,15 +138,16 @@ def _cmd_name(spec: Any) -> str:
     return spec if isinstance(spec, str) else spec.full_name
 
 
-def client_line(c: ClientState, now_ms: int) -> str:
+def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
+    """One CLIENT LIST line; ``running``: ``c`` is the client asking (its command counts in qbuf/argv-mem)."""
     age = (now_ms - c.created_ms) // 1000
     idle = (now_ms - c.last_ms) // 1000
-    qbuf, qfree, argv, oll, omem, total = c.memory() if c.memory is not None else (0, 0, 0, 0, 0, 0)
+    qbuf, qfree, argv, oll, omem, total = c.memory(running) if c.memory is not None else (0, 0, 0, 0, 0, 0)
     events = "rw" if omem else "r"
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
-        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={qbuf} qbuf-free={qfree} argv-mem={argv} "
-        f"multi-mem=0 rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
+        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={qbuf} qbuf-free={qfree} "
+        f"argv-mem={argv} multi-mem=0 rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
         f"cmd={_cmd_name(c.last_cmd)} "
         f"user={c.user.name if c.user is not None else 'default'} "
         f"redir=-1 resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
@@ -185,7 +187,7 @@ def client_getname(ctx: Context, args: list[bytes]) -> Any:
 @command("info", 2, "fast", parent="client", group="connection", since="6.2.0",
          summary="Returns information about the connection.")
 def client_info(ctx: Context, args: list[bytes]) -> Any:
-    return Verbatim(client_line(ctx.client, _now(ctx)) + "\n")
+    return Verbatim(client_line(ctx.client, _now(ctx), running=True) + "\n")
 
 
 @command("list", -2, "", parent="client", group="connection", since="2.4.0",
@@ -207,7 +209,7 @@ def client_list(ctx: Context, args: list[bytes]) -> Any:
             raise syntax_error()
     now = _now(ctx)
     states = [c.client for c in conns] if conns or ctx.server is not None else [ctx.client]
-    return Verbatim("".join(client_line(s, now) + "\n" for s in states))
+    return Verbatim("".join(client_line(s, now, s is ctx.client) + "\n" for s in states))
 
 
 @command("setinfo", 4, "fast", parent="client", group="connection", since="7.2.0",
@@ -228,14 +230,15 @@ def client_setinfo(ctx: Context, args: list[bytes]) -> Any:
 
 @command("kill", -3, "admin", parent="client", group="connection", since="2.4.0",
          summary="Terminates open connections.",
-         syntax="CLIENT KILL ip:port | [ID client-id] [ADDR ip:port] [LADDR ip:port] [SKIPME yes|no]")
+         syntax="CLIENT KILL ip:port | [ID client-id] [TYPE type] [USER username] [ADDR ip:port] "
+                "[LADDR ip:port] [SKIPME yes|no] [MAXAGE seconds]")
 def client_kill(ctx: Context, args: list[bytes]) -> Any:
     conns = _connections(ctx)
     if len(args) == 3:
         addr = args[2].decode(errors="replace")
         for c in conns:
             if c.client.addr == addr:
-                c.kill()
+                _kill(ctx, c)
                 return OK
         raise CommandError("No such client")
     if len(args) % 2 != 0:
@@ -244,6 +247,7 @@ def client_kill(ctx: Context, args: list[bytes]) -> Any:
     filters: list[tuple[bytes, bytes]] = []
     for i in range(2, len(args), 2):
         opt, val = args[i].upper(), args[i + 1]
+        text = val.decode(errors="replace")
         if opt == b"ID":
             if parse_int(val, "client-id should be greater than 0") <= 0:
                 raise CommandError("client-id should be greater than 0")
@@ -252,26 +256,73 @@ def client_kill(ctx: Context, args: list[bytes]) -> Any:
                 raise syntax_error()
             skipme = val.lower() == b"yes"
             continue
-        elif opt not in (b"ADDR", b"LADDR", b"USER", b"TYPE"):
+        elif opt == b"MAXAGE":  # Redis 7.4
+            if parse_int(val, "maxage is not an integer or out of range") <= 0:
+                raise CommandError("maxage should be greater than 0")
+        elif opt == b"TYPE":
+            if val.lower() not in _CLIENT_TYPES:
+                raise CommandError(f"Unknown client type '{text}'")
+        elif opt == b"USER":
+            if text not in acl_mod.acl_of(ctx).users:
+                raise CommandError(f"No such user '{text}'")
+        elif opt not in (b"ADDR", b"LADDR"):
             raise syntax_error()
         filters.append((opt, val))
     killed = 0
+    now_s = _now(ctx) // 1000
     for c in conns:
         s = c.client
         if skipme and s.id == ctx.client.id:
             continue
-        ok = True
-        for opt, val in filters:
-            text = val.decode(errors="replace")
-            if (opt == b"ID" and s.id != int(val)) or (opt == b"ADDR" and s.addr != text) or (
-                    opt == b"LADDR" and s.laddr != text) or (opt == b"USER" and text != (s.user.name if s.user is not None else "default")) or (
-                    opt == b"TYPE" and text.lower() != "normal"):
-                ok = False
-                break
-        if ok:
-            c.kill()
+        if all(_kill_filter_ok(s, opt, val, now_s) for opt, val in filters):
+            _kill(ctx, c)
             killed += 1
     return killed
+
+
+# What Redis's getClientTypeByName knows; every kvstrata connection is "normal".
+_CLIENT_TYPES = (b"normal", b"master", b"replica", b"slave", b"pubsub")
+
+
+def _kill_filter_ok(s: ClientState, opt: bytes, val: bytes, now_s: int) -> bool:
+    text = val.decode(errors="replace")
+    if opt == b"ID":
+        return s.id == int(val)
+    if opt == b"MAXAGE":  # Redis compares whole seconds: now - ctime
+        return now_s - s.created_ms // 1000 >= int(val)
+    if opt == b"ADDR":
+        return s.addr == text
+    if opt == b"LADDR":
+        return s.laddr == text
+    if opt == b"USER":
+        return text == (s.user.name if s.user is not None else "default")
+    return val.lower() == b"normal"  # TYPE
+
+
+def _kill(ctx: Context, conn: Any) -> None:
+    """The caller itself is closed after its reply (as Redis's CLIENT_CLOSE_AFTER_REPLY); others at once."""
+    if conn.client is ctx.client:
+        ctx.client.closing = True
+    else:
+        conn.kill()
+
+
+@command("reply", 3, "", parent="client", group="connection", since="3.2.0",
+         summary="Instructs the server whether to reply to commands.", syntax="CLIENT REPLY ON | OFF | SKIP")
+def client_reply(ctx: Context, args: list[bytes]) -> Any:
+    """The connection drops the replies (its ``_reply_done``); OFF and SKIP have none themselves."""
+    client = ctx.client
+    mode = args[2].lower()
+    if mode == b"on":
+        client.reply &= ~(REPLY_OFF | REPLY_SKIP)
+    elif mode == b"off":
+        client.reply |= REPLY_OFF
+    elif mode == b"skip":
+        if not client.reply & REPLY_OFF:
+            client.reply |= REPLY_SKIP_NEXT | REPLY_SKIP  # SKIP: this reply goes, SKIP_NEXT: the next one too
+    else:
+        raise syntax_error()
+    return OK
 
 
 @command("no-evict", 3, "fast", parent="client", group="connection", since="7.0.0",

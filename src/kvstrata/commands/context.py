@@ -26,8 +26,13 @@ class ClientState:
     last_cmd: Any = "NULL"
     closing: bool = False
     fd: int = -1
-    # () -> (qbuf, qbuf-free, argv-mem, oll, omem, tot-mem), set by the connection (CLIENT LIST, INFO)
+    # (running) -> (qbuf, qbuf-free, argv-mem, oll, omem, tot-mem), set by the connection (CLIENT LIST, INFO)
     memory: Any = None
+    # CLIENT REPLY: REPLY_OFF / REPLY_SKIP / REPLY_SKIP_NEXT bits, as Redis's client flags (0: every reply sent)
+    reply: int = 0
+
+
+REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 1, 2, 4
 
 
 @dataclass

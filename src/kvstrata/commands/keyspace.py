@@ -235,6 +235,41 @@ def renamenx(ctx: Context, args: list[bytes]) -> Any:
     return _rename(ctx, args, True)
 
 
+@command("copy", -3, "write denyoom", keys=(1, 2, 1), group="generic", since="6.2.0",
+         summary="Copies the value of a key to a new key.",
+         syntax="COPY source destination [DB destination-db] [REPLACE]")
+def copy(ctx: Context, args: list[bytes]) -> Any:
+    """Redis's checks in its order: options, then same key, then a missing source (0), then an existing
+    destination without REPLACE (0). The copy keeps the source's expiry."""
+    replace = False
+    i = 3
+    while i < len(args):
+        opt = args[i].upper()
+        if opt == b"REPLACE":
+            replace = True
+        elif opt == b"DB" and i + 1 < len(args):
+            db = parse_int(args[i + 1])
+            if not -2**31 <= db < 2**31:  # Redis reads an int
+                raise CommandError("value is out of range, value must between -2147483648 and 2147483647")
+            if db != 0:
+                raise CommandError("DB index is out of range")  # one database, as Redis with databases 1
+            i += 1
+        else:
+            raise syntax_error()
+        i += 1
+    store = ctx.store
+    src, dst = args[1], args[2]
+    if src == dst:
+        raise CommandError("source and destination objects are the same")
+    entry = store.get(src, touch=False)
+    if entry is None:
+        return 0
+    if store.get(dst, touch=False) is not None and not replace:
+        return 0
+    store.put(bytes(dst), bytes(entry.value), entry.expire_at)  # its own bytes: the source may change later
+    return 1
+
+
 # settle: LMDB's record count is exact only once the SSD writer has committed everything queued.
 @command("dbsize", 1, "readonly fast", settle=True, group="server",
          summary="Returns the number of keys in the database.")

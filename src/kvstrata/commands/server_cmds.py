@@ -155,23 +155,55 @@ def config_get(ctx: Context, args: list[bytes]) -> Any:
 @command("set", -4, "admin", parent="config", group="server", since="2.0.0",
          summary="Sets configuration parameters in-flight.")
 def config_set(ctx: Context, args: list[bytes]) -> Any:
+    """Redis 7's order: the names are checked first (the first unknown, immutable or repeated one is named as
+    spelled), then the values are set in turn and all restored if one is refused (named
+    by its parameter name)."""
     if len(args) % 2 != 0:
         raise wrong_arity("config|set")
     pairs = [(args[i].decode(errors="replace"), args[i + 1].decode(errors="replace"))
              for i in range(2, len(args), 2)]
-    old = {canonical(n): ctx.config.get(n) for n, _ in pairs if canonical(n) in PARAMS_BY_NAME}
-    try:
-        for name, value in pairs:
+    seen: set[str] = set()
+    for name, value in pairs:
+        key = canonical(name)
+        if key not in PARAMS_BY_NAME:
+            raise CommandError(f"Unknown option or number of arguments for CONFIG SET - '{name}'")
+        if not PARAMS_BY_NAME[key].mutable and not _unchanged(ctx, key, value):
+            raise CommandError(f"CONFIG SET failed (possibly related to argument '{name}') - "
+                               "can't set immutable config")
+        if key in seen:
+            raise CommandError(f"CONFIG SET failed (possibly related to argument '{name}') - duplicate parameter")
+        seen.add(key)
+    old = {canonical(n): ctx.config.get(n) for n, _ in pairs}
+    for name, value in pairs:
+        if not PARAMS_BY_NAME[canonical(name)].mutable:
+            continue  # set to the value it has (checked above): nothing to do
+        try:
             ctx.config.set(name, value, runtime=True)
-    except ValueError as exc:
-        for param, value in old.items():
-            ctx.config.values[param] = value
-        if str(exc).startswith("Unknown option"):
-            raise CommandError(str(exc)) from None
-        raise CommandError(f"CONFIG SET failed (possibly related to argument '{name}') - {exc}") from None
+        except ValueError as exc:
+            for param, previous in old.items():
+                ctx.config.values[param] = previous
+            spelled = name.strip().lower()
+            shown = spelled if spelled in ALIASES else canonical(name)  # maxmemory stays maxmemory
+            raise CommandError(f"CONFIG SET failed (possibly related to argument '{shown}') - {exc}") from None
     if ctx.server is not None:
         ctx.server.apply_config()
     return OK
+
+
+# Immutable in Redis too: CONFIG SET refuses them whatever the value, as Redis does.
+_REDIS_IMMUTABLE = frozenset({"databases", "cluster-enabled", "aclfile"})
+
+
+def _unchanged(ctx: Context, key: str, value: str) -> bool:
+    """A parameter kvstrata cannot change at runtime (but Redis can, or Redis does not have) may be "set" to
+    the value it already has: the effective configuration stays true, and a client that writes back what
+    CONFIG GET gave it (as Redis's own CONFIG sanity test does) works."""
+    if key in _REDIS_IMMUTABLE:
+        return False
+    try:
+        return PARAMS_BY_NAME[key].parse(value) == ctx.config.get(key)
+    except ValueError:
+        return False
 
 
 @command("resetstat", 2, "admin", parent="config", group="server", since="2.0.0",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from decimal import Context as DecimalContext
-from decimal import Decimal
+import warnings
 from typing import Any
+
+import numpy as np
 
 from kvstrata.commands.args import INT64_MAX, INT64_MIN, Option, parse_float, parse_int, parse_options
 from kvstrata.commands.context import Context
@@ -214,6 +215,13 @@ def getrange(ctx: Context, args: list[bytes]) -> Any:
     return bytes(value[start : end + 1])
 
 
+@command("substr", 4, "readonly", keys=(1, 1, 1), group="string", since="1.0.0",
+         summary="Returns a substring from a string value.", syntax="SUBSTR key start end")
+def substr(ctx: Context, args: list[bytes]) -> Any:
+    """Redis keeps the old name of GETRANGE (deprecated since 2.0) with the same answers."""
+    return getrange(ctx, args)
+
+
 @command("setrange", 4, "write denyoom", keys=(1, 1, 1), group="string", since="2.2.0",
          summary="Overwrites a part of a string value with another by an offset. Creates the key if it doesn't "
                  "exist.", syntax="SETRANGE key offset value")
@@ -278,30 +286,28 @@ def decrby(ctx: Context, args: list[bytes]) -> Any:
     return _incr(ctx, args[1], -delta)
 
 
-# Redis adds in long double and prints "%.17Lf" with trailing zeros removed; decimal arithmetic with more digits
-# than a double reproduces its answers (0.1 + 0.2 is "0.3") and its range (about 1.19e4932).
-_LDBL_MAX = Decimal("1.18973149535723176502e4932")
-_DECIMAL = DecimalContext(prec=60, Emax=6000, Emin=-6000)
-_QUANTUM = Decimal("1e-17")
+# Redis adds in the platform's long double and prints "%.17Lf" with trailing zeros removed: numpy's longdouble
+# is that same C type, and its exact positional formatting gives the same digits (100001.5 + 0.1 is
+# "100001.60000000000000142", 0.1 + 0.2 is "0.3", as in Redis).
 
 
-def parse_long_double(raw: bytes) -> Decimal:
-    value = parse_float(raw)
+def parse_long_double(raw: bytes) -> np.longdouble:
+    parse_float(raw)  # Redis's syntax (no spaces, no NaN)
     if raw.lower().lstrip(b"+-") in (b"inf", b"infinity"):
-        return Decimal(value)
-    number = _DECIMAL.create_decimal(raw.decode())
-    if abs(number) > _LDBL_MAX:
+        return np.longdouble("-inf" if raw.startswith(b"-") else "inf")
+    with np.errstate(over="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy warns on overflow while parsing a string
+        number = np.longdouble(raw.decode())
+    if not np.isfinite(number):  # strtold's ERANGE (overflow): not a valid float
+        raise CommandError(NOT_FLOAT)
+    if number == 0 and any(48 < c <= 57 for c in raw.lower().split(b"e")[0]):  # ERANGE, underflow to zero
         raise CommandError(NOT_FLOAT)
     return number
 
 
-def format_long_double(x: Decimal) -> bytes:
-    text = format(x.quantize(_QUANTUM, context=_DECIMAL) if x.adjusted() < 40 else x, "f")
-    if "." in text:
-        text = text.rstrip("0").rstrip(".")
-    if text in ("-0", ""):
-        text = "0"
-    return text.encode()
+def format_long_double(x: np.longdouble) -> bytes:
+    text = np.format_float_positional(x, precision=17, unique=False, fractional=True, trim="-")
+    return b"0" if text == "-0" else text.encode()
 
 
 @command("incrbyfloat", 3, "write denyoom fast", keys=(1, 1, 1), group="string", since="2.6.0",
@@ -310,11 +316,10 @@ def format_long_double(x: Decimal) -> bytes:
 def incrbyfloat(ctx: Context, args: list[bytes]) -> Any:
     delta = parse_long_double(args[2])
     old = _value(ctx, args[1])
-    current = Decimal(0) if old is None else parse_long_double(bytes(old))
-    if not delta.is_finite() or not current.is_finite():
-        raise CommandError("increment would produce NaN or Infinity")
-    result = _DECIMAL.add(current, delta)
-    if abs(result) > _LDBL_MAX:
+    current = np.longdouble(0) if old is None else parse_long_double(bytes(old))
+    with np.errstate(over="ignore", invalid="ignore"):
+        result = current + delta
+    if not np.isfinite(result):
         raise CommandError("increment would produce NaN or Infinity")
     text = format_long_double(result)
     ctx.store.replace_value(args[1], text)

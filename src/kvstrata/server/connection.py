@@ -15,7 +15,7 @@ from collections import deque
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from kvstrata.commands.context import ClientState, Context
+from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
 from kvstrata.commands.registry import CommandSpec, resolve
 from kvstrata.commands.waits import Suspend
 from kvstrata.engine.bufpool import BufferPool, tune_malloc
@@ -92,6 +92,8 @@ class Connection(asyncio.BufferedProtocol):
         self.client.memory = self.memory
         self.transport: asyncio.Transport | None = None
         self.out: list[Any] = []
+        # The arguments of the command running (or last run): CLIENT LIST counts them while it runs, as Redis
+        self._argv: list[Any] = []
         self.backlog: deque[list[bytes]] = deque()
         self.busy = False
         self.closed = False
@@ -206,9 +208,16 @@ class Connection(asyncio.BufferedProtocol):
         self.parser.release()
         self._close(abort=True)
 
-    def memory(self) -> tuple[int, int, int, int, int, int]:
-        """(qbuf, qbuf-free, argv-mem, oll, omem, tot-mem) for CLIENT LIST and INFO: what this client holds."""
+    def memory(self, running: bool = False) -> tuple[int, int, int, int, int, int]:
+        """(qbuf, qbuf-free, argv-mem, oll, omem, tot-mem) for CLIENT LIST and INFO: what this client holds.
+
+        ``running``: the caller is this client's own command (CLIENT LIST, CLIENT INFO); a command in progress
+        counts in qbuf (as the request bytes Redis still holds) and argv-mem, as in Redis."""
         qbuf, free, argv = self.parser.memory()
+        if running or self.busy:
+            args = self._argv
+            argv += sum(map(len, args))
+            qbuf += wire_size(args)
         t = self.transport
         omem = self._stream_bytes + sum(map(len, self.out))
         if t is not None and not self.closed:
@@ -287,24 +296,31 @@ class Connection(asyncio.BufferedProtocol):
         cmds = self.parser.commands()
         backlog = self.backlog
         execute = self.execute
+        client = self.client
         if backlog:
             backlog.extend(cmds)
             while backlog:
+                mark = len(self.out)
                 waiter = execute(backlog.popleft())
                 if waiter is not None:
                     self._suspend(waiter)
                     break
-                if self.client.closing:
+                if client.reply:
+                    self._reply_done(mark)
+                if client.closing:
                     backlog.clear()
                     break
         else:
             for i, args in enumerate(cmds):
+                mark = len(self.out)
                 waiter = execute(args)
                 if waiter is not None:
                     backlog.extend(cmds[i + 1 :])
                     self._suspend(waiter)
                     break
-                if self.client.closing:
+                if client.reply:
+                    self._reply_done(mark)
+                if client.closing:
                     break
         self._flush()
         if self._recv_leases:
@@ -312,10 +328,22 @@ class Connection(asyncio.BufferedProtocol):
         if self._pending_error is not None and not self.busy:
             self._protocol_error(self._pending_error)
 
+    def _reply_done(self, mark: int) -> None:
+        """CLIENT REPLY, as Redis's resetClient: the command that just ended keeps no reply while replies are
+        off or skipped (``out[mark:]`` is its reply); a SKIP applies to the one command after CLIENT REPLY SKIP."""
+        client = self.client
+        if client.reply & (REPLY_OFF | REPLY_SKIP):
+            del self.out[mark:]
+        client.reply &= ~REPLY_SKIP
+        if client.reply & REPLY_SKIP_NEXT:
+            client.reply = (client.reply | REPLY_SKIP) & ~REPLY_SKIP_NEXT
+
     def _flush(self) -> None:
         out = self.out
         if not out or self.transport is None or self.closed:
             out.clear()
+            if self.client.closing and not self.closed:  # QUIT or a self-kill whose reply CLIENT REPLY dropped
+                self._close()
             return
         if len(out) == 1 and self._stream is None:
             data = out[0]
@@ -431,6 +459,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def execute(self, args: list[Any]) -> Any:
         """Run one command; returns None when its reply is in ``out``, or a coroutine to await first."""
+        self._argv = args
         spec = self.dispatch.get(args[0])
         if spec is None:
             spec = self.dispatch.get(args[0].lower()) if args[0].__class__ is bytes else None
@@ -612,12 +641,23 @@ class Connection(asyncio.BufferedProtocol):
             log.error("suspended command failed: %s", traceback.format_exc())
             self._error(f"ERR internal error: {type(exc).__name__}")
         self.busy = False
+        if self.client.reply:
+            self._reply_done(0)  # _run flushed everything before the suspended command
         if self.closed:
             return
         self._run()
         if (not self.busy and not self.closed and self.transport is not None and not self.paused_writing
                 and self._stream is None):
             self.transport.resume_reading()
+
+
+def wire_size(args: list[Any]) -> int:
+    """Bytes of ``args`` sent as a RESP multibulk request (``*2\r\n$6\r\nclient\r\n$4\r\nlist\r\n``: 26)."""
+    size = len(b"*%d\r\n" % len(args))
+    for a in args:
+        n = len(a)
+        size += len(b"$%d\r\n" % n) + n + 2
+    return size
 
 
 def _unknown(args: list[Any]) -> str:
