@@ -30,7 +30,7 @@ python -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrat
 # alone, then the modules its config, scheduler and connector code import (docs/vllm.md); torch stays 2.13.0.
 python -m pip install -q --disable-pip-version-check --no-deps vllm==0.33.0
 python -m pip install -q --disable-pip-version-check -c "${TMPDIR:-/tmp}/kvstrata-torch-constraint.txt" \
-    cbor2 openai-harmony openai cachetools xgrammar fastapi partial-json-parser llguidance
+    cbor2 openai-harmony openai cachetools xgrammar fastapi partial-json-parser llguidance cloudpickle py-cpuinfo
 # LMCache 0.5.6 in its own environment (it pulls transformers 5, cupy, numba and cloud SDKs) for
 # tests/integration/test_lmcache_backend.py; created once (10 minutes on a loaded 2-core machine), reused after.
 LMCACHE_VENV="${KVSTRATA_LMCACHE_VENV:-$HOME/.cache/kvstrata/lmcache-venv}"
