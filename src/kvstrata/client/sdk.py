@@ -36,7 +36,7 @@ from kvstrata.client.codec import (
     default_codec,
     encode_parts,
 )
-from kvstrata.client.fast import nbytes, pack, sendmsg_all
+from kvstrata.client.fast import nbytes, pack, sendmsg_all, widen_unix_send_buffer
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
 from kvstrata.engine.entry import Entry
@@ -534,6 +534,9 @@ class KVCacheClient(_Base):
             if sock is None:
                 conn.connect()
                 sock = conn._sock
+            if getattr(conn, "_kvs_widened", None) is not sock:  # once per socket (a reconnect makes a new one)
+                widen_unix_send_buffer(sock)
+                conn._kvs_widened = sock
             try:
                 sent = sendmsg_all(sock, parts)
             except OSError as exc:
