@@ -287,3 +287,27 @@ def test_reusable_buffers_across_batches(url):
         assert n == 7 * CS and getattr(reader._tls, "fast", None) is not None
         assert np.array_equal(np.concatenate(chunks, axis=3), kv)
     reader.close()
+
+
+def test_retrieve_into_out_across_windows_and_a_miss(url):
+    """retrieve(out=) copies each chunk into ``out`` as it is decoded (window by window, with the next window
+    fetched meanwhile): the filled part is a view of ``out``, and a missing chunk ends it there."""
+    tokens = list(range(7 * CS))
+    kv = make_kv(7 * CS)
+    writer = client(url)
+    writer.store(tokens, kv)
+    for overlap in (True, False):
+        reader = client(url, batch_size=2, local_plane=False, overlap=overlap)
+        reader.retrieve_chunks(tokens, reuse_buffers=True)  # learns the value size: the FastClient path next
+        dst = np.full_like(kv, -1.0)
+        n, view = reader.retrieve(tokens, out=dst)
+        assert n == 7 * CS and view.base is dst and np.array_equal(dst, kv)
+        reader.close()
+    assert writer.redis.delete(writer.keys(tokens)[4]) == 1  # chunk 4 gone: the prefix ends before it
+    reader = client(url, batch_size=2, local_plane=False)
+    dst = np.full_like(kv, -1.0)
+    n, view = reader.retrieve(tokens, out=dst)
+    assert n == 4 * CS and view.shape[3] == 4 * CS and np.array_equal(view, kv[:, :, :, :4 * CS])
+    assert (dst[:, :, :, 5 * CS:] == -1.0).all()  # nothing past the miss was written
+    reader.close()
+    writer.close()

@@ -190,3 +190,19 @@ def test_decode_without_checksum_still_checks_lengths():
     assert arr.shape == (4, 4)
     with pytest.raises(codec.CodecError):
         codec.decode(bytes(corrupt)[:-1], check=False)
+
+
+def test_encode_parts_of_a_strided_chunk_allocates_no_copy():
+    """A chunk sliced along T is sent as its runs: encode_parts must not gather (or reshape-copy) it."""
+    import tracemalloc
+
+    kv = np.arange(2 * 2 * 4 * 1024 * 64, dtype=np.float32).reshape(2, 2, 4, 1024, 64)
+    chunk = kv[:, :, :, 256:512]  # 1 MiB, strided
+    tracemalloc.start()
+    try:
+        parts = codec.encode_parts(chunk, "raw", "LKHTD")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < chunk.nbytes // 4, f"encode_parts allocated {peak} bytes for a {chunk.nbytes}-byte chunk"
+    assert b"".join(bytes(p) for p in parts) == codec.encode(np.ascontiguousarray(chunk), "raw", "LKHTD")

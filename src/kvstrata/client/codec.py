@@ -187,7 +187,8 @@ def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale:
     planes = 1
     scales = b""
     nscales = 0
-    data: Any = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b""
+    # Not for runs: reshape(-1) of a strided array is a copy of the whole chunk (the one encode avoids).
+    data: Any = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size and runs is None else b""
     if codec.startswith("fp8"):
         if dtype not in ("float32", "float16", "bfloat16", "float64"):
             raise CodecError(f"fp8 needs a floating-point tensor, not {dtype}")

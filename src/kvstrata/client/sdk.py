@@ -36,7 +36,7 @@ from kvstrata.client.codec import (
     default_codec,
     encode_parts,
 )
-from kvstrata.client.fast import nbytes, pack, sendmsg_all
+from kvstrata.client.fast import nbytes, pack, sendmsg_all, widen_unix_send_buffer
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
 from kvstrata.engine.entry import Entry
@@ -229,6 +229,34 @@ def _copy_bytes(dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst.view(np.uint8), src.view(np.uint8))
     else:
         np.copyto(dst, src, casting="no")
+
+
+class _Filler(list):  # type: ignore[type-arg]
+    """The chunk list of ``retrieve(out=)``: each appended chunk is copied at once into the next slot of ``out``
+    along the token axis (the list keeps those filled slots)."""
+
+    def __init__(self, out: np.ndarray, axis: int) -> None:
+        super().__init__()
+        self.dest, self.axis, self.pos = out, axis, 0
+
+    def _slot(self, start: int, end: int) -> np.ndarray:
+        index: list[Any] = [slice(None)] * self.dest.ndim
+        index[self.axis] = slice(start, end)
+        return self.dest[tuple(index)]
+
+    def append(self, chunk: np.ndarray) -> None:
+        end = self.pos + chunk.shape[self.axis]
+        slot = self._slot(self.pos, end)
+        _copy_bytes(slot, chunk.view(self.dest.dtype) if chunk.dtype != self.dest.dtype else chunk)
+        self.pos = end
+        super().append(slot)
+
+    def extend(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.append(chunk)
+
+    def filled(self) -> np.ndarray | None:
+        return self._slot(0, self.pos) if self.pos else None
 
 
 def _copied(a: np.ndarray) -> np.ndarray:
@@ -534,6 +562,9 @@ class KVCacheClient(_Base):
             if sock is None:
                 conn.connect()
                 sock = conn._sock
+            if getattr(conn, "_kvs_widened", None) is not sock:  # once per socket (a reconnect makes a new one)
+                widen_unix_send_buffer(sock)
+                conn._kvs_widened = sock
             try:
                 sent = sendmsg_all(sock, parts)
             except OSError as exc:
@@ -646,7 +677,8 @@ class KVCacheClient(_Base):
 
     def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None, skip_chunks: int = 0,
                         reuse_buffers: bool = False,
-                        keys: list[bytes] | None = None) -> tuple[int, list[np.ndarray]]:
+                        keys: list[bytes] | None = None,
+                        _into: list[np.ndarray] | None = None) -> tuple[int, list[np.ndarray]]:
         """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``. With ``skip_chunks``
         the caller already holds the first chunks (a device tier): they are counted in n_tokens, not read.
         ``keys``: the keys of ``tokens[:max_tokens]`` when the caller has computed them already.
@@ -665,7 +697,7 @@ class KVCacheClient(_Base):
         connection, and it has finished before the call returns."""
         if keys is None:
             keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
-        out: list[np.ndarray] = []
+        out: list[np.ndarray] = [] if _into is None else _into  # retrieve(out=): a _Filler
         i = min(skip_chunks, len(keys))
         skipped = i
         # Local tier first.
@@ -796,10 +828,14 @@ class KVCacheClient(_Base):
                     return n * self.chunk_size, self._into(chunks, kv)
             finally:
                 self._arena_done()
-        # Into ``out``: received into this thread's reused buffers (views, copied out at once).
-        n, chunks = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=out is not None)
+        # Into ``out``: received into this thread's reused buffers, each chunk copied out as soon as it is
+        # decoded (its bytes still in cache from the checksum, the next window being received meanwhile).
         if out is not None:
-            return n, self._into(chunks, out)
+            layout = self._layout()
+            filler = _Filler(out, layout.index("T") if "T" in layout else 0)
+            n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler)
+            return n, filler.filled()
+        n, chunks = self.retrieve_chunks(tokens, max_tokens)
         return n, self.concat(chunks, self._layout())
 
     def _into(self, chunks: list[np.ndarray], out: np.ndarray) -> np.ndarray | None:
