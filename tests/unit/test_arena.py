@@ -89,6 +89,20 @@ def test_slot_is_reused_only_after_the_last_hold_and_the_next_allocation() -> No
         a[0]  # the stale view was released: it cannot read the new value's bytes
 
 
+def test_a_forfeited_value_is_freed_and_its_pages_go_back() -> None:
+    """A client that disconnects mid-value: the connection forfeits the slot (its only hold); the slot is freed
+    at the next collect and its pages are punched out of the memfd (zeros afterwards, not the old bytes)."""
+    pool = ArenaPool(4 * MB, min_size=64 * KB)
+    a = pool.acquire(1 * MB)
+    off = pool.slot(a).off
+    a[:] = b"x" * MB
+    pool.forfeit(a)
+    pool.collect()
+    info = pool.info()
+    assert info["arena_slots"] == 0 and info["arena_allocated_bytes"] == 0
+    assert bytes(pool.region.view[off:off + 16]) == bytes(16)
+
+
 def test_small_values_and_a_full_arena_fall_back_to_bytearrays() -> None:
     pool = ArenaPool(2 * MB, min_size=64 * KB)
     assert isinstance(pool.acquire(10), bytearray)

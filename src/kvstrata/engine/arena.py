@@ -101,8 +101,8 @@ class Region:
 class Slot:
     """One allocation: ``view`` is the value (exactly ``length`` bytes at ``off``; ``cls`` bytes reserved)."""
 
-    __slots__ = ("checksum", "cls", "deferred", "entries", "gen", "holds", "leases", "length", "off", "seqs",
-                 "view")
+    __slots__ = ("checksum", "cls", "deferred", "entries", "gen", "holds", "leases", "length", "off", "punch",
+                 "seqs", "view")
 
     def __init__(self, off: int, cls: int, length: int, view: memoryview) -> None:
         self.off = off
@@ -115,6 +115,8 @@ class Slot:
         self.deferred = 0  # DRAM budget bytes still charged for this slot after its entries dropped it
         self.checksum: int | None = None
         self.seqs: tuple[int, ...] = ()
+        # A value its client never finished: its pages go back to the kernel when the slot is freed.
+        self.punch = False
         # Bumped each time the holds reach zero: a queue entry of an older generation is stale (the slot was
         # held again since, and queued anew when that hold ended).
         self.gen = 0
@@ -277,7 +279,14 @@ class ArenaPool:
         self._limbo.append((s, s.gen))
 
     def forfeit(self, buf: Any) -> None:
-        """Kept for the BufferPool interface: an arena slot's ownership never leaves the pool."""
+        """A value its client never finished (it disconnected mid-value): when the slot is freed its pages are
+        returned to the kernel, so a client that declares large values and leaves costs no resident memory.
+        Slots of stored values keep their pages: reusing touched memory is what makes large writes fast.
+        The caller gives up its hold with this call (as with ``release``)."""
+        s = self._slots.get(id(buf))
+        if s is not None:
+            s.punch = True
+            self._unhold(s)
 
     # ---- DRAM entries ----
     def adopt(self, buf: Any) -> bool:
@@ -353,6 +362,11 @@ class ArenaPool:
             self._quarantine.append((s, gen))
             return
         del self._slots[id(s.view)]
+        if s.punch and hasattr(mmap, "MADV_REMOVE"):
+            try:
+                self.region.mm.madvise(mmap.MADV_REMOVE, s.off, s.cls)
+            except (OSError, ValueError):  # hugetlbfs wants huge-page alignment: the pages then stay
+                pass
         self.extents.free(s.off, s.cls)
         self.allocated -= s.cls
         self.slack -= s.cls - s.length
