@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from kvstrata.clock import ManualClock
 from kvstrata.engine.arena import ArenaPool, LeaseError, Region
+from kvstrata.engine.entry import Entry
 from kvstrata.engine.extents import Extents
 from kvstrata.engine.store import Store
+from kvstrata.engine.tiers.ssd import SsdTier
 
 KB = 1024
 MB = 1024 * KB
@@ -132,6 +134,47 @@ def test_a_value_queued_to_a_writer_is_not_reused_before_the_writer_committed() 
     writer.committed_seq = 5
     c = pool.acquire(64 * KB)
     assert pool.slot(c).off == off
+
+
+def test_a_failed_write_queued_again_keeps_its_slot_until_the_retry_committed(tmp_path) -> None:
+    # The disk-full path: a demoted value's write fails (it stays in ``pending``, kept in ``stuck``), the
+    # slot is dropped, then retry_stuck() queues it again. The retry's sequence number is newer than the ones
+    # the slot waits for, so before the fix the slot was freed while the retry was queued: a GET answered from
+    # ``pending`` read a released view ("internal error: ValueError") and the writer thread failed on it.
+    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
+    try:
+        completions: list = []
+        ssd.set_delivery(completions.append)  # commits reach the owner's thread later, as in the server
+        pool = ArenaPool(4 * MB, min_size=64 * KB)
+        pool.gates.append(ssd)
+        a = pool.acquire(64 * KB)
+        a[:] = b"v" * len(a)
+        off = pool.slot(a).off
+        apply = ssd._apply_with_room
+
+        def disk_full(batch):
+            raise OSError(28, "No space left on device")
+
+        ssd._apply_with_room = disk_full
+        ssd.put(b"k", Entry(a, 1, 0))
+        pool.release(a)  # demoted: DRAM dropped the value, only the SSD tier's pending write has it
+        completions.pop()()
+        assert b"k" in ssd.stuck
+        pool.acquire(64 * KB)
+        assert pool.slot(a) is not None and ssd.get(b"k").value == a
+
+        ssd._apply_with_room = apply
+        assert ssd.retry_stuck() == 1  # written; its commit not yet delivered
+        b = pool.acquire(64 * KB)
+        assert pool.slot(b).off != off
+        assert bytes(ssd.get(b"k").value) == b"v" * 64 * KB  # raised ValueError before the fix
+        completions.pop()()
+        assert not ssd.stuck and not ssd.retrying and not ssd.pending
+        c = pool.acquire(64 * KB)
+        assert pool.slot(c).off == off
+        assert ssd.get(b"k").value == b"v" * 64 * KB
+    finally:
+        ssd.close()
 
 
 def test_an_exported_view_is_quarantined_until_the_export_ends() -> None:

@@ -23,7 +23,8 @@ before its bytes may be reused:
 2. *writers*: a value may have been handed to the SSD or pool writer thread (demotion, write-through,
    publishing), which holds no hold. The slot waits until every writer has committed what was queued when
    the slot was dropped (``enqueued_seq`` then, ``committed_seq`` now), and while a failed write still
-   references it;
+   references it (``stuck``, or ``retrying`` once it is queued again: the retry's sequence number is newer than
+   the ones the slot waits for);
 3. *exports*: the view is released (``memoryview.release()``); if C code still holds a buffer export of it (a
    transport write in progress), that fails and the slot waits in quarantine. After a successful release any
    stale Python reference raises instead of reading reused memory.
@@ -349,9 +350,11 @@ class ArenaPool:
         for g, seq in zip(self.gates, s.seqs, strict=False):
             if g.committed_seq < seq:
                 return False
-            stuck = getattr(g, "stuck", None)
-            if stuck and any(e.value is s.view for e in stuck.values()):
-                return False
+            # Failed writes kept for a retry, and retries queued after the slot was dropped (which its
+            # sequence numbers do not cover): ``pending`` and the writer thread still read their values.
+            for held in (getattr(g, "stuck", None), getattr(g, "retrying", None)):
+                if held and any(e.value is s.view for e in held.values()):
+                    return False
         return True
 
     def _try_free(self, s: Slot, gen: int) -> None:

@@ -150,6 +150,10 @@ class SsdTier(BatchWriter):
         # Writes whose batch failed: still in ``pending`` (readable), retried by retry_stuck().
         self.stuck: dict[bytes, Entry] = {}
         self.stuck_bytes = 0
+        # Failed writes queued again by retry_stuck() and not yet committed. The arena keeps the slots of their
+        # values (and of ``stuck``'s) alive: they were dropped before the retry was queued, so the writer's
+        # sequence numbers alone would let them be freed while ``pending`` and the writer thread still read them.
+        self.retrying: dict[bytes, Entry] = {}
         self.degraded: str | None = None
         # Bytes of failed writes held in memory beyond which demotions are refused (set by the server).
         self.stuck_limit = 64 * 1024 * 1024
@@ -493,6 +497,8 @@ class SsdTier(BatchWriter):
         for op in batch:
             seq, nbytes, kind, key, snap = op
             self.queued_bytes -= nbytes
+            if kind == _PUT and self.retrying.get(key, 0) is snap:
+                del self.retrying[key]  # committed, or back in ``stuck`` just below
             if error is not None and kind == _PUT and self.pending.get(key, 0) is snap:
                 # Not on disk: the value stays readable from memory and is written again later.
                 self.stuck[key] = snap
@@ -518,6 +524,7 @@ class SsdTier(BatchWriter):
         again = 0
         for key, snap in stuck.items():
             if self.pending.get(key) is snap:
+                self.retrying[key] = snap
                 self._enqueue((_PUT, key, snap), len(snap.value))
                 again += 1
         return again
