@@ -178,6 +178,8 @@ class PlacementMixin:
         except OutOfMemoryError:
             return False
         fresh = Entry(entry.value, entry.version, entry.expire_at)
+        if self.refetch:
+            self.refetch.pop(key, None)
         if old is not None:
             self._drop_dram(key)
         self.dram.put(key, fresh, size, None)
