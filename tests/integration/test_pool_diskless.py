@@ -81,7 +81,8 @@ def test_diskless_nodes_share_chunks_and_read_strong(node):
     assert [g[1] for g in got] == [versions[k] for k in chunks]
     k = next(iter(chunks))
     v2 = a.execute_command("TAIR.KV.SETEX", k, 0, b"second")
-    assert b.execute_command("TAIR.KV.MGET", k, "CONSISTENCY_LEVEL", "EVENTUAL") == [chunks[k]]  # B's old copy
+    # B's old copy until A's invalidation reaches it (then the pool's)
+    assert b.execute_command("TAIR.KV.MGET", k, "CONSISTENCY_LEVEL", "EVENTUAL") in ([chunks[k]], [b"second"])
     assert b.execute_command("TAIR.KV.MGET", k, "CONSISTENCY_LEVEL", "STRONG", "WITHVERSIONS") == [[b"second", v2]]
 
 

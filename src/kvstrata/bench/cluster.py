@@ -82,8 +82,11 @@ class LocalCluster:
         if self.password:
             args += ["--requirepass", self.password, "--masterauth", self.password]
         if not self.standalone:
+            # Without full coverage the masters that are up keep serving their slots when one is down (a cache
+            # pool: partial failure stays partial; docs/pool.md).
             args += ["--cluster-enabled", "yes", "--cluster-config-file", str(node_dir / "nodes.conf"),
-                     "--cluster-node-timeout", str(self.node_timeout_ms)]
+                     "--cluster-node-timeout", str(self.node_timeout_ms),
+                     "--cluster-require-full-coverage", "no"]
         log = open(node_dir / "server.log", "ab")
         self.procs[i] = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()

@@ -14,15 +14,17 @@ from typing import Any
 
 from kvstrata.commands.context import Context
 from kvstrata.commands.waits import PoolAck, Suspend
+from kvstrata.engine.tiers.markers import Tombstone
 from kvstrata.engine.tiers.pool import FAILED, MISMATCH, OK, OLDER, PoolUnavailableError
 from kvstrata.errors import CommandError, VersionMismatchError
 
 WRITE_RETRIES = 3
 
 
-def after_pool_write(ctx: Context, reply: Any, *, expected: int | None = None, ssd_seq: int = 0,
-                     rewrite: Callable[[int], Any] | None = None, tries: int = 0) -> Any:
-    """``reply`` once the pool holds the write queued by the current command (or at once under pool-ack local).
+def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expected: int | None = None,
+                     ssd_seq: int = 0, rewrite: Callable[[int], Any] | None = None, tries: int = 0) -> Any:
+    """``reply`` once the pool holds the write of ``key`` at ``version`` queued by the current command (or at
+    once under pool-ack local). A write the client hears failed is not kept (served) here either.
 
     ``rewrite(pool_version)`` writes again after an OLDER refusal and returns the new reply (or a Suspend).
     """
@@ -34,6 +36,7 @@ def after_pool_write(ctx: Context, reply: Any, *, expected: int | None = None, s
     if not seq:
         if pool.ack != "local" or expected is not None:
             if not pool.active:
+                store.pool_refused(key, version)
                 raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); the write is kept on "
                                            "this node only")
         return reply
@@ -61,16 +64,22 @@ def after_pool_write(ctx: Context, reply: Any, *, expected: int | None = None, s
     return Suspend(PoolAck(seq, ssd_seq), then, cancel=release)
 
 
-def after_pool_delete(ctx: Context, keys: list[bytes], reply: Any) -> Any:
+def after_pool_delete(ctx: Context, keys: list[bytes], reply: Any, _tries: int = 0) -> Any:
     """``reply`` to DEL once the pool holds its tombstones (unless pool-ack is local). A tombstone the pool did
     not take stays queued here and is replayed; the client hears -TRYAGAIN, never a silent local-only delete."""
     store = ctx.store
     pool = store.pool
-    seq = store.pool_ack
+    seq = store.pool_ack if not _tries else (pool.enqueued_seq if pool is not None else 0)
     if pool is None or ctx.server is None or not seq or pool.ack == "local":
         return reply
 
     def then(_: Any) -> Any:
+        if any(pool.pending.get(k).__class__ is Tombstone for k in keys) and pool.active:
+            # A tombstone sent again above a version that reached the pool first: wait for that one too.
+            return after_pool_delete(ctx, keys, reply, _tries + 1) if _tries < 3 else _check()
+        return _check()
+
+    def _check() -> Any:
         waiting = sum(1 for k in keys if k in pool.replay)
         if waiting:
             raise PoolUnavailableError(f"the pool did not take the delete of {waiting} key(s) ({pool.degraded}); "

@@ -9,7 +9,7 @@ from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.pool_acks import after_pool_write
 from kvstrata.commands.registry import command
-from kvstrata.commands.waits import Commit, PoolVersions, Suspend
+from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Suspend
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers.pool import PoolDeleted, PoolUnavailableError
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
@@ -56,7 +56,8 @@ def _setex(ctx: Context, key: bytes, value: bytes, expire_at: int, cold: bool, e
         # The pool held a higher version: write again above it (a plain write; a CAS gets VERMISMATCH).
         return _setex(ctx, key, value, expire_at, cold, None, n)
 
-    return after_pool_write(ctx, entry.version, expected=expected, ssd_seq=ssd_seq, rewrite=again, tries=tries)
+    return after_pool_write(ctx, key, entry.version, entry.version, expected=expected, ssd_seq=ssd_seq,
+                            rewrite=again, tries=tries)
 
 
 def _mget_options(args: list[bytes], default: str) -> tuple[list[bytes], str, bool]:
@@ -145,6 +146,13 @@ def _pool_check(ctx: Context, keys: list[bytes], answer: Callable[[list[Entry | 
     assert pool is not None
     if not pool.active:
         raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); STRONG reads need it")
+    if pool.pending and any(k in pool.pending for k in keys):
+        # This node's write or delete of a key is on its way to the pool, unconfirmed (a CAS may yet be refused):
+        # it is not an answer yet. Wait for the pool writer, then check again.
+        if tries >= STRONG_RECHECKS:
+            raise PoolUnavailableError("the keys kept changing on this node during the pool check; try again")
+        return Suspend(PoolAck(pool.enqueued_seq), lambda _: _pool_check(ctx, keys, answer, tries + 1),
+                       reload=True)
     local = store.local_versions(keys)
     # The records loaded before this step, kept (watched) so the reads after the check stay off the event loop.
     kept = store.keep_overlay(keys)
@@ -157,6 +165,9 @@ def _pool_check(ctx: Context, keys: list[bytes], answer: Callable[[list[Entry | 
         newer, raced = result
         if kept is not None:
             store.restore_overlay(kept)  # reinstalled unless the SSD changed these keys meanwhile
+        # A write of one of the keys here between this step and the start of the check (the watch ticket only
+        # covers the check itself) is a race too: the local copy is not the one that was compared.
+        raced = raced or any(k in pool.pending for k in keys)
         if not raced:
             store.refresh_from_pool(newer)
             out: list[Entry | None] = []

@@ -76,6 +76,7 @@ FLAG_TOMBSTONE = 1
 ZERO_VERSION = bytes(8)
 
 _PUT, _DEL_IF, _CAS, _TOMB = range(4)
+TOMB_RETRIES = 3
 OK, OLDER, MISMATCH, FAILED = "ok", "older", "mismatch", "failed"
 
 
@@ -566,7 +567,7 @@ class PoolTier(BatchWriter):
         tomb = Tombstone()
         self.pending[key] = tomb
         self._watchers.touched(key)
-        return self._enqueue((_TOMB, key, tomb, (version, track)))
+        return self._enqueue((_TOMB, key, tomb, (version, track, 0)))
 
     def _evict_over_budget(self, exclude: bytes | None = None) -> None:
         for key in list(self.index):
@@ -604,7 +605,7 @@ class PoolTier(BatchWriter):
             tomb = self.pending.get(key)
             if tomb.__class__ is Tombstone:
                 self.replayed += 1
-                self._enqueue((_TOMB, key, tomb, (version, False)))
+                self._enqueue((_TOMB, key, tomb, (version, False, 0)))
         return len(todo)
 
     def flush(self, version: int) -> int:
@@ -703,6 +704,9 @@ class PoolTier(BatchWriter):
                     self._forget(key)
                 if tracked:
                     self.outcomes[seq] = (FAILED, text)
+                    if kind != _TOMB and (self.ack != "local" or kind == _CAS):
+                        # The client hears that the write failed: this node does not serve it either.
+                        self.on_refused(key, version)
                 continue
             self.writes += 1
             self.write_bytes += nbytes
@@ -724,8 +728,14 @@ class PoolTier(BatchWriter):
             got = self.index.get(key)
             if got is not None and got[0] == version:
                 self._forget(key)
-            if kind != _TOMB:
-                self.on_refused(key, version)
+            if kind == _TOMB:
+                if outcome == OLDER and key not in self.pending and arg[2] < TOMB_RETRIES:
+                    # The pool holds a higher version that arrived first (another node's clock was ahead): this
+                    # delete came later, so it must win. Sent again above the pool's version (the DEL waits).
+                    self.pending[key] = snap
+                    self._enqueue((_TOMB, key, snap, (pool_version + 1, tracked, arg[2] + 1)))
+                continue
+            self.on_refused(key, version)
             if tracked:
                 self.outcomes[seq] = (outcome, pool_version)
 
