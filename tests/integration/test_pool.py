@@ -350,6 +350,11 @@ def test_metrics_and_info_report_the_pool(node):
         body = resp.read().decode()
     assert "kvstrata_pool_degraded 0.0" in body
     assert 'kvstrata_tier_used_bytes{tier="pool"}' in body
+    # Every pool counter is exported (issue 16): writes, refusals, conflicts, tombstones, invalidations, ...
+    for name in ("writes_total 1.0", "skipped_writes_total", "conflicts_total", "refused_writes_total",
+                 "cas_refused_total", "timeouts_total", "recoveries_total", "tombstones_total",
+                 "invalidations_total", "pending 0.0", "deletes_to_replay 0.0"):
+        assert f"kvstrata_pool_{name}" in body, name
 
 
 def test_write_through_keeps_adopted_chunks_on_ssd(node, make_server, tmp_path):
