@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: redis-server/redis-tools (the Redis peer, redis-cli, redis-benchmark, and
 # the Redis Cluster for the pool tests), chromium (the dashboard test) and prometheus (promtool for the alert
-# rules). Installs only what is missing; as root directly, otherwise through sudo.
+# rules), and valkey-server 8 from bookworm-backports (the pool tests run against it with
+# KVSTRATA_POOL_SERVER=valkey-server; skipped where backports cannot be reached). Installs only what is missing;
+# as root directly, otherwise through sudo.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
@@ -23,5 +25,17 @@ if [ ${#missing[@]} -gt 0 ] || [ "$prometheus" = 1 ]; then
   if command -v service >/dev/null 2>&1; then
     $SUDO service redis-server stop >/dev/null 2>&1 || true
     $SUDO service prometheus stop >/dev/null 2>&1 || true
+  fi
+fi
+# Valkey 8 (the pool tests' second server): Debian bookworm has it only in bookworm-backports.
+if ! command -v valkey-server >/dev/null 2>&1; then
+  if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo "deb http://deb.debian.org/debian bookworm-backports main" | $SUDO tee /etc/apt/sources.list.d/bookworm-backports.list >/dev/null
+    $SUDO apt-get update -qq || true
+  fi
+  if $SUDO apt-get install -y -qq -t bookworm-backports --no-install-recommends valkey-server >/dev/null; then
+    if command -v service >/dev/null 2>&1; then $SUDO service valkey-server stop >/dev/null 2>&1 || true; fi
+  else
+    echo "valkey-server (bookworm-backports) not installable here; the pool tests run against Redis only" >&2
   fi
 fi

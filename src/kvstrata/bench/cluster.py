@@ -5,12 +5,14 @@ yes``, config files in a temporary directory), joins them with ``redis-cli --clu
 --cluster-replicas 0 --cluster-yes`` and waits, with a deadline, until every node reports ``cluster_state:ok``.
 ``kill(i)`` and ``restart(i)`` stop and bring back one master on the same port with the same node id;
 ``pause(i)``/``resume(i)`` SIGSTOP and SIGCONT it (a hung master). ``password`` sets ``requirepass`` (and
-``masterauth``) on every node; ``maxmemory_policy`` the eviction policy.
+``masterauth``) on every node; ``maxmemory_policy`` the eviction policy. The server binary is ``redis-server``,
+or ``$KVSTRATA_POOL_SERVER`` (e.g. ``valkey-server``: the pool tests run against Valkey 8 that way).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import shutil
 import signal
@@ -30,6 +32,11 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def server_binary() -> str:
+    """The pool server program: ``redis-server`` unless ``KVSTRATA_POOL_SERVER`` names another (valkey-server)."""
+    return os.environ.get("KVSTRATA_POOL_SERVER", "redis-server")
 
 
 def free_port(taken: set[int] | None = None) -> int:
@@ -76,7 +83,7 @@ class LocalCluster:
         port = self.ports[i]
         node_dir = self.dir / str(port)
         node_dir.mkdir(exist_ok=True)
-        args = ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
+        args = [server_binary(), "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
                 "--dir", str(node_dir), "--maxmemory", self.maxmemory, "--protected-mode", "no",
                 "--maxmemory-policy", self.maxmemory_policy]
         if self.password:
@@ -104,7 +111,7 @@ class LocalCluster:
         raise RuntimeError(f"redis-server on port {port} did not answer PING within {timeout}s")
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
-        if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        if shutil.which(server_binary()) is None or shutil.which("redis-cli") is None:
             raise RuntimeError("redis-server and redis-cli are needed (apt-get install redis-server redis-tools)")
         self.ports = []
         for _ in range(self.n):
