@@ -57,9 +57,10 @@ def _cli(port: int, *args: str, timeout: float = 10.0, password: str = "") -> st
 
 
 class LocalCluster:
-    def __init__(self, masters: int = 3, *, node_timeout_ms: int = 1000, standalone: bool = False,
+    def __init__(self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 1000, standalone: bool = False,
                  maxmemory: str = "0", password: str = "", maxmemory_policy: str = "noeviction") -> None:
-        self.n = 1 if standalone else masters
+        self.n = 1 if standalone else masters * (1 + replicas)
+        self.replicas = 0 if standalone else replicas
         self.standalone = standalone
         self.node_timeout_ms = node_timeout_ms
         self.maxmemory = maxmemory
@@ -124,7 +125,7 @@ class LocalCluster:
                 auth = ["--no-auth-warning", "-a", self.password] if self.password else []
                 out = subprocess.run(
                     ["redis-cli", *auth, "--cluster", "create", *(f"{HOST}:{p}" for p in self.ports),
-                     "--cluster-replicas", "0", "--cluster-yes"],
+                     "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                     capture_output=True, timeout=timeout, check=False)
                 if out.returncode != 0:
                     raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout.decode()} "

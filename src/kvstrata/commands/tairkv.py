@@ -179,10 +179,16 @@ def _pool_check(ctx: Context, keys: list[bytes], answer: Callable[[list[Entry | 
                     out.append(rec)  # even if DRAM had no room to adopt it
                 else:
                     out.append(store.get(key))
-            return answer(out)
+            lost = [k for k, e in zip(keys, out, strict=True) if e is None and local[k]
+                    and not isinstance(newer.get(k), PoolDeleted)]
+            if not lost:
+                return answer(out)
+            # A copy compared above left this node meanwhile (demoted out of DRAM, its loaded record dropped):
+            # load the keys again and redo the check rather than answer "absent".
+            raced = True
         if tries >= STRONG_RECHECKS:
             raise PoolUnavailableError("the keys kept changing on this node during the pool check; try again")
-        return _pool_check(ctx, keys, answer, tries + 1)
+        return Suspend(PoolAck(0), lambda _: _pool_check(ctx, keys, answer, tries + 1), reload=True)
 
     return Suspend(PoolVersions(local), then, cancel=release)
 

@@ -150,15 +150,20 @@ class LoaderMixin:
     def keep_overlay(self, keys: list[bytes]) -> tuple[dict[bytes, Any], Ticket] | None:
         """Keep the current overlay for a later run of the same command (a STRONG read suspended for the pool),
         watched so that an SSD change of these keys in between invalidates it."""
-        if self._overlay is None or self.ssd is None:
+        if self._overlay is None:
             return None
-        return dict(self._overlay), self.ssd.watch(keys)
+        # Diskless (DRAM + pool): the overlay holds the pool records the loader read, watched on the pool.
+        tier = self.ssd if self.ssd is not None else self.pool
+        if tier is None:
+            return None
+        return dict(self._overlay), tier.watch(keys)
 
     def restore_overlay(self, kept: tuple[dict[bytes, Any], Ticket], *, install: bool = True) -> bool:
         """Reinstall a kept overlay if nothing changed its keys on the SSD since; False when it went stale."""
         overlay, ticket = kept
-        assert self.ssd is not None
-        self.ssd.unwatch(ticket)
+        tier = self.ssd if self.ssd is not None else self.pool
+        assert tier is not None
+        tier.unwatch(ticket)
         if ticket.stale or not install:
             return False
         self._overlay = overlay
