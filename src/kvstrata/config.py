@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstrata.redact import URL_PARAMS, redact_url
 from kvstrata.sizes import parse_size
 
 
@@ -82,6 +83,8 @@ class Param:
             return "yes" if value else "no"
         if value is None:
             return ""
+        if self.name in URL_PARAMS:
+            return redact_url(str(value))
         return str(value)
 
 
@@ -91,17 +94,36 @@ PARAMS: tuple[Param, ...] = (
     Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),
+    Param("aclfile", _str, "",
+          "File of ACL users (`user <name> <rules...>` lines, as in Redis); ACL LOAD/SAVE read and write it."),
+    Param("tls-port", _int, 0,
+          "TCP port for RESP over TLS (0: none); needs tls-cert-file and tls-key-file. With --port 0 the server "
+          "serves TLS only."),
+    Param("tls-cert-file", _str, "", "Server certificate (PEM) for the TLS port and the HTTPS endpoint."),
+    Param("tls-key-file", _str, "", "Private key (PEM) of tls-cert-file."),
+    Param("tls-key-file-pass", _str, "", "Passphrase of tls-key-file, if it is encrypted."),
+    Param("tls-ca-cert-file", _str, "", "CA certificates (PEM) that client certificates are verified against."),
+    Param("tls-auth-clients", _choice("yes", "no", "optional"), "yes",
+          "yes: TLS clients must present a certificate signed by tls-ca-cert-file; optional: verified if given; "
+          "no: not asked for."),
+    Param("http-tls", _yes_no, False,
+          "Serve the HTTP endpoint over TLS (HTTPS) with tls-cert-file and tls-key-file (client certificates as "
+          "tls-auth-clients says)."),
+    Param("http-host-names", _str, "",
+          "Extra names the HTTP endpoint answers to in the Host header (besides its bound addresses, localhost "
+          "when bound to loopback, and this machine's host name): a guard against DNS rebinding."),
     Param("dram-size", parse_size, None,
           "DRAM tier budget in bytes (e.g. 512mb, 16G); default a quarter of RAM, at most 4 GiB.",
           mutable=True, env=("DRAM_SIZE",)),
     Param("maxmemory-policy", _choice("allkeys-lru", "noeviction"), "allkeys-lru",
           "At the DRAM budget: allkeys-lru demotes (or evicts) by the eviction policy; noeviction answers -OOM.",
           mutable=True),
-    Param("eviction-policy", _choice("lru", "lru-k"), "lru-k", "How DRAM entries are ranked for demotion."),
+    Param("eviction-policy", _choice("lru", "lru-k", "arc", "s3-fifo", "w-tinylfu"), "lru-k",
+          "How DRAM entries are ranked for demotion (the default is chosen by `kvstrata bench hitrate`)."),
     Param("lru-k", _int, 2, "K of LRU-K: the K-th most recent reference decides the rank."),
-    Param("lru-k-crp", _float, 1.0,
-          "LRU-K correlated-reference period in seconds: references closer than this count once (one request's "
-          "reads and retries; a chat's next turn is further apart)."),
+    Param("lru-k-crp", _float, 0.0,
+          "LRU-K correlated-reference period in policy accesses (not seconds, so the ranking does not depend on "
+          "how fast clients run): references to a key closer than this count once."),
     Param("essd-path", _str, "", "Directory of the SSD tier (LMDB); empty disables the SSD tier.",
           env=("ESSD_PATH",)),
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),

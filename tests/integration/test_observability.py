@@ -488,10 +488,11 @@ def test_dashboard_renders_live_numbers_in_chromium(make_server, tmp_path):
 def test_non_loopback_bind_requires_the_password(make_server):
     port = free_port()
     make_server({"http-port": port, "http-bind": "0.0.0.0", "requirepass": "s3cret pass"})
-    for path in ("/", "/metrics", "/stats.json", "/healthz"):
+    for path in ("/", "/metrics", "/stats.json"):
         status, headers, _ = http_get(port, path)
         assert status == 401, path
         assert headers["www-authenticate"].startswith("Basic")
+    assert http_get(port, "/healthz")[0:3:2] == (200, b"ok\n")  # liveness probes need no password
     assert http_get(port, "/metrics", {"Authorization": "Bearer wrong"})[0] == 401
     basic_wrong = base64.b64encode(b"default:nope").decode()
     assert http_get(port, "/metrics", {"Authorization": f"Basic {basic_wrong}"})[0] == 401
@@ -503,10 +504,34 @@ def test_non_loopback_bind_requires_the_password(make_server):
     assert stats_json(port, good_bearer)["server"]["http_port"] == port
 
 
-def test_loopback_bind_needs_no_password(make_server):
+def test_loopback_bind_with_a_password_needs_it_too(make_server):
     port = free_port()
-    make_server({"http-port": port, "requirepass": "pw"})
-    assert http_get(port, "/stats.json")[0] == 200
+    srv = make_server({"http-port": port, "requirepass": "pw"})
+    for path in ("/", "/index.html", "/metrics", "/stats.json"):
+        assert http_get(port, path)[0] == 401, path
+    assert http_get(port, "/healthz")[0] == 200
+    assert http_get(port, "/stats.json", {"Authorization": "Bearer pw"})[0] == 200
+    r = srv.client(password="pw")
+    try:
+        # An ACL user with every key and INFO may read the endpoint; a tenant restricted to its keys may not.
+        r.execute_command("ACL", "SETUSER", "prom", "on", ">scrape", "~*", "+info")
+        r.execute_command("ACL", "SETUSER", "tenant", "on", ">t", "~kvs:t:*", "+@all")
+        ok = {"Authorization": "Basic " + base64.b64encode(b"prom:scrape").decode()}
+        tenant = {"Authorization": "Basic " + base64.b64encode(b"tenant:t").decode()}
+        assert http_get(port, "/metrics", ok)[0] == 200
+        assert http_get(port, "/metrics", tenant)[0] == 401
+        # Removing the password at run time opens the loopback endpoint again, as it is without one.
+        r.config_set("requirepass", "")
+        assert http_get(port, "/stats.json")[0] == 200
+    finally:
+        r.close()
+
+
+def test_host_header_must_name_the_endpoint(obs):
+    status, _, body = http_get(obs.http_port, "/metrics", {"Host": f"rebind.attacker.example:{obs.http_port}"})
+    assert status == 421 and b"Host" in body
+    assert http_get(obs.http_port, "/metrics", {"Host": f"localhost:{obs.http_port}"})[0] == 200
+    assert http_get(obs.http_port, "/metrics", {"Host": f"127.0.0.1:{obs.http_port}"})[0] == 200
 
 
 def _run_serve(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:

@@ -215,6 +215,27 @@ def test_password_in_url(make_server):
         KvstrataHiCacheStorage(storage_config(hicache, extra_config={"url": f"redis://{srv.host}:{srv.port}"}), {})
 
 
+def test_acl_username_and_key_prefix(make_server):
+    srv = make_server({"requirepass": "admin"})
+    admin = srv.client(password="admin")
+    admin.execute_command("ACL", "SETUSER", "sgl", "on", ">sglpw", "~hicache:*", "+@all", "-@dangerous")
+    admin.execute_command("ACL", "SETUSER", "other", "on", ">otherpw", "~other:*", "+@all", "-@dangerous")
+    admin.close()
+    pool = MHAHostPool()
+    url = f"redis://{srv.host}:{srv.port}"
+    b = KvstrataHiCacheStorage(storage_config(hicache, extra_config={
+        "url": url, "username": "sgl", "password": "sglpw", "interface_v1": 1}), {})
+    b.register_mem_pool_host(pool)
+    assert b.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True, True]
+    assert b.batch_exists(HASHES[:2]) == 2
+    # A user whose keys are elsewhere can neither write nor find this backend's pages.
+    o = KvstrataHiCacheStorage(storage_config(hicache, extra_config={
+        "url": f"redis://other:otherpw@{srv.host}:{srv.port}", "interface_v1": 1}), {})
+    o.register_mem_pool_host(pool)
+    assert o.batch_set_v1(HASHES[2:3], page_indices([2], 4)) == [False]
+    assert o.batch_exists(HASHES[:2]) == 0
+
+
 def test_server_restart_is_a_miss_then_reconnects(make_server):
     srv = make_server()
     pool = MHAHostPool()

@@ -10,6 +10,8 @@ from kvstrata.observability.http import (
     ObservabilityConfigError,
     authorized,
     check_bind,
+    host_names,
+    host_ok,
     is_loopback,
     needs_auth,
 )
@@ -61,6 +63,9 @@ def test_authorized():
     assert not authorized("Bearer ", "")
 
 
+H = {"host": "127.0.0.1:9379"}
+
+
 def endpoint(require_auth, password="pw"):
     routes = {"/ok": lambda headers: (200, {"Content-Type": "text/plain"}, b"fine"),
               "/boom": lambda headers: 1 / 0}
@@ -69,20 +74,53 @@ def endpoint(require_auth, password="pw"):
 
 def test_respond_routes_methods_and_errors():
     ep = endpoint(False)
-    assert ep.respond("GET", "/ok?x=1", {})[0::2] == (200, b"fine")
-    assert ep.respond("HEAD", "/ok", {})[0] == 200
-    status, headers, _ = ep.respond("POST", "/ok", {})
+    assert ep.respond("GET", "/ok?x=1", dict(H))[0::2] == (200, b"fine")
+    assert ep.respond("HEAD", "/ok", dict(H))[0] == 200
+    status, headers, _ = ep.respond("POST", "/ok", dict(H))
     assert status == 405 and headers["Allow"] == "GET, HEAD"
-    assert ep.respond("GET", "/missing", {})[0] == 404
-    assert ep.respond("GET", "/boom", {})[0] == 500
+    assert ep.respond("GET", "/missing", dict(H))[0] == 404
+    assert ep.respond("GET", "/boom", dict(H))[0] == 500
 
 
 def test_respond_checks_the_password_first():
     ep = endpoint(True)
-    status, headers, _ = ep.respond("GET", "/ok", {})
+    status, headers, _ = ep.respond("GET", "/ok", dict(H))
     assert status == 401 and headers["WWW-Authenticate"].startswith("Basic realm=")
-    assert ep.respond("GET", "/missing", {})[0] == 401  # no route discovery without the password
-    assert ep.respond("GET", "/ok", {"authorization": "Bearer pw"})[0] == 200
-    assert ep.respond("GET", "/ok", {"authorization": basic("u", "pw")})[0] == 200
+    assert ep.respond("GET", "/missing", dict(H))[0] == 401  # no route discovery without the password
+    assert ep.respond("GET", "/ok", {**H, "authorization": "Bearer pw"})[0] == 200
+    assert ep.respond("GET", "/ok", {**H, "authorization": basic("u", "pw")})[0] == 200
     # Password removed at run time (CONFIG SET requirepass ""): everything is refused.
-    assert endpoint(True, password=None).respond("GET", "/ok", {"authorization": "Bearer pw"})[0] == 401
+    assert endpoint(True, password=None).respond("GET", "/ok", {**H, "authorization": "Bearer pw"})[0] == 401
+
+
+def test_healthz_is_open_and_auth_can_be_asked_per_request():
+    routes = {"/healthz": lambda headers: (200, {}, b"ok\n"), "/ok": lambda headers: (200, {}, b"fine")}
+    required = [True]
+    ep = HttpEndpoint(routes, ["127.0.0.1"], 0, require_auth=lambda: required[0],
+                      check=lambda user, pw: (user, pw) == ("ops", "pw"))
+    assert ep.respond("GET", "/healthz", dict(H))[0] == 200
+    assert ep.respond("GET", "/ok", dict(H))[0] == 401
+    assert ep.respond("GET", "/ok", {**H, "authorization": basic("ops", "pw")})[0] == 200
+    assert ep.respond("GET", "/ok", {**H, "authorization": basic("other", "pw")})[0] == 401
+    required[0] = False
+    assert ep.respond("GET", "/ok", dict(H))[0] == 200
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:9379", "localhost:9379", "LOCALHOST", "[::1]:9379", "10.1.2.3",
+                                  "localhost.", "metrics.internal:80"])
+def test_host_header_accepted(host):
+    assert host_ok(host, host_names(["127.0.0.1"], "metrics.internal"))
+
+
+@pytest.mark.parametrize("host", ["attacker.example:9379", "attacker.example", "", "localhost:x", None,
+                                  "127.0.0.1.nip.io"])
+def test_host_header_refused(host):
+    assert not host_ok(host, host_names(["127.0.0.1"]))
+
+
+def test_dns_rebinding_gets_421_before_any_route():
+    ep = endpoint(False)
+    assert ep.respond("GET", "/ok", {"host": "rebind.attacker.example:9379"})[0] == 421
+    assert ep.respond("GET", "/healthz", {"host": "rebind.attacker.example"})[0] == 421
+    assert ep.respond("GET", "/ok", {})[0] == 421  # HTTP/1.1 without Host
+    assert ep.respond("GET", "/ok", {}, "HTTP/1.0")[0] == 200  # HTTP/1.0 had no Host header

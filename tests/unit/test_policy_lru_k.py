@@ -371,10 +371,10 @@ RAG = TraceParams(
 def test_never_below_lru_on_small_generated_trace(fraction):
     trace = generate(MIXED)
     cap = max(1, round(fraction * trace_stats(trace)["distinct_chunks"]))
-    assert simulate_policy(trace, cap, "lru-k", crp=1.0) >= simulate_policy(trace, cap, "lru")
+    assert simulate_policy(trace, cap, "lru-k") >= simulate_policy(trace, cap, "lru")
 
 
 def test_beats_lru_on_retrieval_traffic():
     trace = generate(RAG)
     cap = round(0.1 * trace_stats(trace)["distinct_chunks"])
-    assert simulate_policy(trace, cap, "lru-k", crp=1.0) > simulate_policy(trace, cap, "lru") * 1.02
+    assert simulate_policy(trace, cap, "lru-k") > simulate_policy(trace, cap, "lru") * 1.02

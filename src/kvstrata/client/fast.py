@@ -121,7 +121,7 @@ def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
 
 class FastClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
-                 password: str | None = None) -> None:
+                 password: str | None = None, username: str | None = None) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._rbuf = bytearray(_RECV)
@@ -129,7 +129,10 @@ class FastClient:
         self._start = 0
         self._end = 0
         if password is not None:
-            self.call(b"AUTH", password)
+            if username is not None:
+                self.call(b"AUTH", username, password)
+            else:
+                self.call(b"AUTH", password)
 
     def close(self) -> None:
         self.sock.close()

@@ -230,15 +230,18 @@ class KVCacheClient(_Base):
     """
 
     def __init__(self, url: str | None = "redis://127.0.0.1:6379", namespace: Namespace | str = "default",
-                 *, max_connections: int = 8, socket_timeout: float = 30.0, **kw: Any) -> None:
+                 *, max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
+                 password: str | None = None, **kw: Any) -> None:
         super().__init__(namespace, **kw)
         self.url = url
         self.redis = None
         if url is not None:
             import redis
 
+            # An ACL user (``username``/``password``, or ``redis://user:password@host``) restricted to its
+            # tenant's keys (``~kvs:<tenant>:*``) is how tenants share one server.
             self.pool = redis.ConnectionPool.from_url(url, max_connections=max_connections,
-                                                      socket_timeout=socket_timeout)
+                                                      socket_timeout=socket_timeout, **_auth(username, password))
             self.redis = redis.Redis(connection_pool=self.pool)
         self._plain_redis: bool | None = None  # server without TAIR.KV.* (plain Redis): SET PX / MGET
         self._tls = threading.local()  # per thread: a FastClient and its reusable receive buffers
@@ -269,11 +272,12 @@ class KVCacheClient(_Base):
                 self._fast_ok = False
                 return None
             kw = self.pool.connection_kwargs
-            if self.pool.connection_class is not redis.Connection or kw.get("db", 0) or kw.get("username"):
+            if self.pool.connection_class is not redis.Connection or kw.get("db", 0):
                 self._fast_ok = False
                 return None
             fc = FastClient(kw.get("host", "localhost"), int(kw.get("port", 6379)),
-                            timeout=kw.get("socket_timeout"), password=kw.get("password"))
+                            timeout=kw.get("socket_timeout"), password=kw.get("password"),
+                            username=kw.get("username"))
             self._tls.fast = fc
             with self._lock:
                 self._fast_clients.append(fc)
@@ -656,17 +660,28 @@ class KVCacheClient(_Base):
         return n
 
 
+def _auth(username: str | None, password: str | None) -> dict[str, str]:
+    """Connection keywords that override the URL's user and password (only those given)."""
+    out = {}
+    if username is not None:
+        out["username"] = username
+    if password is not None:
+        out["password"] = password
+    return out
+
+
 class AsyncKVCacheClient(_Base):
     """asyncio client with the same operations as ``KVCacheClient`` (``await c.lookup(tokens)``, ...)."""
 
     def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
-                 max_connections: int = 8, socket_timeout: float = 30.0, **kw: Any) -> None:
+                 max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
+                 password: str | None = None, **kw: Any) -> None:
         super().__init__(namespace, **kw)
         import redis.asyncio as aredis
 
         self.url = url
         self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
-                                                   socket_timeout=socket_timeout)
+                                                   socket_timeout=socket_timeout, **_auth(username, password))
         self.redis = aredis.Redis(connection_pool=self.pool)
         self._plain_redis: bool | None = None
 

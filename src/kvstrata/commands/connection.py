@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from kvstrata import __version__
+from kvstrata import acl as acl_mod
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import ClientState, Context
 from kvstrata.commands.registry import command, container
@@ -30,11 +30,14 @@ def echo(ctx: Context, args: list[bytes]) -> Any:
 
 
 def _check_password(ctx: Context, username: bytes, password: bytes) -> None:
-    required = ctx.config.get("requirepass")
-    if username != b"default":
+    """AUTH / HELLO AUTH against the ACL users (``default`` is the one requirepass sets)."""
+    acl = acl_mod.acl_of(ctx)
+    name = bytes(username).decode("utf-8", "surrogateescape")
+    user = acl.authenticate(name, bytes(password))
+    if user is None:
+        acl.record(ctx.client, "auth", name)
         raise WrongPassError()
-    if required is not None and not hmac.compare_digest(password, required.encode()):
-        raise WrongPassError()
+    ctx.client.user = user
     ctx.client.authenticated = True
 
 
@@ -43,7 +46,7 @@ def _check_password(ctx: Context, username: bytes, password: bytes) -> None:
 def auth(ctx: Context, args: list[bytes]) -> Any:
     if len(args) > 3:
         raise syntax_error()
-    if len(args) == 2 and ctx.config.get("requirepass") is None:
+    if len(args) == 2 and acl_mod.acl_of(ctx).default.nopass:
         raise CommandError(
             "AUTH <password> called without any password configured for the default user. "
             "Are you sure your configuration is correct?"
@@ -83,7 +86,7 @@ def hello(ctx: Context, args: list[bytes]) -> Any:
             i += 2
         else:
             raise CommandError(f"Syntax error in HELLO option '{args[i].decode(errors='replace')}'")
-    if ctx.config.get("requirepass") is not None and not ctx.client.authenticated:
+    if not ctx.client.authenticated:
         raise CommandError(
             "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO "
             "AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol "
@@ -122,7 +125,7 @@ def reset(ctx: Context, args: list[bytes]) -> Any:
     client = ctx.client
     client.proto = 2
     client.name = b""
-    client.authenticated = ctx.config.get("requirepass") is None
+    acl_mod.acl_of(ctx).attach(client)
     return Status("RESET")
 
 
@@ -141,7 +144,7 @@ def client_line(c: ClientState, now_ms: int) -> str:
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
         f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 "
         f"multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={_cmd_name(c.last_cmd)} "
-        f"user=default "
+        f"user={c.user.name if c.user is not None else 'default'} "
         f"redir=-1 resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
         f"lib-ver={c.lib_ver.decode(errors='replace')}"
     )
@@ -258,7 +261,7 @@ def client_kill(ctx: Context, args: list[bytes]) -> Any:
         for opt, val in filters:
             text = val.decode(errors="replace")
             if (opt == b"ID" and s.id != int(val)) or (opt == b"ADDR" and s.addr != text) or (
-                    opt == b"LADDR" and s.laddr != text) or (opt == b"USER" and text != "default") or (
+                    opt == b"LADDR" and s.laddr != text) or (opt == b"USER" and text != (s.user.name if s.user is not None else "default")) or (
                     opt == b"TYPE" and text.lower() != "normal"):
                 ok = False
                 break

@@ -19,6 +19,8 @@ class ClientState:
     lib_ver: bytes = b""
     proto: int = 2
     authenticated: bool = True
+    # The ACL user (kvstrata.acl.User) the connection runs as; None (no server) means unrestricted.
+    user: Any = None
     created_ms: int = 0
     last_ms: int = 0
     last_cmd: Any = "NULL"

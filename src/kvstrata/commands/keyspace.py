@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvstrata import acl as acl_mod
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.expiry import expire_at_ms
@@ -157,7 +158,7 @@ def type_(ctx: Context, args: list[bytes]) -> Any:
 @command("keys", 2, "readonly", group="generic", summary="Returns all key names that match a pattern.",
          syntax="KEYS pattern")
 def keys(ctx: Context, args: list[bytes]) -> Any:
-    return ctx.store.keys(args[1])
+    return acl_mod.visible(ctx, ctx.store.keys(args[1]))  # an ACL user sees only the keys it may access
 
 
 @command("scan", -2, "readonly", group="generic", since="2.8.0",
@@ -194,12 +195,13 @@ def scan(ctx: Context, args: list[bytes]) -> Any:
     nxt, found = ctx.store.scan(cursor, count, match)
     if type_filter is not None and type_filter != b"string":
         found = []
-    return [str(nxt).encode(), found]
+    return [str(nxt).encode(), acl_mod.visible(ctx, found)]
 
 
 @command("randomkey", 1, "readonly", group="generic", summary="Returns a random key name from the database.")
 def randomkey(ctx: Context, args: list[bytes]) -> Any:
-    return ctx.store.random_key()
+    key = ctx.store.random_key()
+    return key if key is None or acl_mod.visible(ctx, [key]) else None  # never another tenant's key name
 
 
 def _rename(ctx: Context, args: list[bytes], nx: bool) -> Any:

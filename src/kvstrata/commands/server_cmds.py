@@ -6,6 +6,7 @@ import fnmatch
 import time
 from typing import Any
 
+from kvstrata import acl as acl_mod
 from kvstrata.commands import info as info_report
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container
@@ -13,15 +14,10 @@ from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import OK, Status, Verbatim
 
-_ACL = {"string": "@string", "generic": "@keyspace", "connection": "@connection", "server": "@admin",
-        "tairkv": "@kvcache"}
-
 
 def _spec_info(spec: CommandSpec) -> list[Any]:
     flags = [Status(f) for f in sorted(spec.flags)]
-    cats = [Status("@write" if spec.write else "@read"), Status(_ACL.get(spec.group, "@" + spec.group))]
-    if "fast" in spec.flags:
-        cats.append(Status("@fast"))
+    cats = [Status("@" + c) for c in acl_mod.categories(spec)]  # the same categories ACL rules use
     return [
         spec.full_name,
         spec.arity,
@@ -99,7 +95,7 @@ def command_list(ctx: Context, args: list[bytes]) -> Any:
         if kind == b"PATTERN":
             names = [n for n in names if fnmatch.fnmatchcase(n, value)]
         elif kind == b"ACLCAT":
-            names = [s.name for s in REGISTRY.values() if ("@" + value) in _spec_info(s)[6]]
+            names = [s.name for s in REGISTRY.values() if value.lower().lstrip("@") in acl_mod.categories(s)]
         elif kind == b"MODULE":
             names = []
         else:

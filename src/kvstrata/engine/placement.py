@@ -146,17 +146,11 @@ class PlacementMixin:
             self.make_room(size)
         except OutOfMemoryError:
             return False
-        fresh = Entry(entry.value, entry.version, entry.expire_at)
-        self.dram.put(key, fresh, size, None)
-        self.policy.admit(key)
+        fresh = self._install(key, entry, size)
         if self.write_through:
             fresh.on_ssd = True
         else:
             self.ssd.delete(key)
-        if fresh.expire_at:
-            heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
-        if self._hot_match(key):
-            self._pin(key, fresh)
         self.tier_stats["ssd"].promotions += 1
         self.admission.forget(key)
         return True
@@ -177,13 +171,11 @@ class PlacementMixin:
             self.make_room(size if old is None else size - self.dram.size(key, old.value), exclude=key)
         except OutOfMemoryError:
             return False
-        fresh = Entry(entry.value, entry.version, entry.expire_at)
         if self.refetch:
             self.refetch.pop(key, None)
         if old is not None:
             self._drop_dram(key)
-        self.dram.put(key, fresh, size, None)
-        self.policy.admit(key)
+        fresh = self._install(key, entry, size)
         pool = self.pool
         ours = pool is not None and pool.wrote(key, entry.version)
         if pool is not None and not ours:
@@ -196,12 +188,21 @@ class PlacementMixin:
             fresh.on_ssd = True
         else:
             ssd.delete(key)
+        self.tier_stats["pool"].promotions += 1
+        return True
+
+    def _install(self, key: bytes, entry: Entry, size: int) -> Entry:
+        """The one way a record from below comes into DRAM (SSD promotion, pool adoption): a fresh entry with
+        the record's version and expiry, admitted by the policy, on the TTL heap, pinned if a hot pattern
+        matches. Room was made and any old DRAM copy dropped by the caller; the tiers below are the caller's."""
+        fresh = Entry(entry.value, entry.version, entry.expire_at)
+        self.dram.put(key, fresh, size, None)
+        self.policy.admit(key)
         if fresh.expire_at:
             heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
         if self._hot_match(key):
             self._pin(key, fresh)
-        self.tier_stats["pool"].promotions += 1
-        return True
+        return fresh
 
     def _drop_dram(self, key: bytes) -> Entry | None:
         """Take a key out of DRAM and out of the policy's and the prefetch tracking's view; its entry or None."""

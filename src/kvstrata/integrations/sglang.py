@@ -301,6 +301,7 @@ class KvstrataHiCacheStorage(_Base):
     ``timeout``        socket timeout in seconds (default 30)
     ``skip_existing``  do not rewrite pages whose objects all exist (default true)
     ``check_server``   PING the server when the backend is created (default true)
+    ``username``       overrides the user in ``url`` (an ACL user, e.g. one restricted to ``~hicache:*``)
     ``password``       overrides the password in ``url``
     ``interface_v1``   read by SGLang itself: 1 selects ``batch_get_v1``/``batch_set_v1``
     """
@@ -340,6 +341,8 @@ class KvstrataHiCacheStorage(_Base):
         self.skip_existing = bool(extra_config.get("skip_existing", True))
         self.url = str(extra_config.get("url") or os.environ.get("KVSTRATA_URL") or DEFAULT_URL)
         self._conn_args = parse_url(self.url)
+        if extra_config.get("username") is not None:
+            self._conn_args["username"] = str(extra_config["username"])
         if extra_config.get("password") is not None:
             self._conn_args["password"] = str(extra_config["password"])
         self._timeout = float(extra_config.get("timeout", 30.0))

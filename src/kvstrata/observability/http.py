@@ -4,10 +4,15 @@ It serves a handful of GET routes (``/metrics``, ``/stats.json``, ``/healthz``, 
 and browsers, with keep-alive, bounded request heads and idle timeouts. Handlers are plain functions that
 return ``(status, headers, body)``; they run on the loop between RESP commands and are built to be cheap.
 
-Authentication: when the endpoint listens on any address that is not loopback, every request must carry the
-server's ``requirepass``, as ``Authorization: Bearer <password>`` or as the password of HTTP basic auth (any
-user name). Without a password configured, a non-loopback endpoint refuses to start (``check_bind``) and,
-should the password be removed at run time, answers 401 to everything.
+Authentication: whenever the server has a password (requirepass, or an ACL default user that needs one), every
+route but ``/healthz`` needs credentials, also on loopback: ``Authorization: Basic base64(user:password)`` for an
+ACL user (an unknown or empty user name means ``default``), or ``Authorization: Bearer <password>`` for the
+default user. The user must be allowed to run INFO and to access every key (the pages show server-wide figures
+and key prefixes). An endpoint bound to a non-loopback address refuses to start without a password
+(``check_bind``).
+
+DNS rebinding: the ``Host`` header must name the endpoint: an IP address, ``localhost`` when it listens on
+loopback, this machine's host name, a bound name, or one of ``http-host-names``; anything else gets 421.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import binascii
 import hmac
 import ipaddress
 import logging
+import socket
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("kvstrata.http")
 
@@ -28,7 +35,11 @@ Route = Callable[[dict[str, str]], Response]
 MAX_HEAD = 16 * 1024
 IDLE_TIMEOUT = 30.0
 REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-           405: "Method Not Allowed", 413: "Content Too Large", 500: "Internal Server Error"}
+           405: "Method Not Allowed", 413: "Content Too Large", 421: "Misdirected Request",
+           500: "Internal Server Error"}
+# Routes anyone may read: a liveness probe says nothing about the data.
+OPEN_ROUTES = frozenset({"/healthz"})
+Checker = Callable[[str | None, str], bool]
 
 
 class ObservabilityConfigError(ValueError):
@@ -55,8 +66,8 @@ def needs_auth(bind: str) -> bool:
     return not hosts or not all(is_loopback(h) for h in hosts)
 
 
-def check_bind(bind: str, password: str | None) -> bool:
-    """Whether the endpoint must check passwords; raises when it would be exposed without one."""
+def check_bind(bind: str, password: str | bool | None) -> bool:
+    """Whether the endpoint listens off loopback; raises when it would be exposed without a password."""
     if not needs_auth(bind):
         return False
     if not password:
@@ -66,26 +77,64 @@ def check_bind(bind: str, password: str | None) -> bool:
     return True
 
 
-def authorized(header: str | None, password: str | None) -> bool:
-    """``Authorization: Bearer <password>`` or ``Basic base64(user:password)``, compared in constant time."""
-    if not password or not header:
-        return False
+def credentials(header: str | None) -> tuple[str | None, str] | None:
+    """``Bearer <password>`` -> (None, password); ``Basic base64(user:password)`` -> (user, password)."""
+    if not header:
+        return None
     scheme, _, cred = header.strip().partition(" ")
     cred = cred.strip()
     scheme = scheme.lower()
     if scheme == "bearer":
-        given = cred
-    elif scheme == "basic":
+        return None, cred
+    if scheme == "basic":
         try:
             decoded = base64.b64decode(cred, validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
-            return False
-        _, sep, given = decoded.partition(":")
-        if not sep:
-            return False
-    else:
+            return None
+        user, sep, given = decoded.partition(":")
+        return (user, given) if sep else None
+    return None
+
+
+def authorized(header: str | None, password: str | None) -> bool:
+    """The header carries ``password`` (as a Bearer token or a basic-auth password), compared in constant time."""
+    found = credentials(header)
+    if not password or found is None:
         return False
-    return hmac.compare_digest(given.encode(), password.encode())
+    return hmac.compare_digest(found[1].encode(), password.encode())
+
+
+def host_names(bound: list[str], extra: str = "") -> set[str]:
+    """The names the Host header may use: bound names, localhost on loopback, this host's name, ``extra``."""
+    names = {h.lower() for h in bound if not _is_ip(h)}
+    if not bound or any(is_loopback(h) or h in ("0.0.0.0", "::", "*") for h in bound):  # loopback included
+        names.add("localhost")
+    names.add(socket.gethostname().lower())
+    names.update(n.lower().rstrip(".") for n in extra.replace(",", " ").split())
+    return names
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def host_ok(header: str | None, names: set[str]) -> bool:
+    """Whether a Host header names this endpoint. An IP address always does: DNS rebinding needs a name."""
+    if header is None:
+        return False
+    host = header.strip().lower()
+    if host.startswith("["):
+        host = host[1:host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host, _, port = host.partition(":")
+        if not port.isdigit():
+            return False
+    host = host.rstrip(".")
+    return bool(host) and (_is_ip(host) or host in names)
 
 
 def text(status: int, body: str, content_type: str = "text/plain; charset=utf-8") -> Response:
@@ -95,20 +144,29 @@ def text(status: int, body: str, content_type: str = "text/plain; charset=utf-8"
 class HttpEndpoint:
     """Listens on ``hosts``:``port`` and answers GET/HEAD from ``routes`` (path -> handler)."""
 
-    def __init__(self, routes: dict[str, Route], hosts: list[str], port: int, *, require_auth: bool,
-                 password: Callable[[], str | None]) -> None:
+    def __init__(self, routes: dict[str, Route], hosts: list[str], port: int, *,
+                 require_auth: bool | Callable[[], bool], check: Checker | None = None,
+                 password: Callable[[], str | None] | None = None, names: set[str] | None = None,
+                 ssl: Any = None) -> None:
         self.routes = routes
         self.hosts = hosts
         self.port = port
+        # A bool, or asked per request (the password can be set or removed at run time).
         self.require_auth = require_auth
-        self.password = password
+        if check is None:  # only requirepass: any user name, the password compared in constant time
+            def check(user: str | None, given: str) -> bool:
+                pw = password() if password is not None else None
+                return bool(pw) and hmac.compare_digest(given.encode(), pw.encode())  # type: ignore[union-attr]
+        self.check = check
+        self.names = names if names is not None else host_names(hosts)
+        self.ssl = ssl
         self.requests = 0
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._serve, host=self.hosts or None, port=self.port, reuse_address=True, limit=MAX_HEAD)
+            self._serve, host=self.hosts or None, port=self.port, reuse_address=True, limit=MAX_HEAD, ssl=self.ssl)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
 
@@ -128,7 +186,7 @@ class HttpEndpoint:
                 except asyncio.LimitOverrunError:
                     await self._send(writer, "GET", *text(413, "request head too large\n"), keep_alive=False)
                     break
-                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError, OSError):
                     break
                 keep_alive = await self._handle(head, reader, writer)
                 if not keep_alive:
@@ -162,22 +220,27 @@ class HttpEndpoint:
         if int(length):
             await reader.readexactly(int(length))
         self.requests += 1
-        response = self.respond(method, target, headers)
+        response = self.respond(method, target, headers, version)
         await self._send(writer, method, *response, keep_alive=keep_alive)
         return keep_alive
 
-    def respond(self, method: str, target: str, headers: dict[str, str]) -> Response:
-        """The response to one request (no I/O): auth, method and route checks, then the route's handler."""
-        if self.require_auth and not authorized(headers.get("authorization"), self.password()):
-            status, hdrs, body = text(401, "kvstrata: this endpoint needs the server password (requirepass) as a "
-                                           "Bearer token or as the basic-auth password\n")
-            hdrs["WWW-Authenticate"] = 'Basic realm="kvstrata", charset="UTF-8"'
-            return status, hdrs, body
+    def respond(self, method: str, target: str, headers: dict[str, str], version: str = "HTTP/1.1") -> Response:
+        """The response to one request (no I/O): Host, auth, method and route checks, then the route's handler."""
+        if not ("host" not in headers and version == "HTTP/1.0") and not host_ok(headers.get("host"), self.names):
+            return text(421, "kvstrata: unknown Host (add the name to --http-host-names)\n")
+        path = target.split("?", 1)[0].split("#", 1)[0]
+        required = self.require_auth() if callable(self.require_auth) else self.require_auth
+        if required and path not in OPEN_ROUTES:
+            found = credentials(headers.get("authorization"))
+            if found is None or not self.check(*found):
+                status, hdrs, body = text(401, "kvstrata: this endpoint needs a password: the default user's "
+                                               "(requirepass) as a Bearer token, or user:password as basic auth\n")
+                hdrs["WWW-Authenticate"] = 'Basic realm="kvstrata", charset="UTF-8"'
+                return status, hdrs, body
         if method not in ("GET", "HEAD"):
             status, hdrs, body = text(405, "only GET and HEAD\n")
             hdrs["Allow"] = "GET, HEAD"
             return status, hdrs, body
-        path = target.split("?", 1)[0].split("#", 1)[0]
         route = self.routes.get(path)
         if route is None:
             return text(404, f"not found: {path}\nroutes: {', '.join(sorted(self.routes))}\n")

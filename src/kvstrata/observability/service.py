@@ -13,9 +13,10 @@ import time
 from importlib import resources
 from typing import Any
 
+from kvstrata.commands.registry import REGISTRY
 from kvstrata.observability import snapshot as snapshot_mod
 from kvstrata.observability.history import History
-from kvstrata.observability.http import HttpEndpoint, Response, bind_hosts, check_bind, text
+from kvstrata.observability.http import HttpEndpoint, Response, bind_hosts, check_bind, host_names, text
 
 log = logging.getLogger("kvstrata.observability")
 
@@ -26,11 +27,27 @@ class Observability:
         self.configured_port = int(config.get("http-port"))
         self.bind = str(config.get("http-bind"))
         # Raises ObservabilityConfigError for a non-loopback endpoint without a password.
-        self.require_auth = check_bind(self.bind, config.get("requirepass")) if self.configured_port else False
+        self.off_loopback = check_bind(self.bind, not server.acl.open_default()) if self.configured_port else False
         self.history = History(server)
         self.http: HttpEndpoint | None = None
         self._sampler: asyncio.Task[None] | None = None
         self._dashboard: bytes | None = None
+
+    def require_auth(self) -> bool:
+        """Off loopback always; on loopback too whenever the server has a password (asked per request)."""
+        return self.off_loopback or not self.server.acl.open_default()
+
+    def check(self, username: str | None, password: str) -> bool:
+        """HTTP credentials: an ACL user (unknown or empty name: default) allowed INFO on every key."""
+        acl = self.server.acl
+        if acl.open_default():
+            return False  # no password configured (removed at run time): nobody can prove anything
+        user = acl.users.get(username) if username else None
+        if user is None:
+            user = acl.default
+        if not user.check_password(password.encode("utf-8", "surrogateescape")):
+            return False
+        return user.allkeys and REGISTRY[b"info"] in user.allowed
 
     @property
     def http_port(self) -> int:
@@ -82,8 +99,10 @@ class Observability:
         if not self.configured_port:
             return
         config = self.server.config
-        endpoint = HttpEndpoint(self.routes(), bind_hosts(self.bind), self.configured_port,
-                                require_auth=self.require_auth, password=lambda: config.get("requirepass"))
+        hosts = bind_hosts(self.bind)
+        endpoint = HttpEndpoint(self.routes(), hosts, self.configured_port, require_auth=self.require_auth,
+                                check=self.check, names=host_names(hosts, str(config.get("http-host-names"))),
+                                ssl=self.server.tls_context() if config.get("http-tls") else None)
         try:
             await endpoint.start()
         except OSError as exc:
@@ -94,7 +113,7 @@ class Observability:
             return
         self.http = endpoint
         log.info("HTTP endpoint (/metrics, /stats.json, /healthz, dashboard /) on %s port %d%s", self.bind,
-                 endpoint.port, " (password required)" if self.require_auth else "")
+                 endpoint.port, " (password required)" if self.require_auth() else "")
 
     async def _sample_forever(self) -> None:
         self.history.sample()

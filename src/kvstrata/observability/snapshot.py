@@ -16,6 +16,7 @@ from typing import Any
 
 from kvstrata import __version__
 from kvstrata.observability.latency import cumulative_usec, quantile_usec
+from kvstrata.redact import public_args
 
 SCHEMA_VERSION = 1
 # Keys sampled from DRAM for the top-prefixes table (and the key-count estimate on huge keyspaces).
@@ -242,7 +243,8 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
             "max_len": slowlog.max_len,
             "latest": [
                 {"id": e.id, "time": e.when, "usec": e.usec,
-                 "args": [bytes(a).decode("utf-8", errors="backslashreplace") for a in e.args[:8]],
+                 # The command's name and argument count only: keys and values stay off the HTTP side.
+                 "args": public_args(e.args),
                  "client": e.client_addr}
                 for e in list(slowlog.entries)[:5]
             ],

@@ -12,6 +12,7 @@ import signal
 import time
 from typing import Any
 
+from kvstrata.acl import Acl
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.commands import REGISTRY, CommandSpec
 from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Wait
@@ -26,6 +27,7 @@ from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.prefetch import Prefetcher
 from kvstrata.server.stats import ServerStats
+from kvstrata.server.tls import server_context, tls_wanted
 
 log = logging.getLogger("kvstrata.server")
 
@@ -107,6 +109,12 @@ class Server:
         self.tiered = self.store.ssd is not None or self.store.pool is not None
         if self.store.ssd is not None:
             self.store.ssd.stuck_limit = int(config.get("ssd-write-queue"))
+        # TLS contexts are built before anything listens, so a bad certificate stops the start with its reason.
+        self._tls = server_context(config) if tls_wanted(config) else None
+        self.tls_port = int(config.get("tls-port"))
+        self._tls_server: asyncio.base_events.Server | None = None
+        # Users, passwords and key patterns; the default user's password is requirepass (raises on a bad aclfile).
+        self.acl = Acl(config.get("requirepass"), str(config.get("aclfile")))
         self.stats = ServerStats()
         self.clients: dict[int, Connection] = {}
         # Per command spec; created up front so the hot path is one dict lookup.
@@ -141,6 +149,10 @@ class Server:
         self.prefetcher = Prefetcher(self.store, self.load)
         # Metrics, dashboard, LATENCY monitor; checks the HTTP endpoint's configuration (raises if unsafe).
         self.observability = Observability(self)
+
+    def tls_context(self) -> Any:
+        """The server's TLS context (tls-cert-file, tls-key-file, tls-auth-clients); None without TLS."""
+        return self._tls
 
     def next_client_id(self) -> int:
         return next(self._ids)
@@ -235,6 +247,7 @@ class Server:
             store.predictor.profiles.half_life = float(self.config.get("prefetch-half-life"))
         if store.ssd is not None:
             store.ssd.stuck_limit = int(self.config.get("ssd-write-queue"))
+        self.acl.on_requirepass(self.config.get("requirepass"))
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
@@ -336,11 +349,18 @@ class Server:
         hosts = [h for h in str(self.config.get("bind")).split() if h]
         # The HTTP endpoint first: once the RESP port answers, /metrics does too.
         await self.observability.start()
-        self._server = await self.loop.create_server(
-            lambda: Connection(self), host=hosts or None, port=self.port, reuse_address=True, backlog=511
-        )
-        if self.port == 0:
-            self.port = self._server.sockets[0].getsockname()[1]
+        # As in Redis, --port 0 with a TLS port serves TLS only (without one, port 0 picks a free port).
+        if self.port != 0 or self.tls_port <= 0:
+            self._server = await self.loop.create_server(
+                lambda: Connection(self), host=hosts or None, port=self.port, reuse_address=True, backlog=511
+            )
+            if self.port == 0:
+                self.port = self._server.sockets[0].getsockname()[1]
+        if self.tls_port > 0:
+            self._tls_server = await self.loop.create_server(
+                lambda: Connection(self), host=hosts or None, port=self.tls_port, reuse_address=True, backlog=511,
+                ssl=self._tls)
+            log.info("TLS on port %d (client certificates: %s)", self.tls_port, self.config.get("tls-auth-clients"))
         for coro in (self._cron(), self.prefetcher.run()):
             task = asyncio.ensure_future(coro)
             self.tasks.add(task)
@@ -363,6 +383,8 @@ class Server:
         log.info("shutting down")
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         await self.observability.close()
         for conn in list(self.clients.values()):
             conn.kill()

@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstrata.redact import redact_args
+
 # Latency histogram: bucket i counts commands that took less than 2**i microseconds (i = bit length of the µs).
 HIST_BUCKETS = 64
 
@@ -46,6 +48,7 @@ class SlowLog:
     next_id: int = 0
 
     def add(self, usec: int, args: list[Any], client_addr: str, client_name: bytes) -> None:
+        args = redact_args(args)  # passwords never reach SLOWLOG GET nor /stats.json
         # As Redis does: at most 32 arguments, each cut to 128 bytes, so the log stays small.
         shown = [bytes(a[:128]) + (b"... (%d more bytes)" % (len(a) - 128) if len(a) > 128 else b"")
                  for a in args[:32]]

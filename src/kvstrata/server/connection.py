@@ -70,7 +70,7 @@ class Connection(asyncio.BufferedProtocol):
         self.tiered = server.tiered
         now = server.store.clock.now_ms()
         self.client = ClientState(id=server.next_client_id(), created_ms=now, last_ms=now)
-        self.client.authenticated = self.config.get("requirepass") is None
+        server.acl.attach(self.client)  # the default user; authenticated when it needs no password
         self.ctx = Context(self.store, self.config, self.client, server)
         self.pool = server_pool(server)
         self.parser = RequestParser(
@@ -111,7 +111,7 @@ class Connection(asyncio.BufferedProtocol):
             self._close()
             return
         host = peer[0] if isinstance(peer, tuple) else ""
-        if (self.config.get("protected-mode") and self.config.get("requirepass") is None
+        if (self.config.get("protected-mode") and srv.acl.open_default()
                 and host and not host.startswith(_LOOPBACK)):
             srv.stats.rejected += 1
             transport.write(
@@ -371,6 +371,11 @@ class Connection(asyncio.BufferedProtocol):
         if not client.authenticated and not spec.noauth:
             self._error(NoAuthError().message)
             return None
+        if client.user is not None and not client.user.unrestricted:  # ACL: commands and key patterns
+            denied = self.server.acl.deny(client, spec, args)
+            if denied is not None:
+                self._error(denied)
+                return None
         counts = self.counts[spec]
         counts.calls += 1
         client.last_cmd = spec

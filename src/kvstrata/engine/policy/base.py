@@ -34,3 +34,9 @@ class EvictionPolicy(Protocol):
     def __contains__(self, key: object) -> bool: ...
 
     def clear(self) -> None: ...
+
+
+# Optional extras a policy may offer; callers look them up with getattr and work without them:
+#   hint(key, depth) -> None   the key's depth in its prefix chain (chain-aware eviction, engine/policy/chain.py)
+#   admits(key) -> bool        False: do not cache the key here (admission that refuses one-off keys)
+# Every registered policy ranks without a clock: sizes and windows are counted in keys and accesses.

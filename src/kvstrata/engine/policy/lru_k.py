@@ -41,26 +41,27 @@ The structure (as in 2Q and ARC, every operation O(1), no heap)
       many protected ones before it departs from LRU order again. This keeps LRU-K from trailing LRU on traffic
       where LRU is already near optimal (chat), at the price of adapting more slowly on retrieval traffic.
 
+Time is the policy's own call count unless a clock is injected (tests do): idle times, ghost windows and the CRP
+are then counted in accesses, never in seconds. With a 1 s wall-clock CRP (the former server setting) a client
+replaying a trace at full speed made every re-reference "correlated" and LRU-K degenerated into LRU; counted in
+accesses, the ranking is the same at any request rate (`kvstrata bench hitrate` replays every trace at two
+rates 1000x apart to check it).
+
 The engine's protocol: ``admit`` when a key enters the tier, ``touch`` on a hit, ``victim`` for the lowest-ranked
 key or ``victims`` for all of them lowest first (they stay tracked), ``remove`` after a key left (eviction,
-demotion, deletion or pinning). Per call: a few dict operations and one clock reading; an object is allocated
+demotion, deletion or pinning). Per call: a few dict operations and one tick of the access counter; an object is allocated
 per admitted key, none per touch.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from kvstrata.clock import Clock, SystemClock
+from kvstrata.clock import Clock
 
-RECOMMENDED_CRP_S = 1.0
-"""The correlated-reference period recommended for a KV-cache server, seconds: longer than the correlated reads
-of one request (parallel samples, retries, a scheduler's lookup and the later load), shorter than the gap to a
-chat's next turn (a decode plus a think time). The constructor's default stays 0 (no correlation period), as
-before; the server takes its value from the ``lru-k-crp`` setting."""
 DEFAULT_RETAINED = 100_000
 """Default cap on remembered history of keys that left the tier (also capped by the number of tracked keys)."""
 DEFAULT_ADAPT_RATE = 0.005
@@ -121,8 +122,9 @@ class LRUKPolicy:
         self.crp = crp
         self.retained = retained
         self.adapt_rate = adapt_rate
-        # The system clock's monotonic() is time.monotonic; calling the C function directly saves a frame per call.
-        self._now = time.monotonic if clock is None or type(clock) is SystemClock else clock.monotonic
+        # Without a clock, time is the policy's own call count: windows, idle times and the CRP are then counted
+        # in accesses, so the ranking does not depend on how fast the clients run (the server's choice).
+        self._now = itertools.count().__next__ if clock is None else clock.monotonic
         self._probation: OrderedDict[bytes, _Key] = OrderedDict()
         self._protected: OrderedDict[bytes, _Key] = OrderedDict()
         self._ghosts: OrderedDict[bytes, _Key] = OrderedDict()

@@ -1,0 +1,487 @@
+"""Access control lists with Redis's model: users, passwords, command permissions and ``~pattern`` key patterns.
+
+A user is ``on``/``off``, has SHA-256 password hashes (or ``nopass``), a set of allowed commands built from
+``+cmd``/``-cmd``/``+cmd|sub``/``+@category`` rules applied in order, and key patterns (``~tenantA:*`` or
+``allkeys``). Categories are derived from the command table (flags and groups) plus Redis's assignments of
+@admin and @dangerous. The ``default`` user is the one ``requirepass`` sets the password of.
+
+Enforcement (``Acl.deny``) runs before a command: its (sub)command must be allowed, and every key it names
+(``CommandSpec.keys``, with the TAIR.KV options told apart from keys) must match one of the user's patterns.
+Commands that take a pattern instead of keys (TAIR.KV.MARKHOT/UNMARKHOT) are allowed only when every key the
+pattern can match lies inside one of the user's patterns; FLUSHALL and FLUSHDB need ``allkeys``; KEYS, SCAN and
+RANDOMKEY filter their results (``visible``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstrata.commands.registry import REGISTRY, CommandSpec, resolve
+from kvstrata.engine.keyspace import glob_match
+
+# Redis's categories (those with no commands here still parse, so rules written for Redis work unchanged).
+CATEGORIES = ("keyspace", "read", "write", "set", "sortedset", "list", "hash", "string", "bitmap", "hyperloglog",
+              "geo", "stream", "pubsub", "admin", "fast", "slow", "blocking", "dangerous", "connection",
+              "transaction", "scripting", "kvcache")
+_GROUP_CATEGORY = {"string": "string", "generic": "keyspace", "connection": "connection", "tairkv": "kvcache"}
+# Redis's @admin / @dangerous assignments for the commands kvstrata has, by full name. MEMORY STATS and
+# MEMORY DOCTOR are added because here they show the top key prefixes of every tenant.
+_ADMIN = frozenset({"client|kill", "client|list", "config|get", "config|set", "config|resetstat",
+                    "config|rewrite", "slowlog|get", "slowlog|len", "slowlog|reset", "latency|latest",
+                    "latency|history", "latency|reset", "latency|histogram", "save", "shutdown", "lastsave",
+                    "acl|setuser", "acl|getuser", "acl|deluser", "acl|list", "acl|users", "acl|load", "acl|save",
+                    "acl|log", "acl|dryrun", "memory|stats", "memory|doctor"})
+_DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info"}
+_KEYSPACE = frozenset({"dbsize", "flushall", "flushdb"})
+# Commands whose first argument is a key pattern (not a key).
+PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})
+# Commands that act on every key: only for users with allkeys (kvstrata's rule; Redis leaves them to the
+# command rules, so a tenant allowed +@all could flush every other tenant's keys).
+WHOLE_KEYSPACE = frozenset({"flushall", "flushdb"})
+_GLOB_SPECIAL = frozenset(b"*?[\\")
+ACL_LOG_MAX = 128
+ACL_LOG_GROUP_MS = 60_000
+
+
+def categories(spec: CommandSpec) -> list[str]:
+    """The ACL categories of one command or subcommand, derived from its flags and group."""
+    name = spec.full_name
+    out = []
+    if spec.write:
+        out.append("write")
+    elif "readonly" in spec.flags:
+        out.append("read")
+    group = _GROUP_CATEGORY.get(spec.group)
+    if group is not None:
+        out.append(group)
+    if name in _KEYSPACE:
+        out.append("keyspace")
+    if "admin" in spec.flags or name in _ADMIN:
+        out.append("admin")
+    out.append("fast" if "fast" in spec.flags else "slow")
+    if "admin" in spec.flags or name in _DANGEROUS:
+        out.append("dangerous")
+    return out
+
+
+def all_specs() -> list[CommandSpec]:
+    """Every command and subcommand of the table."""
+    out: list[CommandSpec] = []
+    for spec in REGISTRY.values():
+        out.append(spec)
+        out.extend(spec.subcommands.values())
+    return out
+
+
+def category_specs(category: str) -> list[CommandSpec]:
+    return [s for s in all_specs() if category in categories(s)]
+
+
+def hash_password(password: bytes) -> str:
+    return hashlib.sha256(password).hexdigest()
+
+
+def _lookup(name: str) -> list[CommandSpec] | None:
+    """``get`` -> [get]; ``client`` -> [client, its subcommands]; ``client|list`` -> [client|list]."""
+    parent, sep, sub = name.lower().partition("|")
+    spec = REGISTRY.get(parent.encode())
+    if spec is None:
+        return None
+    if sep:
+        child = spec.subcommands.get(sub.encode())
+        return None if child is None else [child]
+    return [spec, *spec.subcommands.values()]
+
+
+def _is_literal(pattern: bytes) -> bool:
+    return not any(c in _GLOB_SPECIAL for c in pattern)
+
+
+@dataclass(eq=False)
+class User:
+    name: str
+    enabled: bool = False
+    nopass: bool = False
+    passwords: list[str] = field(default_factory=list)  # SHA-256 hex digests, in the order they were added
+    cmd_rules: list[str] = field(default_factory=lambda: ["-@all"])
+    allowed: set[CommandSpec] = field(default_factory=set)
+    patterns: list[bytes] = field(default_factory=list)
+    allkeys: bool = False
+    allchannels: bool = False
+    # True when every command and every key is allowed: the connection then skips all checks.
+    unrestricted: bool = False
+    # The patterns sorted for speed: ``literal*`` as prefixes (one startswith call), literals, the rest as globs.
+    _prefixes: tuple[bytes, ...] = ()
+    _exact: frozenset[bytes] = frozenset()
+    _globs: tuple[bytes, ...] = ()
+
+    # ---- rules ----
+    def apply(self, rule: str) -> None:
+        """Apply one ACL SETUSER rule; raises ValueError with Redis's reason on a bad one."""
+        low = rule.lower()
+        if low == "on":
+            self.enabled = True
+        elif low == "off":
+            self.enabled = False
+        elif low == "nopass":
+            self.nopass = True
+            self.passwords = []
+        elif low == "resetpass":
+            self.nopass = False
+            self.passwords = []
+        elif rule.startswith(">"):
+            self._add_hash(hash_password(rule[1:].encode("utf-8", "surrogateescape")))
+        elif rule.startswith("#"):
+            digest = rule[1:].lower()
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("The password hash must be exactly 64 characters and contain only lowercase "
+                                 "hexadecimal characters")
+            self._add_hash(digest)
+        elif rule.startswith("<"):
+            self._remove_hash(hash_password(rule[1:].encode("utf-8", "surrogateescape")))
+        elif rule.startswith("!"):
+            self._remove_hash(rule[1:].lower())
+        elif low in ("allkeys", "~*"):
+            self.allkeys = True
+            self.patterns = [b"*"]
+        elif low == "resetkeys":
+            self.allkeys = False
+            self.patterns = []
+        elif rule.startswith("%"):
+            perm, tilde, pattern = rule[1:].partition("~")
+            if not tilde or not perm or any(c not in "RWrw" for c in perm):
+                raise ValueError("Syntax error")
+            self._add_pattern(pattern)  # read/write-only patterns are treated as read-write (documented)
+        elif rule.startswith("~"):
+            self._add_pattern(rule[1:])
+        elif low in ("allchannels", "&*"):
+            self.allchannels = True
+        elif low == "resetchannels":
+            self.allchannels = False
+        elif rule.startswith("&"):
+            pass  # there is no pub/sub here: channel patterns are accepted and have nothing to guard
+        elif low in ("allcommands", "+@all"):
+            self.allowed = set(all_specs())
+            self.cmd_rules = ["+@all"]
+        elif low in ("nocommands", "-@all"):
+            self.allowed = set()
+            self.cmd_rules = ["-@all"]
+        elif rule[:1] in ("+", "-"):
+            add = rule[0] == "+"
+            target = rule[1:]
+            if target.startswith("@"):
+                if target[1:].lower() not in CATEGORIES:
+                    raise ValueError("Unknown command or category name in ACL")
+                specs = category_specs(target[1:].lower())
+            else:
+                found = _lookup(target)
+                if found is None:
+                    raise ValueError("Unknown command or category name in ACL")
+                specs = found
+            if add:
+                self.allowed.update(specs)
+            else:
+                self.allowed.difference_update(specs)
+            self.cmd_rules.append(rule.lower())
+        elif low == "reset":
+            for r in ("resetpass", "resetkeys", "resetchannels", "off", "-@all"):
+                self.apply(r)
+        else:
+            raise ValueError("Syntax error")
+        self.unrestricted = self.allkeys and len(self.allowed) == len(all_specs())
+        self._index_patterns()
+
+    def _index_patterns(self) -> None:
+        prefixes, exact, globs = [], set(), []
+        for p in self.patterns:
+            if p.endswith(b"*") and _is_literal(p[:-1]):
+                prefixes.append(p[:-1])
+            elif _is_literal(p):
+                exact.add(p)
+            else:
+                globs.append(p)
+        self._prefixes, self._exact, self._globs = tuple(prefixes), frozenset(exact), tuple(globs)
+
+    def _add_hash(self, digest: str) -> None:
+        self.nopass = False
+        if digest not in self.passwords:
+            self.passwords.append(digest)
+
+    def _remove_hash(self, digest: str) -> None:
+        if digest not in self.passwords:
+            raise ValueError("no such password")
+        self.passwords.remove(digest)
+
+    def _add_pattern(self, pattern: str) -> None:
+        if self.allkeys:
+            return
+        raw = pattern.encode("utf-8", "surrogateescape")
+        if raw == b"*":
+            self.allkeys = True
+            self.patterns = [b"*"]
+        elif raw not in self.patterns:
+            self.patterns.append(raw)
+
+    # ---- checks ----
+    def check_password(self, password: bytes) -> bool:
+        if not self.enabled:
+            return False
+        if self.nopass:
+            return True
+        given = hash_password(password)
+        ok = False
+        for digest in self.passwords:  # every hash is compared, in constant time each
+            ok |= hmac.compare_digest(given, digest)
+        return ok
+
+    def key_ok(self, key: bytes) -> bool:
+        if self.allkeys:
+            return True
+        if key.__class__ is not bytes:
+            key = bytes(key)
+        if key.startswith(self._prefixes) or key in self._exact:
+            return True
+        return any(glob_match(p, key) for p in self._globs)
+
+    def pattern_ok(self, pattern: bytes) -> bool:
+        """True when every key ``pattern`` can match lies inside one of this user's patterns."""
+        if self.allkeys:
+            return True
+        pattern = bytes(pattern)
+        for own in self.patterns:
+            if own == pattern:
+                return True
+            if own.endswith(b"*") and _is_literal(own[:-1]) and pattern.startswith(own[:-1]):
+                return True
+        return False
+
+    # ---- rendering ----
+    def flags(self) -> list[str]:
+        """ACL GETUSER's flags, as Redis 7.0 lists them."""
+        return ["on" if self.enabled else "off", *(["nopass"] if self.nopass else [])]
+
+    def commands_text(self) -> str:
+        return " ".join(self.cmd_rules) or "-@all"
+
+    def keys_text(self) -> str:
+        return " ".join("~" + p.decode("utf-8", "backslashreplace") for p in self.patterns)
+
+    def describe(self) -> str:
+        """The ACL LIST / ACL SAVE line (passwords only as their hashes)."""
+        words = ["user", self.name, "on" if self.enabled else "off"]
+        if self.nopass:
+            words.append("nopass")
+        words += ["#" + d for d in self.passwords]
+        words += ["~" + p.decode("utf-8", "surrogateescape") for p in self.patterns] or ["resetkeys"]
+        words.append("&*" if self.allchannels else "resetchannels")
+        words.append(self.commands_text())
+        return " ".join(words)
+
+
+@dataclass
+class LogEntry:
+    count: int
+    reason: str
+    context: str
+    object: str
+    username: str
+    created_ms: int
+    updated_ms: int
+    client_info: str
+    entry_id: int
+
+
+def default_user(requirepass: str | None) -> User:
+    user = User("default")
+    for rule in ("on", "~*", "&*", "+@all"):
+        user.apply(rule)
+    user.apply(">" + requirepass if requirepass else "nopass")
+    return user
+
+
+def _message(reason: str, obj: str) -> str:
+    # Redis 7.0's texts (the version kvstrata follows).
+    if reason == "command":
+        return f"NOPERM this user has no permissions to run the '{obj}' command"
+    return "NOPERM this user has no permissions to access one of the keys used as arguments"
+
+
+class Acl:
+    """The users of one server, its ACL LOG and the checks the connection runs."""
+
+    def __init__(self, requirepass: str | None = None, aclfile: str = "") -> None:
+        self.users: dict[str, User] = {"default": default_user(requirepass)}
+        self.requirepass = requirepass
+        self.aclfile = aclfile
+        self.log: deque[LogEntry] = deque()
+        self._log_ids = 0
+        if aclfile:
+            self.load(aclfile)
+
+    @property
+    def default(self) -> User:
+        return self.users["default"]
+
+    def open_default(self) -> bool:
+        """True when a new connection is authenticated as ``default`` without a password."""
+        d = self.default
+        return d.enabled and d.nopass
+
+    # ---- users ----
+    def setuser(self, name: str, rules: Iterable[str]) -> None:
+        """ACL SETUSER: all rules apply or none (ValueError names the failing one)."""
+        existing = self.users.get(name)
+        trial = User(name)
+        if existing is not None:
+            for rule in self._rules_of(existing):
+                trial.apply(rule)
+        for rule in rules:
+            try:
+                trial.apply(rule)
+            except ValueError as exc:
+                raise ValueError(f"Error in ACL SETUSER modifier '{rule}': {exc}") from None
+        if existing is None:
+            self.users[name] = trial
+        else:
+            existing.__dict__.update(trial.__dict__)  # connected clients hold the object: they see the change
+
+    @staticmethod
+    def _rules_of(user: User) -> list[str]:
+        rules = ["on" if user.enabled else "off"]
+        rules += ["nopass"] if user.nopass else ["#" + d for d in user.passwords]
+        rules += ["~" + p.decode("utf-8", "surrogateescape") for p in user.patterns]
+        rules += ["&*"] if user.allchannels else []
+        rules += ["-@all"] + [r for r in user.cmd_rules if r != "-@all"]
+        return rules
+
+    def on_requirepass(self, value: str | None) -> None:
+        """CONFIG SET requirepass: the default user's only password (or nopass when empty), as in Redis."""
+        if value == self.requirepass:
+            return
+        self.requirepass = value
+        d = self.default
+        d.apply("resetpass")
+        d.apply(">" + value if value else "nopass")
+
+    # ---- authentication ----
+    def authenticate(self, username: str, password: bytes) -> User | None:
+        user = self.users.get(username)
+        if user is None or not user.check_password(password):
+            return None
+        return user
+
+    def attach(self, client: Any) -> None:
+        """A new (or RESET) connection: the default user, authenticated if it needs no password."""
+        client.user = self.default
+        client.authenticated = self.open_default()
+
+    # ---- enforcement ----
+    def deny(self, client: Any, spec: CommandSpec, args: list[Any]) -> str | None:
+        """The NOPERM error text when ``client``'s user may not run ``args``; None when it may."""
+        user = client.user
+        sub = resolve(spec, args) if spec.subcommands else spec
+        if sub not in user.allowed and not sub.noauth:  # AUTH, HELLO, QUIT, RESET: always allowed, as in Redis
+            self.record(client, "command", sub.full_name)
+            return _message("command", sub.full_name)
+        if user.allkeys:
+            return None
+        name = sub.full_name
+        if name in WHOLE_KEYSPACE:
+            self.record(client, "key", "*")
+            return _message("key", "")
+        if name in PATTERN_COMMANDS:
+            if len(args) > 1 and not user.pattern_ok(args[1]):
+                self.record(client, "key", bytes(args[1]).decode("utf-8", "backslashreplace"))
+                return _message("key", "")
+            return None
+        for key in command_keys(sub, args):
+            if not user.key_ok(key):
+                self.record(client, "key", bytes(key).decode("utf-8", "backslashreplace"))
+                return _message("key", "")
+        return None
+
+    def record(self, client: Any, reason: str, obj: str) -> None:
+        """An ACL LOG entry; a repeat of a recent one (same reason, object, user) only bumps its count."""
+        now = int(time.time() * 1000)
+        username = client.user.name if getattr(client, "user", None) is not None else "default"
+        if reason == "auth":
+            username = obj
+            obj = "auth"
+        for e in self.log:
+            if (e.reason, e.object, e.username) == (reason, obj, username) and now - e.updated_ms < ACL_LOG_GROUP_MS:
+                e.count += 1
+                e.updated_ms = now
+                return
+        from kvstrata.commands.connection import client_line
+
+        info = client_line(client, now)
+        self.log.appendleft(LogEntry(1, reason, "toplevel", obj, username, now, now, info, self._log_ids))
+        self._log_ids += 1
+        while len(self.log) > ACL_LOG_MAX:
+            self.log.pop()
+
+    # ---- the ACL file ----
+    def load(self, path: str) -> None:
+        """Read ``user <name> <rules...>`` lines; the whole file applies or nothing does (ValueError)."""
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise ValueError(f"cannot read the ACL file {path}: {exc.strerror or exc}") from None
+        users: dict[str, User] = {}
+        for n, line in enumerate(lines, 1):
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            if words[0] != "user" or len(words) < 2:
+                raise ValueError(f"{path}:{n}: should start with user keyword")
+            if words[1] in users:
+                raise ValueError(f"{path}:{n}: duplicate user '{words[1]}'")
+            user = User(words[1])
+            for rule in words[2:]:
+                try:
+                    user.apply(rule)
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{n}: Error in user declaration '{rule}': {exc}") from None
+            users[user.name] = user
+        if "default" not in users:
+            users["default"] = default_user(self.requirepass)
+        self.users = users
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fh:
+            fh.write("".join(u.describe() + "\n" for u in self.users.values()))
+        os.replace(tmp, path)
+
+
+def command_keys(spec: CommandSpec, args: list[Any]) -> list[Any]:
+    """The keys ``args`` names: the table's key specs, or the command's key-extraction function (TAIR.KV.MGET
+    and TAIR.KV.PREFETCH leave their trailing options out)."""
+    return spec.keys(args)
+
+
+def visible(ctx: Any, keys: list[bytes]) -> list[bytes]:
+    """``keys`` without those the connection's user may not access (KEYS, SCAN, RANDOMKEY results)."""
+    user = getattr(ctx.client, "user", None)
+    if user is None or user.allkeys:
+        return keys
+    return [k for k in keys if user.key_ok(k)]
+
+
+def acl_of(ctx: Any) -> Acl:
+    """The server's ACL, or (a handler run without a server, in tests) one kept on the context."""
+    server = ctx.server
+    acl = getattr(server, "acl", None) if server is not None else None
+    if acl is None:
+        acl = ctx.extra.get("acl")
+        if acl is None:
+            acl = ctx.extra["acl"] = Acl(ctx.config.get("requirepass"))
+    return acl
