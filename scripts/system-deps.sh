@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: python3-venv (for the project's .venv), redis-server/redis-tools (the
 # Redis peer, redis-cli, redis-benchmark, and the Redis Cluster for the pool tests), chromium (the dashboard
-# test) and prometheus (promtool for the alert rules). Installs only what is missing; as root directly,
-# otherwise through sudo.
+# test), prometheus (promtool for the alert rules), and valkey-server 8 from bookworm-backports (the pool tests
+# run against it with KVSTRATA_POOL_SERVER=valkey-server; skipped where backports cannot be reached). Installs
+# only what is missing; as root directly, otherwise through sudo.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
@@ -25,5 +26,22 @@ if [ ${#missing[@]} -gt 0 ] || [ "$prometheus" = 1 ]; then
   if command -v service >/dev/null 2>&1; then
     $SUDO service redis-server stop >/dev/null 2>&1 || true
     $SUDO service prometheus stop >/dev/null 2>&1 || true
+  fi
+fi
+# Valkey 8 (the pool tests' second server): Debian bookworm has it only in bookworm-backports.
+if ! command -v valkey-server >/dev/null 2>&1; then
+  if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    # The same Debian mirror the machine already uses, with the backports suite added.
+    mirror=$(sed -n 's|^URIs: *\([^ ]*/debian\)/*$|\1|p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n 1)
+    [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
+    if [ -n "$mirror" ]; then
+      echo "deb $mirror bookworm-backports main" | $SUDO tee /etc/apt/sources.list.d/bookworm-backports.list >/dev/null
+      $SUDO apt-get update -qq || true
+    fi
+  fi
+  if $SUDO apt-get install -y -qq -t bookworm-backports --no-install-recommends valkey-server >/dev/null; then
+    if command -v service >/dev/null 2>&1; then $SUDO service valkey-server stop >/dev/null 2>&1 || true; fi
+  else
+    echo "valkey-server (bookworm-backports) not installable here; the pool tests run against Redis only" >&2
   fi
 fi

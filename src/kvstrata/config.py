@@ -160,8 +160,18 @@ PARAMS: tuple[Param, ...] = (
           env=("ESSD_PATH",)),
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),
     Param("pool", _str, "",
-          "Shared memory pool: redis://host:port (one Redis/Valkey) or redis-cluster://host:port[,host:port...] "
-          "(a Redis/Valkey Cluster, via redis-py's cluster client); empty disables it."),
+          "Shared memory pool: redis://[user:pass@]host:port[/db], rediss:// (TLS), valkey://, unix:///path "
+          "(one Redis/Valkey) or redis-cluster://[user:pass@]host:port[,host:port...] (a Redis/Valkey Cluster, "
+          "via redis-py's cluster client); empty disables it. Checked at startup (docs/pool.md)."),
+    Param("pool-ack", _choice("pool", "replicas", "local"), "pool",
+          "When a write is acknowledged: pool (the pool holds it; an error if it does not), replicas (also "
+          "WAIT pool-replicas replicas of its master), local (at once; the pool write follows)."),
+    Param("pool-replicas", _int, 1, "Replicas a write must reach with pool-ack replicas (Redis WAIT)."),
+    Param("pool-tombstone-ttl", _float, 0.0,
+          "Seconds a delete's tombstone stays in the pool (at least twice pool-ttl; 0: twice pool-ttl)."),
+    Param("pool-start-degraded", _yes_no, False,
+          "Start even when the pool fails its startup check (unreachable, wrong password, wrong kind of "
+          "endpoint): the node starts degraded and says so; without it the server refuses to start."),
     Param("pool-size", parse_size, 4 * 1024**3,
           "Budget of bytes this node keeps in the pool; over it, its oldest pool records are removed."),
     Param("pool-ttl", _float, 3600.0,

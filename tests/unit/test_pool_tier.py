@@ -1,5 +1,5 @@
 """The pool tier without a pool server: record format, URLs, hybrid-logical-clock versions, and a pool that is
-down from the start (every operation degrades at once, nothing raises)."""
+down from the start (every operation degrades at once; STRONG checks and deletes raise -TRYAGAIN)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,19 @@ from kvstrata.clock import ManualClock
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.store import HLC_LOGICAL_BITS, NODE_BITS, Store
 from kvstrata.engine.tiers.pool import (
+    FLAG_TOMBSTONE,
     HEADER_SIZE,
     Corrupt,
+    PoolDeleted,
     PoolTier,
+    PoolUnavailableError,
+    decode_head,
     decode_header,
     decode_record,
     encode_record,
     parse_url,
 )
+from kvstrata.engine.tiers.pool_url import parse_pool_url
 from kvstrata.engine.tiers.ssd import SsdTier
 
 
@@ -58,10 +63,43 @@ def test_parse_url(url, expected):
     assert parse_url(url) == expected
 
 
-@pytest.mark.parametrize("url", ["http://h:1", "redis://h", "redis://a:1,b:2", "redis-cluster://h:x"])
+@pytest.mark.parametrize("url", ["http://h:1", "redis://a:1,b:2", "redis-cluster://h:x",
+                                 "redis-cluster://h:1/3"])
 def test_parse_url_rejects(url):
     with pytest.raises(ValueError):
         parse_url(url)
+
+
+def test_pool_urls_like_redis_py():
+    u = parse_pool_url("redis://kv:s3cret@h:7000/2")
+    assert (u.cluster, u.nodes) == (False, [("h", 7000)])
+    assert u.kwargs == {"username": "kv", "password": "s3cret", "db": 2}
+    assert "s3cret" not in u.safe and u.safe == "redis://kv:***@h:7000/2"
+    v = parse_pool_url("valkey://h:1")
+    assert v.nodes == [("h", 1)] and not v.cluster
+    t = parse_pool_url("rediss://h:1?ssl_ca_certs=/ca.pem")
+    assert t.kwargs["ssl_ca_certs"] == "/ca.pem" and t.kwargs["connection_class"].__name__ == "SSLConnection"
+    x = parse_pool_url("unix:///tmp/r.sock?db=1")
+    assert x.kwargs["path"] == "/tmp/r.sock" and x.kwargs["db"] == 1 and x.nodes == []
+    c = parse_pool_url("redis-cluster://kv:pw@a:1,b:2")
+    assert c.cluster and c.nodes == [("a", 1), ("b", 2)]
+    assert c.kwargs == {"username": "kv", "password": "pw"} and "pw" not in c.safe
+    assert parse_pool_url("rediss-cluster://a:1").kwargs == {"ssl": True}
+    pool = PoolTier("redis://kv:s3cret@127.0.0.1:1", 1 << 20, threaded=False)
+    try:
+        assert "s3cret" not in pool.url and "s3cret" not in repr(pool.info())
+    finally:
+        pool.close()
+
+
+def test_tombstone_records_round_trip():
+    raw = encode_record(b"k", b"", 77, 0, FLAG_TOMBSTONE)
+    assert decode_head(raw) == (77, 0, FLAG_TOMBSTONE)
+    got = decode_record(b"k", raw)
+    assert isinstance(got, PoolDeleted) and got.version == 77
+    # The flags are under the checksum: a tombstone cannot be turned into a value (or back) by a bit flip.
+    flipped = raw[:3] + b"\x00" + raw[4:]
+    assert isinstance(decode_record(b"k", flipped), Corrupt)
 
 
 def test_unreachable_pool_degrades_without_raising():
@@ -75,7 +113,11 @@ def test_unreachable_pool_degrades_without_raising():
         # Degraded: writes are skipped at once (no I/O), reads answer "unknown".
         assert pool.put(b"a", Entry(b"v", 1)) == 0
         assert pool.skipped_writes == 1 and pool.used == 0 and len(pool) == 0
-        assert pool.check_versions({b"a": 0}) == {}
+        # STRONG checks and deletes never guess: they fail with -TRYAGAIN while the pool is away.
+        with pytest.raises(PoolUnavailableError, match="^TRYAGAIN"):
+            pool.check_versions({b"a": 0})
+        with pytest.raises(PoolUnavailableError):
+            pool.delete(b"a", 5)
         # Probes back off: the read's failure waits 100 ms, then 200, 400, 400, 400 (the cap), on the injected
         # clock (which the probes' real connection attempts do not move).
         assert pool.next_probe == clock.monotonic() + 0.1

@@ -3,12 +3,16 @@
 ``LocalCluster(masters=3).start()`` starts one process per master on free loopback ports (``cluster-enabled
 yes``, config files in a temporary directory), joins them with ``redis-cli --cluster create ...
 --cluster-replicas 0 --cluster-yes`` and waits, with a deadline, until every node reports ``cluster_state:ok``.
-``kill(i)`` and ``restart(i)`` stop and bring back one master on the same port with the same node id.
+``kill(i)`` and ``restart(i)`` stop and bring back one master on the same port with the same node id;
+``pause(i)``/``resume(i)`` SIGSTOP and SIGCONT it (a hung master). ``password`` sets ``requirepass`` (and
+``masterauth``) on every node; ``maxmemory_policy`` the eviction policy. The server binary is ``redis-server``,
+or ``$KVSTRATA_POOL_SERVER`` (e.g. ``valkey-server``: the pool tests run against Valkey 8 that way).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import shutil
 import signal
@@ -30,6 +34,11 @@ def _free(port: int) -> bool:
     return True
 
 
+def server_binary() -> str:
+    """The pool server program: ``redis-server`` unless ``KVSTRATA_POOL_SERVER`` names another (valkey-server)."""
+    return os.environ.get("KVSTRATA_POOL_SERVER", "redis-server")
+
+
 def free_port(taken: set[int] | None = None) -> int:
     """A free loopback port whose cluster bus port (port + 10000) is free too; Redis needs port <= 55535."""
     taken = taken or set()
@@ -40,19 +49,23 @@ def free_port(taken: set[int] | None = None) -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def _cli(port: int, *args: str, timeout: float = 10.0) -> str:
-    proc = subprocess.run(["redis-cli", "-h", HOST, "-p", str(port), *args], capture_output=True,
+def _cli(port: int, *args: str, timeout: float = 10.0, password: str = "") -> str:
+    auth = ["--no-auth-warning", "-a", password] if password else []
+    proc = subprocess.run(["redis-cli", "-h", HOST, "-p", str(port), *auth, *args], capture_output=True,
                           timeout=timeout, check=False)
     return proc.stdout.decode(errors="replace")
 
 
 class LocalCluster:
-    def __init__(self, masters: int = 3, *, node_timeout_ms: int = 1000, standalone: bool = False,
-                 maxmemory: str = "0") -> None:
-        self.n = 1 if standalone else masters
+    def __init__(self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 1000, standalone: bool = False,
+                 maxmemory: str = "0", password: str = "", maxmemory_policy: str = "noeviction") -> None:
+        self.n = 1 if standalone else masters * (1 + replicas)
+        self.replicas = 0 if standalone else replicas
         self.standalone = standalone
         self.node_timeout_ms = node_timeout_ms
         self.maxmemory = maxmemory
+        self.password = password
+        self.maxmemory_policy = maxmemory_policy
         self.dir = Path(tempfile.mkdtemp(prefix="kvstrata-cluster-"))
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen[bytes] | None] = []
@@ -61,20 +74,27 @@ class LocalCluster:
     @property
     def url(self) -> str:
         """The ``--pool`` value that reaches this cluster (or single server)."""
+        auth = f":{self.password}@" if self.password else ""
         if self.standalone:
-            return f"redis://{HOST}:{self.ports[0]}"
-        return "redis-cluster://" + ",".join(f"{HOST}:{p}" for p in self.ports)
+            return f"redis://{auth}{HOST}:{self.ports[0]}"
+        return f"redis-cluster://{auth}" + ",".join(f"{HOST}:{p}" for p in self.ports)
 
     # ---- lifecycle ----
     def _spawn(self, i: int) -> None:
         port = self.ports[i]
         node_dir = self.dir / str(port)
         node_dir.mkdir(exist_ok=True)
-        args = ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
-                "--dir", str(node_dir), "--maxmemory", self.maxmemory, "--protected-mode", "no"]
+        args = [server_binary(), "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
+                "--dir", str(node_dir), "--maxmemory", self.maxmemory, "--protected-mode", "no",
+                "--maxmemory-policy", self.maxmemory_policy]
+        if self.password:
+            args += ["--requirepass", self.password, "--masterauth", self.password]
         if not self.standalone:
+            # Without full coverage the masters that are up keep serving their slots when one is down (a cache
+            # pool: partial failure stays partial; docs/pool.md).
             args += ["--cluster-enabled", "yes", "--cluster-config-file", str(node_dir / "nodes.conf"),
-                     "--cluster-node-timeout", str(self.node_timeout_ms)]
+                     "--cluster-node-timeout", str(self.node_timeout_ms),
+                     "--cluster-require-full-coverage", "no"]
         log = open(node_dir / "server.log", "ab")
         self.procs[i] = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -86,13 +106,13 @@ class LocalCluster:
             with contextlib.suppress(OSError):
                 with socket.create_connection((HOST, port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
+                    if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):
                         return
             time.sleep(0.02)  # poll interval
         raise RuntimeError(f"redis-server on port {port} did not answer PING within {timeout}s")
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
-        if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        if shutil.which(server_binary()) is None or shutil.which("redis-cli") is None:
             raise RuntimeError("redis-server and redis-cli are needed (apt-get install redis-server redis-tools)")
         self.ports = []
         for _ in range(self.n):
@@ -102,9 +122,10 @@ class LocalCluster:
             for i in range(self.n):
                 self._spawn(i)
             if not self.standalone:
+                auth = ["--no-auth-warning", "-a", self.password] if self.password else []
                 out = subprocess.run(
-                    ["redis-cli", "--cluster", "create", *(f"{HOST}:{p}" for p in self.ports),
-                     "--cluster-replicas", "0", "--cluster-yes"],
+                    ["redis-cli", *auth, "--cluster", "create", *(f"{HOST}:{p}" for p in self.ports),
+                     "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                     capture_output=True, timeout=timeout, check=False)
                 if out.returncode != 0:
                     raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout.decode()} "
@@ -116,7 +137,8 @@ class LocalCluster:
         return self
 
     def cluster_ok(self) -> bool:
-        return all("cluster_state:ok" in _cli(p, "CLUSTER", "INFO", timeout=2.0) for p in self.ports)
+        return all("cluster_state:ok" in _cli(p, "CLUSTER", "INFO", timeout=2.0, password=self.password)
+                   for p in self.ports)
 
     def wait_ok(self, timeout: float = 30.0) -> None:
         """Wait until every node says ``cluster_state:ok`` and agrees on the slot map."""
@@ -137,6 +159,17 @@ class LocalCluster:
             proc.wait(10)
         self.procs[i] = None
 
+    def pause(self, i: int) -> None:
+        """SIGSTOP master ``i``: it keeps its connections open and answers nothing (a hung process)."""
+        proc = self.procs[i]
+        if proc is not None:
+            proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc is not None:
+            proc.send_signal(signal.SIGCONT)
+
     def restart(self, i: int) -> None:
         """Start master ``i`` again on the same port with the same nodes.conf."""
         self._spawn(i)
@@ -144,6 +177,7 @@ class LocalCluster:
     def stop(self) -> None:
         for i, proc in enumerate(self.procs):
             if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a paused master must be able to exit
                 proc.terminate()
                 try:
                     proc.wait(10)
@@ -155,11 +189,12 @@ class LocalCluster:
 
     # ---- inspection ----
     def keyslot(self, key: bytes | str) -> int:
-        return int(_cli(self.ports[0], "CLUSTER", "KEYSLOT", key if isinstance(key, str) else key.decode()))
+        name = key if isinstance(key, str) else key.decode()
+        return int(_cli(self.ports[0], "CLUSTER", "KEYSLOT", name, password=self.password))
 
     def master_of_slot(self, slot: int) -> int:
         """The port of the master serving ``slot`` (from CLUSTER NODES)."""
-        for line in _cli(self.ports[0], "CLUSTER", "NODES").splitlines():
+        for line in _cli(self.ports[0], "CLUSTER", "NODES", password=self.password).splitlines():
             parts = line.split()
             if len(parts) < 9 or "master" not in parts[2]:
                 continue

@@ -8,6 +8,7 @@ from kvstrata import acl as acl_mod
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.expiry import expire_at_ms
+from kvstrata.commands.pool_acks import after_pool_delete
 from kvstrata.commands.registry import command
 from kvstrata.engine.keyspace import SCAN_BUCKETS
 from kvstrata.errors import CommandError, syntax_error
@@ -18,7 +19,9 @@ from kvstrata.protocol.encoder import OK, Status
          syntax="DEL key [key ...]")
 def del_(ctx: Context, args: list[bytes]) -> Any:
     delete = ctx.store.delete
-    return sum(1 for key in args[1:] if delete(key))
+    ctx.store.pool_ack = 0
+    deleted = sum(1 for key in args[1:] if delete(key))
+    return after_pool_delete(ctx, args[1:], deleted) if ctx.store.pool is not None else deleted
 
 
 @command("unlink", -2, "write fast", keys=(1, -1, 1), group="generic", since="4.0.0",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
+from kvstrata.commands.pool_acks import after_pool_write
 from kvstrata.commands.registry import command
 from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Suspend
+from kvstrata.engine.entry import Entry
+from kvstrata.engine.tiers.pool import PoolDeleted, PoolUnavailableError
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
 
 STRONG_RECHECKS = 3
@@ -37,23 +41,23 @@ def kv_setex(ctx: Context, args: list[bytes]) -> Any:
     if cold and ctx.store.ssd is None:
         raise CommandError("COLD_STORAGE needs the SSD tier (start with --essd-path)")
     expire_at = store.clock.now_ms() + ttl_ms if ttl_ms else 0
+    return _setex(ctx, args[1], args[3], expire_at, cold, expected, 0)
+
+
+def _setex(ctx: Context, key: bytes, value: bytes, expire_at: int, cold: bool, expected: int | None,
+           tries: int) -> Any:
+    """Write, then reply once the pool holds the write (``pool-ack``; pool_acks.after_pool_write)."""
+    store = ctx.store
     store.pool_ack = 0
-    entry = store.put(args[1], args[3], expire_at, cold=cold, expected_version=expected)
-    pool = store.pool
-    if store.pool_ack and pool is not None and pool.active and ctx.server is not None:
-        # Acknowledge once the pool holds the value, so a STRONG read through another node sees it (and, under
-        # write-through, once the SSD has it).
-        ssd_seq = store.ack_seq
-        version = entry.version
+    entry = store.put(key, value, expire_at, cold=cold, expected_version=expected)
+    ssd_seq = store.ack_seq
 
-        def acked(_: Any) -> int:
-            failed = store.ssd.failed.get(ssd_seq) if ssd_seq and store.ssd is not None else None
-            if failed is not None:
-                raise CommandError(f"SSD write failed: {failed}")
-            return version
+    def again(n: int) -> Any:
+        # The pool held a higher version: write again above it (a plain write; a CAS gets VERMISMATCH).
+        return _setex(ctx, key, value, expire_at, cold, None, n)
 
-        return Suspend(PoolAck(store.pool_ack, ssd_seq), acked)
-    return entry.version
+    return after_pool_write(ctx, key, entry.version, entry.version, expected=expected, ssd_seq=ssd_seq,
+                            rewrite=again, tries=tries)
 
 
 def _mget_options(args: list[bytes], default: str) -> tuple[list[bytes], str, bool]:
@@ -107,32 +111,48 @@ def _read(ctx: Context, keys: list[bytes], with_versions: bool) -> list[Any]:
     return out
 
 
-def _strong(ctx: Context, keys: list[bytes], with_versions: bool) -> Any:
-    """A STRONG read answers only with acknowledged data, and with the pool's newer records when there is one."""
+def _strong(ctx: Context, keys: list[bytes], with_versions: bool,
+            answer: Callable[[list[Entry | None]], Any] | None = None) -> Any:
+    """A STRONG read answers only with acknowledged data, never older than the pool's (docs/pool.md)."""
     store = ctx.store
     ssd = store.ssd
+    answer = answer or (lambda entries: _reply(entries, with_versions))
     if ssd is not None and store.write_through and ssd.committed_seq < ssd.enqueued_seq \
             and any(k in ssd.pending for k in keys):
         # In-flight write-through writes of these keys: wait for them, then read the keys again (they left the
         # pending writes, so they are loaded anew).
-        return Suspend(Commit(ssd.enqueued_seq), lambda _: _strong(ctx, keys, with_versions), reload=True)
+        return Suspend(Commit(ssd.enqueued_seq), lambda _: _strong(ctx, keys, with_versions, answer), reload=True)
     if store.pool is not None and ctx.server is not None:
-        return _pool_check(ctx, keys, with_versions, 0)
-    return _read(ctx, keys, with_versions)
+        return _pool_check(ctx, keys, answer, 0)
+    return answer([store.get(k) for k in keys])
 
 
-def _pool_check(ctx: Context, keys: list[bytes], with_versions: bool, tries: int) -> Any:
-    """STRONG reads with a pool: compare each key's local version with the pool's; adopt newer pool records.
+def _reply(entries: list[Entry | None], with_versions: bool) -> list[Any]:
+    if with_versions:
+        return [None if e is None else [e.value, e.version] for e in entries]
+    return [None if e is None else e.value for e in entries]
 
-    The check runs in a worker thread; the continuation adopts what is newer (highest version wins) and reads. If
-    this node wrote or deleted one of the keys in the pool meanwhile, the check is redone (at most
-    STRONG_RECHECKS times, then the local copies answer). A degraded pool answers from local tiers.
+
+def _pool_check(ctx: Context, keys: list[bytes], answer: Callable[[list[Entry | None]], Any], tries: int) -> Any:
+    """STRONG reads with a pool: compare each key's local version with the pool's and answer with the newer.
+
+    The check runs in a worker thread (it raises -TRYAGAIN when the pool cannot be asked). The answer for a key
+    is the pool's record or tombstone when that is newer than the local copy (adopted, or the local copy dropped),
+    else the local copy. If this node wrote or deleted one of the keys meanwhile, the check is redone (at most
+    STRONG_RECHECKS times, then -TRYAGAIN): a local write the pool has not confirmed is not an answer yet.
     """
     store = ctx.store
     pool = store.pool
     assert pool is not None
     if not pool.active:
-        return _read(ctx, keys, with_versions)
+        raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); STRONG reads need it")
+    if pool.pending and any(k in pool.pending for k in keys):
+        # This node's write or delete of a key is on its way to the pool, unconfirmed (a CAS may yet be refused):
+        # it is not an answer yet. Wait for the pool writer, then check again.
+        if tries >= STRONG_RECHECKS:
+            raise PoolUnavailableError("the keys kept changing on this node during the pool check; try again")
+        return Suspend(PoolAck(pool.enqueued_seq), lambda _: _pool_check(ctx, keys, answer, tries + 1),
+                       reload=True)
     local = store.local_versions(keys)
     # The records loaded before this step, kept (watched) so the reads after the check stay off the event loop.
     kept = store.keep_overlay(keys)
@@ -145,12 +165,30 @@ def _pool_check(ctx: Context, keys: list[bytes], with_versions: bool, tries: int
         newer, raced = result
         if kept is not None:
             store.restore_overlay(kept)  # reinstalled unless the SSD changed these keys meanwhile
+        # A write of one of the keys here between this step and the start of the check (the watch ticket only
+        # covers the check itself) is a race too: the local copy is not the one that was compared.
+        raced = raced or any(k in pool.pending for k in keys)
         if not raced:
             store.refresh_from_pool(newer)
-            return _read(ctx, keys, with_versions)
-        if tries >= STRONG_RECHECKS or not pool.active:
-            return _read(ctx, keys, with_versions)
-        return _pool_check(ctx, keys, with_versions, tries + 1)
+            out: list[Entry | None] = []
+            for key in keys:
+                rec = newer.get(key)
+                if isinstance(rec, PoolDeleted):
+                    out.append(None)
+                elif isinstance(rec, Entry) and not rec.expired(store.clock.now_ms()):
+                    out.append(rec)  # even if DRAM had no room to adopt it
+                else:
+                    out.append(store.get(key))
+            lost = [k for k, e in zip(keys, out, strict=True) if e is None and local[k]
+                    and not isinstance(newer.get(k), PoolDeleted)]
+            if not lost:
+                return answer(out)
+            # A copy compared above left this node meanwhile (demoted out of DRAM, its loaded record dropped):
+            # load the keys again and redo the check rather than answer "absent".
+            raced = True
+        if tries >= STRONG_RECHECKS:
+            raise PoolUnavailableError("the keys kept changing on this node during the pool check; try again")
+        return Suspend(PoolAck(0), lambda _: _pool_check(ctx, keys, answer, tries + 1), reload=True)
 
     return Suspend(PoolVersions(local), then, cancel=release)
 
@@ -206,9 +244,20 @@ def kv_unmarkhot(ctx: Context, args: list[bytes]) -> Any:
     return ctx.store.unmark_hot(bytes(args[1]))
 
 
-@command("tair.kv.version", 2, "readonly fast", keys=(1, 1, 1), group="tairkv", since="0.1.0",
-         summary="Returns the version of a key, or nil.")
+@command("tair.kv.version", -2, "readonly fast", keys=(1, 1, 1), group="tairkv", since="0.1.0",
+         summary="Returns the version of a key, or nil; with CONSISTENCY_LEVEL STRONG, never older than the "
+                 "pool's.", syntax="TAIR.KV.VERSION key [CONSISTENCY_LEVEL STRONG|EVENTUAL]")
 def kv_version(ctx: Context, args: list[bytes]) -> Any:
+    level = "eventual"
+    if len(args) == 4 and args[2].upper() == b"CONSISTENCY_LEVEL":
+        word = args[3].lower()
+        if word not in (b"strong", b"eventual"):
+            raise CommandError("CONSISTENCY_LEVEL must be STRONG or EVENTUAL")
+        level = word.decode()
+    elif len(args) != 2:
+        raise syntax_error()
+    if level == "strong":
+        return _strong(ctx, [args[1]], False, lambda entries: None if entries[0] is None else entries[0].version)
     entry = ctx.store.get(args[1], touch=False)
     return None if entry is None else entry.version
 

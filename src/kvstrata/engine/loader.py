@@ -60,7 +60,8 @@ class LoaderMixin:
         pending = ssd.pending
         if ssd.flush_pending:
             return []
-        return [k for k in keys if k not in entries and k not in pending]
+        refetch = self.refetch if self.pool is not None and self.pool.active else ()
+        return [k for k in keys if k not in entries and (k not in pending or k in refetch)]
 
     def begin_load(self, keys: list[bytes]) -> LoadTicket:
         """Watch ``keys`` and plan their load: which are read from the pool first, which from LMDB first."""
@@ -76,8 +77,9 @@ class LoaderMixin:
         if self.pool_first:
             # Keys this node put in the pool (their newest local version) are read there first.
             index = pool.index
+            refetch = self.refetch
             for k in keys:
-                (first if k in index and k not in pool.pending else rest).append(k)
+                (first if (k in index or k in refetch) and k not in pool.pending else rest).append(k)
         else:
             rest = list(keys)
         return LoadTicket(ssd.watch(keys), pool.watch(keys), first, rest)
@@ -132,6 +134,8 @@ class LoaderMixin:
         """Whether a key's lower-tier state is known without reading LMDB (DRAM, pending writes, the overlay)."""
         if key in self.dram.entries:
             return True
+        if self.refetch and key in self.refetch and self.pool is not None and self.pool.active:
+            return self._overlay is not None and key in self._overlay
         if self.ssd is None:
             pool = self.pool
             if pool is None or not pool.active or key in pool.pending:
@@ -146,15 +150,20 @@ class LoaderMixin:
     def keep_overlay(self, keys: list[bytes]) -> tuple[dict[bytes, Any], Ticket] | None:
         """Keep the current overlay for a later run of the same command (a STRONG read suspended for the pool),
         watched so that an SSD change of these keys in between invalidates it."""
-        if self._overlay is None or self.ssd is None:
+        if self._overlay is None:
             return None
-        return dict(self._overlay), self.ssd.watch(keys)
+        # Diskless (DRAM + pool): the overlay holds the pool records the loader read, watched on the pool.
+        tier = self.ssd if self.ssd is not None else self.pool
+        if tier is None:
+            return None
+        return dict(self._overlay), tier.watch(keys)
 
     def restore_overlay(self, kept: tuple[dict[bytes, Any], Ticket], *, install: bool = True) -> bool:
         """Reinstall a kept overlay if nothing changed its keys on the SSD since; False when it went stale."""
         overlay, ticket = kept
-        assert self.ssd is not None
-        self.ssd.unwatch(ticket)
+        tier = self.ssd if self.ssd is not None else self.pool
+        assert tier is not None
+        tier.unwatch(ticket)
         if ticket.stale or not install:
             return False
         self._overlay = overlay
@@ -176,6 +185,11 @@ class LoaderMixin:
                 if hit.__class__ is PoolHit:
                     return self._pool_found(key, hit.entry)
             return None
+        if self.refetch and key in self.refetch and self._overlay is not None:
+            # Invalidated by another node's write: the pool's record, as the loader read it, comes first.
+            hit = self._overlay.get(key)
+            if hit.__class__ is PoolHit:
+                return self._pool_found(key, hit.entry)
         known, found = ssd.lookup_pending(key)
         if not known:
             overlay = self._overlay
@@ -235,7 +249,12 @@ class LoaderMixin:
         done = 0
         now = self.clock.now_ms()
         for key, rec in found.items():
-            if rec is None or rec.expired(now):
+            if rec is None:
+                continue
+            if not isinstance(rec, Entry):  # a tombstone newer than the local copy (pool.PoolDeleted)
+                self.invalidate(key, rec.version)
+                continue
+            if rec.expired(now):
                 continue
             current = self.get(key, touch=False)
             if current is not None and current.version >= rec.version:

@@ -178,6 +178,8 @@ class PlacementMixin:
             self.make_room(size if old is None else size - self.dram.size(key, old.value), exclude=key)
         except OutOfMemoryError:
             return False
+        if self.refetch:
+            self.refetch.pop(key, None)
         if old is not None:
             self._drop_dram(key)
         fresh = self._install(key, entry, size)

@@ -33,10 +33,12 @@ from kvstrata.engine.predict import Predictor
 from kvstrata.engine.prefetching import LATE, PrefetchMixin
 from kvstrata.engine.stats import EngineStats, TierStats
 from kvstrata.engine.tiers.dram import DramTier
-from kvstrata.engine.tiers.pool import PoolTier
+from kvstrata.engine.tiers.pool import PoolTier, PoolUnavailableError
 from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.engine.versions import HLC_LOGICAL_BITS, NODE_BITS, VERSION_BLOCK, VersionsMixin
 from kvstrata.errors import OutOfMemoryError, VersionMismatchError
+
+REFETCH_MAX = 100_000
 
 # Re-exported: the server and the tests import these from here.
 __all__ = ["HLC_LOGICAL_BITS", "LATE", "NODE_BITS", "VERSION_BLOCK", "LoadTicket", "PoolHit", "Store"]
@@ -95,6 +97,11 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # The shared pool (None without --pool). It needs the SSD tier: the loader that keeps pool reads off
         # the event loop is the SSD tier's (see docs/pool.md).
         self.pool = pool
+        # Keys another node wrote since this node's copy (dropped): read from the pool next, not from LMDB.
+        self.refetch: dict[bytes, int] = {}
+        if pool is not None:
+            pool.on_invalidate = self.invalidate
+            pool.on_refused = self.pool_refused
         self.pool_first = tier_order.startswith("dram,pool")
         self.node_id = node_id & ((1 << NODE_BITS) - 1)
         # The pool write the current command's reply should wait for (0: none); set by put().
@@ -177,11 +184,22 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         """Store a new value (replacing any old one in any tier) and give it a fresh version."""
         if self.predictor is not None and len(value) >= self.profile_min_bytes:
             self.predictor.write(key, self.stream)
+        pool = self.pool
+        cas_fallback = 0
+        if self.refetch:
+            self.refetch.pop(key, None)
         if expected_version is not None:
             current = self.get(key, touch=False)
             have = current.version if current is not None else 0
-            if have != expected_version:
-                raise VersionMismatchError(f"version mismatch: expected {expected_version}, current {have}")
+            if pool is None:
+                if have != expected_version:
+                    raise VersionMismatchError(f"version mismatch: expected {expected_version}, current {have}")
+            elif not pool.active:
+                raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); VER needs it")
+            else:
+                # The pool decides (pool_scripts.CAS); the local copy may be older than the pool's.
+                cas_fallback = have
+                self.observe_version(expected_version)
         ssd = self.ssd
         if ssd is None and self.pool is None:
             self.version += 1
@@ -199,8 +217,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
                 self._check_last_tier_room(size)
                 self._drop_dram(key)
                 self._ack(ssd.put(key, entry))
-                if self.pool is not None:
-                    self.pool_ack = self.pool.put(key, entry)
+                if pool is not None:
+                    self.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
                 return entry
             stale_below = not self.write_through and (
                 (old is not None and old.on_ssd) or (old is None and self._below(key) is not None)
@@ -217,20 +235,33 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             entry.on_ssd = True
         if expire_at:
             heapq.heappush(self._ttl_heap, (expire_at, key))
-        if self.pool is not None:
-            self.pool_ack = self.pool.put(key, entry)
+        if pool is not None:
+            self.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
         return entry
+
+    def _pool_put(self, key: bytes, entry: Entry, expected: int | None, fallback: int) -> int:
+        """Publish a write to the pool; tracked (its outcome kept for the reply) unless acks are local."""
+        pool = self.pool
+        assert pool is not None
+        return pool.put(key, entry, track=expected is not None or pool.ack != "local", expected=expected,
+                        fallback=fallback)
 
     def _ack(self, seq: int) -> None:
         if self.write_through:
             self.ack_seq = seq
 
     def delete(self, key: bytes) -> bool:
+        pool = self.pool
+        if pool is not None and not pool.active:
+            # Refused, never dropped: a delete the pool does not hold would let other copies come back.
+            raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); deletes need it")
+        if self.refetch:
+            self.refetch.pop(key, None)
         entry = self._drop_dram(key)
         # Whether the key exists below DRAM is decided before the pool's pending delete hides a pool-only copy.
         below = self._below(key) if entry is None else None
-        if self.pool is not None:
-            self.pool.delete(key)
+        if pool is not None:
+            self.pool_ack = pool.delete(key, self.next_version())
         if entry is not None:
             if entry.on_ssd and self.ssd is not None:
                 self.ssd.delete(key)
@@ -299,9 +330,41 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.policy.clear()
         self._ttl_heap.clear()
         if self.pool is not None:
-            self.pool.flush()
+            self.pool.flush(self.next_version())
         if self.ssd is not None:
             self._ack(self.ssd.flush())
+
+    def invalidate(self, key: bytes, version: int, deleted: bool = True) -> None:
+        """The pool now holds ``version`` of ``key`` (another node's write, or a delete): drop local copies that
+        are older, so every read finds the pool's (docs/pool.md, "Invalidation"). After a write, the key is read
+        from the pool next (``refetch``); after a delete it is gone here too."""
+        entry = self.dram.entries.get(key)
+        if entry is not None:
+            if entry.version >= version:
+                return
+            self._drop_dram(key)
+        elif self.ssd is not None:
+            found, pending = self.ssd.lookup_pending(key)
+            if found and pending is not None and pending.version >= version:
+                return
+        if self.ssd is not None:
+            self.ssd.delete(key)
+            if not deleted:
+                self.refetch[key] = version
+                if len(self.refetch) > REFETCH_MAX:  # bounded: the oldest fall back to "not here" (a miss)
+                    del self.refetch[next(iter(self.refetch))]
+        pool = self.pool
+        if pool is not None:
+            pool._watchers.touched(key)  # a load of the old copy in flight is not installed
+            pool.dropped_copies += 1
+
+    def pool_refused(self, key: bytes, version: int) -> None:
+        """The pool refused this node's write of ``version`` (a higher version is there, or a CAS mismatch): the
+        local copy of it is not kept, so reads find the pool's."""
+        entry = self.dram.entries.get(key)
+        if entry is not None and entry.version != version:
+            return
+        self.invalidate(key, version + 1, deleted=False)
 
     def _ssd_committed(self, committed_seq: int, evicted: list[bytes]) -> None:
         if not evicted:

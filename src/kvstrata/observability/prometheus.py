@@ -19,6 +19,7 @@ from typing import Any
 from kvstrata.observability.latency import cumulative_usec
 
 LE_BUCKETS = 25  # 1 µs .. 2**24 µs (16.8 s)
+POOL_GAUGES = frozenset({"pending", "queued_bytes", "degraded", "ttl_ms", "deletes_to_replay"})
 POOL_DEGRADED = "kvstrata_pool_degraded"  # alerted on in deploy/prometheus/alerts.yml; only with a pool tier
 
 TIER_COUNTERS = (
@@ -212,6 +213,14 @@ class KvstrataCollector:
                                     value=1 if pool["degraded"] else 0)
             yield CounterMetricFamily("kvstrata_pool_errors", "Errors talking to the shared pool tier.",
                                       value=pool["errors"])
+            # The rest of INFO tier_pool (docs/pool.md, Observability): gauges for levels, counters for totals.
+            for field, value in sorted(pool.get("counters", {}).items()):
+                if field in POOL_GAUGES:
+                    yield GaugeMetricFamily(f"kvstrata_pool_{field}", f"Pool tier: {field} (INFO tier_pool).",
+                                            value=value)
+                else:
+                    yield CounterMetricFamily(f"kvstrata_pool_{field}", f"Pool tier: {field} (INFO tier_pool).",
+                                              value=value)
 
         # ---- slow log ----
         sl = snap["slowlog"]

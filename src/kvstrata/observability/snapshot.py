@@ -254,7 +254,10 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
     pool = getattr(store, "pool", None)
     if pool is not None:  # the shared cluster pool tier, when the node runs with one
         snap["pool"] = {"degraded": getattr(pool, "degraded", None) is not None,
-                        "errors": int(getattr(pool, "errors", 0) or 0)}
+                        "errors": int(getattr(pool, "errors", 0) or 0),
+                        # every numeric pool counter (PoolTier.info), for /metrics
+                        "counters": {k: v for k, v in pool.info().items()
+                                     if isinstance(v, int) and not isinstance(v, bool) and k not in ("errors", "degraded")}}
     if history is not None:
         snap["history"] = history
     return snap

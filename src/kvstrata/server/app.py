@@ -55,9 +55,20 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
             connect_timeout_ms=int(config.get("pool-connect-timeout")),
             backoff_max_ms=int(config.get("pool-backoff-max")),
             prefix=str(config.get("pool-key-prefix")).encode(),
+            tombstone_ttl_ms=int(float(config.get("pool-tombstone-ttl")) * 1000),
+            ack=str(config.get("pool-ack")),
+            ack_replicas=int(config.get("pool-replicas")),
             wall_ms=clock.now_ms,
             monotonic=clock.monotonic,
         )
+        try:
+            pool.check_connect()
+        except ValueError as exc:
+            if not config.get("pool-start-degraded"):
+                pool.close()
+                raise ValueError(f"{exc} (pool-start-degraded yes starts without it)") from None
+            pool._failed("startup", exc)
+            log.warning("starting with the pool degraded (pool-start-degraded): %s", exc)
         node_id = int(config.get("pool-node-id"))
         if node_id < 0:
             node_id = int.from_bytes(os.urandom(1), "little")
@@ -341,6 +352,7 @@ class Server:
                 loop.call_soon_threadsafe(run)
 
             pool.set_delivery(deliver)
+            pool.start_invalidation()
         hosts = [h for h in str(self.config.get("bind")).split() if h]
         # The HTTP endpoint first: once the RESP port answers, /metrics does too.
         await self.observability.start()

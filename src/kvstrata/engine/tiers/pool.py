@@ -20,7 +20,16 @@ thread, through ``set_delivery``), the newest state of each key sits in ``pendin
 caller's worker thread (``read_many``, ``check_versions``); they only touch the redis-py client, which is
 thread-safe.
 
-Faults: any error (refused, timed out, ``CLUSTERDOWN``...) marks the pool *degraded*. While degraded, reads
+Versions are decided in the pool (``pool_scripts``): a write replaces a record only with a higher version, a
+delete writes a versioned *tombstone* (kept ``tombstone_ttl_ms``, longer than any record), and a compare-and-set
+(``VER``) compares the expected version with the pool's inside the same script. The outcome of a write a client
+waits for (``put(..., track=True)``) is kept in ``outcomes`` until the command takes it: ``OK``, ``OLDER`` (the
+pool holds a higher version), ``MISMATCH`` (CAS refused) or ``FAILED`` (the pool refused it, e.g. ``-OOM``, or could
+not be reached). Every change is published on the invalidation channel; a subscriber thread hands
+``(key, version)`` to ``on_invalidate`` so this node drops older local copies (docs/pool.md).
+
+Faults: a connection error or timeout (``CLUSTERDOWN``...) marks the pool *degraded*; a command the pool refuses
+(``-OOM``, a script error) fails that write only. While degraded, reads
 answer "not in the pool" at once and writes are skipped (counted in ``skipped_writes``); a probe (``probe``,
 run by the server off the loop) retries with exponential backoff and, when every node answers again, the pool
 is used again. Timeouts are the redis-py socket timeouts (``pool-timeout``, ``pool-connect-timeout``).
@@ -41,15 +50,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 import xxhash
 
 from kvstrata.engine.entry import Entry
+from kvstrata.engine.tiers import pool_scripts
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
+from kvstrata.engine.tiers.pool_url import parse_pool_url
 from kvstrata.engine.tiers.watch import Ticket, Watchers
 from kvstrata.engine.tiers.writer import BatchWriter
-from kvstrata.redact import redact_url
+from kvstrata.errors import CommandError
 
 log = logging.getLogger("kvstrata.pool")
 
@@ -62,35 +72,58 @@ HEADER_SIZE = _HEADER.size
 VERSION_OFFSET = 4
 RECORD_OVERHEAD = 96  # bytes charged per record beyond key and value: Redis's own per-key overhead, roughly
 
-# Replace the record unless the pool holds a higher version (byte-wise compare of the big-endian versions).
-_SET_IF_NEWER = """
-local cur = redis.call('GETRANGE', KEYS[1], 4, 11)
-if #cur == 8 then
-  for i = 1, 8 do
-    local a, b = string.byte(cur, i), string.byte(ARGV[2], i)
-    if a > b then return 0 end
-    if a < b then break end
-  end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-return 1
-"""
-# Delete the record only if it is still the version this node wrote.
-_DEL_IF_VERSION = """
-if redis.call('GETRANGE', KEYS[1], 4, 11) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+FLAG_TOMBSTONE = 1
+ZERO_VERSION = bytes(8)
 
-_PUT, _DEL, _DEL_IF = range(3)
+_PUT, _DEL_IF, _CAS, _TOMB = range(4)
+TOMB_RETRIES = 3
+OK, OLDER, MISMATCH, FAILED = "ok", "older", "mismatch", "failed"
+
+
+class PoolUnavailableError(CommandError):
+    """The pool could not be asked (degraded, timed out, refused): the command fails instead of guessing."""
+
+    prefix = "TRYAGAIN"
+
+
+class PoolDeleted:
+    """A STRONG check's answer for a key the pool holds a tombstone of, newer than the local copy."""
+
+    __slots__ = ("version",)
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+
+def _is_fault(exc: BaseException) -> bool:
+    """Connection-level trouble (degrades the pool), as opposed to a command the pool refused (-OOM...)."""
+    import redis
+
+    if isinstance(exc, redis.ResponseError):
+        text = str(exc)
+        return text.startswith(("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING"))
+    return True
+
+
 _ERRORS_LOGGED_EVERY = 10.0
 
 
-def encode_record(key: bytes, value: Any, version: int, expire_at: int) -> bytes:
-    checked = _CHECKED.pack(MAGIC, FORMAT, 0, version, expire_at)
+def encode_record(key: bytes, value: Any, version: int, expire_at: int, flags: int = 0) -> bytes:
+    checked = _CHECKED.pack(MAGIC, FORMAT, flags, version, expire_at)
     h = xxhash.xxh3_64(checked)
     h.update(key)
     h.update(value)
-    return b"".join((_HEADER.pack(MAGIC, FORMAT, 0, version, expire_at, h.intdigest()), value))
+    return b"".join((_HEADER.pack(MAGIC, FORMAT, flags, version, expire_at, h.intdigest()), value))
+
+
+def decode_head(raw: bytes) -> tuple[int, int, int] | None:
+    """(version, expire_at, flags) from a record's first bytes, or None when it is not a pool record."""
+    if len(raw) < HEADER_SIZE:
+        return None
+    magic, fmt, flags, version, expire_at, _ = _HEADER.unpack_from(raw)
+    if magic != MAGIC or fmt != FORMAT:
+        return None
+    return version, expire_at, flags
 
 
 def decode_header(raw: bytes) -> tuple[int, int] | None:
@@ -117,28 +150,15 @@ def decode_record(key: bytes, raw: bytes) -> Entry | Corrupt:
     h.update(value)
     if h.intdigest() != checksum:
         return Corrupt(key, "checksum mismatch")
+    if flags & FLAG_TOMBSTONE:
+        return PoolDeleted(version)  # type: ignore[return-value]
     return Entry(bytes(value), version, expire_at)
 
 
 def parse_url(url: str) -> tuple[bool, list[tuple[str, int]], str | None]:
-    """``redis://host:port`` or ``redis-cluster://host:port[,host:port...]`` -> (cluster, nodes, password)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "redis-cluster"):
-        raise ValueError(f"pool URL must start with redis:// or redis-cluster://, got {redact_url(url)!r}")
-    netloc = parts.netloc
-    password = None
-    if "@" in netloc:
-        auth, netloc = netloc.rsplit("@", 1)
-        password = auth.split(":", 1)[-1] or None
-    nodes = []
-    for item in netloc.split(","):
-        host, _, port = item.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"pool URL node must be host:port, got {item!r}")
-        nodes.append((host.strip("[]"), int(port)))
-    if parts.scheme == "redis" and len(nodes) != 1:
-        raise ValueError("redis:// names one server; use redis-cluster:// for several")
-    return parts.scheme == "redis-cluster", nodes, password
+    """(cluster, nodes, password) of a pool URL (see ``pool_url``)."""
+    parsed = parse_pool_url(url)
+    return parsed.cluster, parsed.nodes, parsed.password
 
 
 class PoolTier(BatchWriter):
@@ -156,12 +176,40 @@ class PoolTier(BatchWriter):
         connect_timeout_ms: int = 500,
         backoff_max_ms: int = 5000,
         prefix: bytes = b"kvs:",
+        tombstone_ttl_ms: int = 0,
+        ack: str = "pool",
+        ack_replicas: int = 1,
         threaded: bool = True,
         wall_ms: Callable[[], int] | None = None,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
-        self.url = redact_url(url)  # for logs and INFO: never the password
-        self.cluster, self.nodes, self._password = parse_url(url)
+        parsed = parse_pool_url(url)
+        self._url = parsed
+        self.url = parsed.safe  # the password never leaves this object
+        self.cluster, self.nodes = parsed.cluster, parsed.nodes
+        # A tombstone outlives every record (they live at most ttl_ms), so no copy can come back after a delete.
+        self.tombstone_ttl_ms = max(tombstone_ttl_ms, 2 * ttl_ms)
+        self.ack = ack
+        self.ack_replicas = ack_replicas
+        self.channel = b"__kvstrata_invalidate__:" + prefix
+        # seq -> (outcome, pool version or error text), for the writes a client waits for (track=True).
+        self.outcomes: dict[int, tuple[str, Any]] = {}
+        # Set by the engine: drop local copies older than a version the pool now holds (another node's write or
+        # delete), and a local write the pool refused.
+        self.on_invalidate: Callable[[bytes, int, bool], None] = lambda key, version, deleted: None
+        self.on_refused: Callable[[bytes, int], None] = lambda key, version: None
+        self.maxmemory_policy = ""
+        self.invalidations = 0
+        self.invalidation_gaps = 0
+        self.dropped_copies = 0
+        self.replay: dict[bytes, int] = {}  # key -> tombstone version: deletes the pool has not taken yet
+        self.replayed = 0
+        self.refused_writes = 0
+        self.cas_refused = 0
+        self.tombstones = 0
+        self.replica_waits_short = 0
+        self._subscriber: threading.Thread | None = None
+        self._stop = threading.Event()
         self.budget = budget
         self.ttl_ms = ttl_ms
         self.timeout_ms = timeout_ms
@@ -214,17 +262,20 @@ class PoolTier(BatchWriter):
             "socket_timeout": self.timeout_ms / 1000,
             "socket_connect_timeout": self.connect_timeout_ms / 1000,
             "retry": Retry(NoBackoff(), 0),
-            "password": self._password,
+            **self._url.kwargs,
         }
         if self.cluster:
             from redis.cluster import ClusterNode, RedisCluster
 
+            # No retries (``retry`` above): a hung master costs at most one pool-timeout per request.
             return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.nodes],
                                 require_full_coverage=False, **common)
         import redis
 
-        host, port = self.nodes[0]
-        return redis.Redis(host=host, port=port, **common)
+        if self.nodes:
+            host, port = self.nodes[0]
+            return redis.Redis(host=host, port=port, **common)
+        return redis.Redis(**common)  # unix socket: the path is in the URL's options
 
     def client(self) -> Any:
         c = self._client
@@ -279,6 +330,47 @@ class PoolTier(BatchWriter):
                         self.degraded)
         elif not noisy:
             log.warning("pool still degraded: %s (%d errors so far)", self.degraded, self.errors)
+
+    def check_connect(self) -> None:
+        """At startup (off the loop): every node answers, the endpoint is what the URL says (a cluster for
+        redis-cluster://, a single server otherwise), and the pool's memory policy is read (a warning when it
+        is ``noeviction`` or maxmemory is unset). Raises ValueError with a clear message."""
+        import redis
+
+        try:
+            c = self.client()
+            if self.cluster:
+                from redis.cluster import RedisCluster
+
+                c.ping(target_nodes=RedisCluster.ALL_NODES)
+                nodes = c.get_primaries()
+                configs = [c.config_get("maxmemory*", target_nodes=n) for n in nodes]
+            else:
+                c.ping()
+                if int(c.info("cluster").get("cluster_enabled", 0)):
+                    raise ValueError(f"pool {self.url} is a Redis Cluster node: use redis-cluster://")
+                configs = [c.config_get("maxmemory*")]
+        except ValueError:
+            raise
+        except redis.AuthenticationError as exc:
+            raise ValueError(f"pool {self.url}: authentication failed ({exc})") from None
+        except redis.ResponseError as exc:
+            if "cluster" in str(exc).lower() or "unknown command" in str(exc).lower():
+                raise ValueError(f"pool {self.url}: not a Redis Cluster ({exc}); use redis:// for one server") \
+                    from None
+            if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+                raise ValueError(f"pool {self.url}: authentication failed ({exc})") from None
+            configs = []  # CONFIG renamed or forbidden: the policy stays unknown
+        except Exception as exc:
+            self._drop_client()
+            raise ValueError(f"pool {self.url} unreachable: {type(exc).__name__}: {exc}") from None
+        policies = {str(cfg.get("maxmemory-policy", "")) for cfg in configs}
+        unset = any(str(cfg.get("maxmemory", "0")) == "0" for cfg in configs)
+        self.maxmemory_policy = ",".join(sorted(policies))
+        if configs and (unset or "noeviction" in policies):
+            log.warning("pool %s: maxmemory %s, maxmemory-policy %s; the pool can fill up (writes are then "
+                        "refused with -OOM): set maxmemory and an allkeys-* policy", self.url,
+                        "unset" if unset else "set", self.maxmemory_policy)
 
     def probe_due(self) -> bool:
         return self.degraded is not None and not self.probing and self._monotonic() >= self.next_probe
@@ -336,17 +428,23 @@ class PoolTier(BatchWriter):
             rec = decode_record(key, raw)
             if isinstance(rec, Corrupt):
                 self.corrupt_reads += 1
+            elif isinstance(rec, PoolDeleted):
+                out[key] = None  # deleted: a miss (the tombstone only keeps older copies from coming back)
+                continue
             out[key] = rec
         return out
 
-    def check_versions(self, local: dict[bytes, int]) -> dict[bytes, Entry | None]:
-        """For STRONG reads: the pool's record of each key whose pool version is higher than ``local[key]``.
+    def check_versions(self, local: dict[bytes, int]) -> dict[bytes, Entry | PoolDeleted | None]:
+        """For STRONG reads: the pool's state of each key whose pool version is higher than ``local[key]``: its
+        record (Entry) or, for a delete, PoolDeleted; None when the pool holds nothing newer.
 
-        First only the headers (``GETRANGE``), then the full records that are newer. Keys whose pool copy is
-        missing, corrupt or not newer map to None. Raises nothing: on error the pool is degraded and {} returned.
+        First only the headers (``GETRANGE``), then the full records that are newer. Raises
+        PoolUnavailableError when the pool cannot be asked: a STRONG read never guesses.
         """
-        if not local or not self.active:
+        if not local:
             return {}
+        if not self.active:
+            raise PoolUnavailableError(f"the pool is unavailable ({self.degraded}); STRONG reads need it")
         keys = list(local)
         try:
             c = self.client()
@@ -354,21 +452,31 @@ class PoolTier(BatchWriter):
             for key in keys:
                 pipe.getrange(self.pool_key(key), 0, HEADER_SIZE - 1)
             heads = pipe.execute(raise_on_error=True)
+            out: dict[bytes, Entry | PoolDeleted | None] = dict.fromkeys(keys)
             newer = []
             for key, head in zip(keys, heads, strict=True):
-                hdr = decode_header(head or b"")
-                if hdr is not None and hdr[0] > local[key]:
+                hdr = decode_head(head or b"")
+                if hdr is None or hdr[0] <= local[key]:
+                    continue
+                if hdr[2] & FLAG_TOMBSTONE:
+                    out[key] = PoolDeleted(hdr[0])
+                else:
                     newer.append(key)
-            out: dict[bytes, Entry | None] = dict.fromkeys(keys)
             if newer:
-                got = self.read_many(newer)
+                pipe = c.pipeline(transaction=False)
                 for key in newer:
-                    rec = got.get(key)
-                    out[key] = rec if isinstance(rec, Entry) and rec.version > local[key] else None
+                    pipe.get(self.pool_key(key))
+                raws = pipe.execute(raise_on_error=True)
+                for key, raw in zip(newer, raws, strict=True):
+                    rec = decode_record(key, raw) if raw is not None else None
+                    if isinstance(rec, Entry | PoolDeleted) and rec.version > local[key]:
+                        out[key] = rec
+                    elif isinstance(rec, Corrupt):
+                        self.corrupt_reads += 1
             return out
         except Exception as exc:
             self._failed("version check", exc)
-            return {}
+            raise PoolUnavailableError(f"the pool could not be asked: {type(exc).__name__}: {exc}") from None
 
     # ---- watch tickets (owner's thread) ----
     def watch(self, keys: Iterable[bytes]) -> Ticket:
@@ -401,8 +509,13 @@ class PoolTier(BatchWriter):
             self.used -= got[1]
             self.own -= 1
 
-    def put(self, key: bytes, entry: Entry) -> int:
-        """Queue a write of ``entry`` to the pool; returns its sequence number, or 0 when it was skipped."""
+    def put(self, key: bytes, entry: Entry, *, track: bool = False, expected: int | None = None,
+            fallback: int = 0) -> int:
+        """Queue a write of ``entry`` to the pool; returns its sequence number, or 0 when it was skipped.
+
+        ``expected``: a compare-and-set, decided in the pool against its version of the key (``fallback``, the
+        local version, when the pool holds no record). ``track``: keep the outcome for ``take_outcome``.
+        """
         if not self.active:
             self.skipped_writes += 1
             self._forget(key)
@@ -414,6 +527,7 @@ class PoolTier(BatchWriter):
             if px <= 0:
                 return 0
         snap = Entry(entry.value, entry.version, entry.expire_at)
+        self.replay.pop(key, None)  # a newer write supersedes a delete still to be replayed
         self.pending[key] = snap
         self._watchers.touched(key)
         self._forget(key)
@@ -421,10 +535,18 @@ class PoolTier(BatchWriter):
         self.index[key] = (entry.version, charged, now + px)
         self.used += charged
         self.own += 1
-        seq = self._enqueue((_PUT, key, snap, px), len(entry.value))
+        if expected is None:
+            op: tuple[Any, ...] = (_PUT, key, snap, (px, track))
+        else:
+            op = (_CAS, key, snap, (px, True, expected, fallback))
+        seq = self._enqueue(op, len(entry.value))
         if self.used > self.budget:
             self._evict_over_budget(exclude=key)
         return seq
+
+    def take_outcome(self, seq: int) -> tuple[str, Any]:
+        """The outcome of tracked write ``seq`` (owner's thread); FAILED when none came (the pool went away)."""
+        return self.outcomes.pop(seq, None) or (FAILED, self.degraded or "the pool did not answer")
 
     def note(self, key: bytes, version: int) -> None:
         """Remember that the pool holds ``version`` of ``key`` (read from it, written by another node), so a
@@ -434,15 +556,18 @@ class PoolTier(BatchWriter):
             self._forget(key)
             self.index[key] = (version, 0, self._wall_ms() + self.ttl_ms)
 
-    def delete(self, key: bytes) -> int:
-        self._forget(key)
+    def delete(self, key: bytes, version: int = 0, *, track: bool = False) -> int:
+        """Queue a tombstone of ``key`` at ``version`` (the delete's own version: it hides every older record and
+        refuses every older write for ``tombstone_ttl_ms``). Raises PoolUnavailableError when degraded: a delete
+        is never dropped."""
         if not self.active:
-            self.skipped_writes += 1
-            return 0
+            raise PoolUnavailableError(f"the pool is unavailable ({self.degraded}); deletes need it")
+        self._forget(key)
+        self.replay.pop(key, None)
         tomb = Tombstone()
         self.pending[key] = tomb
         self._watchers.touched(key)
-        return self._enqueue((_DEL, key, tomb, 0))
+        return self._enqueue((_TOMB, key, tomb, (version, track, 0)))
 
     def _evict_over_budget(self, exclude: bytes | None = None) -> None:
         for key in list(self.index):
@@ -459,7 +584,8 @@ class PoolTier(BatchWriter):
                 self._enqueue((_DEL_IF, key, None, version))
 
     def expire_index(self) -> int:
-        """Forget records whose pool TTL has passed (the pool has dropped them itself)."""
+        """Forget records whose pool TTL has passed (the pool has dropped them itself); replay deletes."""
+        self.replay_deletes()
         now = self._wall_ms()
         done = 0
         # The first 4096 only (listed, since _forget changes the dict): never a copy of the whole index.
@@ -470,14 +596,24 @@ class PoolTier(BatchWriter):
                 done += 1
         return done
 
-    def flush(self) -> int:
-        """Delete every record this node put in the pool (FLUSHALL); other nodes' records stay."""
+    def replay_deletes(self) -> int:
+        """Send again the tombstones the pool did not take (owner's thread, while the pool is active)."""
+        if not self.replay or not self.active:
+            return 0
+        todo, self.replay = self.replay, {}
+        for key, version in todo.items():
+            tomb = self.pending.get(key)
+            if tomb.__class__ is Tombstone:
+                self.replayed += 1
+                self._enqueue((_TOMB, key, tomb, (version, False, 0)))
+        return len(todo)
+
+    def flush(self, version: int) -> int:
+        """FLUSHALL: a tombstone at ``version`` for every key this node knows in the pool (written or read here);
+        the other nodes drop their copies when the invalidations arrive. Keys this node never saw stay."""
         last = 0
-        for key, (_v, charged, _e) in list(self.index.items()):
-            if charged:
-                last = self.delete(key) or last
-            else:
-                self._forget(key)
+        for key in list(self.index):
+            last = self.delete(key, version) or last
         return last
 
     # ---- the writer ----
@@ -488,49 +624,179 @@ class PoolTier(BatchWriter):
             error = f"skipped (pool degraded: {self.degraded})"
         else:
             try:
-                pipe = self.client().pipeline(transaction=False)
+                c = self.client()
+                pipe = c.pipeline(transaction=False)
                 for _seq, _n, kind, key, snap, arg in batch:
                     pkey = self.pool_key(key)
                     if kind == _PUT:
                         rec = encode_record(key, snap.value, snap.version, snap.expire_at)
-                        pipe.execute_command("EVAL", _SET_IF_NEWER, 1, pkey, rec,
-                                             struct.pack(">Q", snap.version), arg)
-                    elif kind == _DEL:
-                        pipe.delete(pkey)
+                        ver = struct.pack(">Q", snap.version)
+                        pipe.execute_command("EVAL", pool_scripts.SET_IF_NEWER, 1, pkey, rec, ver, arg[0],
+                                             self.channel, ver + b"\x00")
+                    elif kind == _CAS:
+                        rec = encode_record(key, snap.value, snap.version, snap.expire_at)
+                        ver = struct.pack(">Q", snap.version)
+                        pipe.execute_command("EVAL", pool_scripts.CAS, 1, pkey, rec, ver, arg[0], self.channel,
+                                             struct.pack(">Q", arg[2]), struct.pack(">Q", arg[3]), ver + b"\x00")
+                    elif kind == _TOMB:
+                        rec = encode_record(key, b"", arg[0], 0, FLAG_TOMBSTONE)
+                        ver = struct.pack(">Q", arg[0])
+                        pipe.execute_command("EVAL", pool_scripts.SET_IF_NEWER, 1, pkey, rec, ver,
+                                             self.tombstone_ttl_ms, self.channel, ver + b"\x01")
                     else:
-                        pipe.execute_command("EVAL", _DEL_IF_VERSION, 1, pkey, struct.pack(">Q", arg))
-                results = pipe.execute(raise_on_error=True)
+                        pipe.execute_command("EVAL", pool_scripts.DEL_IF_VERSION, 1, pkey, struct.pack(">Q", arg))
+                results = pipe.execute(raise_on_error=False)
+                fault = next((r for r in results if isinstance(r, BaseException) and _is_fault(r)), None)
+                if fault is not None:
+                    raise fault
+                if self.ack == "replicas":
+                    results = self._wait_replicas(c, batch, results)
             except Exception as exc:
                 self._failed("write", exc)
                 error = f"{type(exc).__name__}: {exc}"
         self._deliver(lambda: self._committed(batch, error, results))
 
+    def _wait_replicas(self, c: Any, batch: list[tuple[Any, ...]], results: list[Any]) -> list[Any]:
+        """``WAIT ack_replicas`` on each master a tracked write of this batch went to; a write whose master could
+        not confirm enough replicas within one pool-timeout fails (it may be lost in a failover)."""
+        masters: dict[Any, list[int]] = {}
+        for i, (_seq, _n, kind, key, _snap, arg) in enumerate(batch):
+            if kind in (_PUT, _CAS, _TOMB) and arg[1] and results[i] == 1:
+                node = c.get_node_from_key(self.pool_key(key)) if self.cluster else None
+                masters.setdefault(node, []).append(i)
+        out = list(results)
+        for node, idx in masters.items():
+            kw = {"target_nodes": node} if node is not None else {}
+            # Half a pool-timeout: WAIT answers (with the count so far) before the socket gives up.
+            got = c.execute_command("WAIT", self.ack_replicas, max(1, self.timeout_ms // 2), **kw)
+            if int(got) < self.ack_replicas:
+                self.replica_waits_short += 1
+                for i in idx:
+                    out[i] = RuntimeError(f"only {got} of {self.ack_replicas} pool replicas confirmed the write")
+        return out
+
     def _committed(self, batch: list[tuple[Any, ...]], error: str | None, results: list[Any]) -> None:
-        for i, (seq, nbytes, kind, key, snap, _arg) in enumerate(batch):
+        for i, (seq, nbytes, kind, key, snap, arg) in enumerate(batch):
             self.queued_bytes -= nbytes
             mine = kind != _DEL_IF and self.pending.get(key, 0) is snap
             if mine:
                 del self.pending[key]
-            if kind == _PUT:
-                if error is not None:
-                    self.skipped_writes += 1
-                    got = self.index.get(key)
-                    if got is not None and got[0] == snap.version:
-                        self._forget(key)
-                else:
-                    self.writes += 1
-                    self.write_bytes += nbytes
-                    if results and results[i] == 0:
-                        # The pool holds a higher version written by another node: that one wins.
-                        self.conflicts += 1
-                        got = self.index.get(key)
-                        if got is not None and got[0] == snap.version:
-                            self._forget(key)
             self.committed_seq = max(self.committed_seq, seq)
+            if kind == _DEL_IF:
+                continue
+            tracked = bool(arg[1])
+            res = results[i] if results else None
+            version = arg[0] if kind == _TOMB else snap.version
+            if kind == _TOMB and (error is not None or isinstance(res, BaseException)):
+                # A delete is never dropped: its tombstone stays pending here (so this node does not read the
+                # old record back) and is sent again once the pool answers (``replay_deletes``).
+                if key not in self.pending:
+                    self.pending[key] = snap
+                if self.pending.get(key) is snap:
+                    self.replay[key] = arg[0]
+            if error is not None or isinstance(res, BaseException):
+                text = error if error is not None else f"{type(res).__name__}: {res}"
+                self.skipped_writes += 1
+                if error is None:
+                    self.refused_writes += 1
+                got = self.index.get(key)
+                if got is not None and got[0] == version:
+                    self._forget(key)
+                if tracked:
+                    self.outcomes[seq] = (FAILED, text)
+                    if kind != _TOMB and (self.ack != "local" or kind == _CAS):
+                        # The client hears that the write failed: this node does not serve it either.
+                        self.on_refused(key, version)
+                continue
+            self.writes += 1
+            self.write_bytes += nbytes
+            if kind == _TOMB:
+                self.tombstones += 1
+            if res == 1:
+                if tracked:
+                    self.outcomes[seq] = (OK, version)
+                continue
+            # Refused: the pool holds a higher version (or, for a CAS, another one than expected).
+            if isinstance(res, list):
+                pool_version = struct.unpack(">Q", res[0])[0] if len(res[0]) == 8 else 0
+                outcome = MISMATCH
+                self.cas_refused += 1
+            else:
+                pool_version = struct.unpack(">Q", res)[0] if isinstance(res, bytes) and len(res) == 8 else 0
+                outcome = OLDER
+                self.conflicts += 1
+            got = self.index.get(key)
+            if got is not None and got[0] == version:
+                self._forget(key)
+            if kind == _TOMB:
+                if outcome == OLDER and key not in self.pending and arg[2] < TOMB_RETRIES:
+                    # The pool holds a higher version that arrived first (another node's clock was ahead): this
+                    # delete came later, so it must win. Sent again above the pool's version (the DEL waits).
+                    self.pending[key] = snap
+                    self._enqueue((_TOMB, key, snap, (pool_version + 1, tracked, arg[2] + 1)))
+                continue
+            self.on_refused(key, version)
+            if tracked:
+                self.outcomes[seq] = (outcome, pool_version)
+
+    # ---- invalidation (a subscriber thread) ----
+    def start_invalidation(self) -> None:
+        """Subscribe to the invalidation channel in a thread; messages reach ``on_invalidate`` on the owner's
+        thread. While the subscription is down, invalidations are missed (counted in invalidation_gaps)."""
+        if self._subscriber is None:
+            self._subscriber = threading.Thread(target=self._subscribe_loop, name="kvstrata-pool-inval",
+                                                daemon=True)
+            self._subscriber.start()
+
+    def _subscribe_loop(self) -> None:
+        import redis
+
+        n = 0
+        kwargs = {k: v for k, v in self._url.kwargs.items() if k != "db"}
+        while not self._stop.is_set():
+            host, port = self.nodes[n % len(self.nodes)] if self.nodes else (None, None)
+            n += 1
+            conn = None
+            try:
+                conn = redis.Redis(host=host, port=port, socket_timeout=self.timeout_ms / 1000,
+                                   socket_connect_timeout=self.connect_timeout_ms / 1000, **kwargs) \
+                    if host else redis.Redis(socket_timeout=self.timeout_ms / 1000, **kwargs)
+                ps = conn.pubsub(ignore_subscribe_messages=True)
+                ps.subscribe(self.channel)
+                plen = len(self.prefix)
+                while not self._stop.is_set():
+                    msg = ps.get_message(timeout=min(0.2, self.timeout_ms / 2000))
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    data = msg["data"]
+                    if len(data) < 9 + plen:
+                        continue
+                    version = struct.unpack_from(">Q", data)[0]
+                    deleted = data[8] == 1
+                    key = bytes(data[9 + plen:])
+                    self._deliver(lambda key=key, version=version, deleted=deleted:
+                                  self._invalidated(key, version, deleted))
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                self.invalidation_gaps += 1
+                log.warning("pool invalidation subscription lost (%s: %s); reconnecting", type(exc).__name__, exc)
+                self._stop.wait(min(1.0, self.backoff_max_ms / 1000))
+            finally:
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # closing a broken connection must not raise
+                        pass
+
+    def _invalidated(self, key: bytes, version: int, deleted: bool) -> None:
+        self.invalidations += 1
+        self.on_invalidate(key, version, deleted)
 
     def close(self) -> None:
         if self._closed:
             return
+        self._stop.set()
         self._stop_writer(10)
         self._closed = True
         self._drop_client()
@@ -546,5 +812,9 @@ class PoolTier(BatchWriter):
             "retries": self.retries, "recoveries": self.recoveries, "skipped_writes": self.skipped_writes,
             "skipped_reads": self.skipped_reads, "writes": self.writes, "write_bytes": self.write_bytes,
             "reads": self.reads, "read_bytes": self.read_bytes, "conflicts": self.conflicts,
-            "expired": self.expired, "ttl_ms": self.ttl_ms,
+            "expired": self.expired, "ttl_ms": self.ttl_ms, "refused_writes": self.refused_writes,
+            "cas_refused": self.cas_refused, "tombstones": self.tombstones, "invalidations": self.invalidations, "dropped_copies": self.dropped_copies,
+            "deletes_to_replay": len(self.replay), "deletes_replayed": self.replayed,
+            "invalidation_gaps": self.invalidation_gaps, "replica_waits_short": self.replica_waits_short,
+            "ack": self.ack, "maxmemory_policy": self.maxmemory_policy,
         }

@@ -1,0 +1,325 @@
+"""Consistency across kvstrata nodes sharing a real 3-master Redis Cluster pool (redis-server processes).
+
+Covered: compare-and-set decided in the pool (one success across nodes, sequential and concurrent; the loser gets
+-VERMISMATCH); TAIR.KV.VERSION ... STRONG after another node's write; deletes that stick (tombstones refuse older
+writes and demotions, other nodes' copies invalidated within a measured bound); FLUSHALL's cross-node meaning;
+deletes, CAS and STRONG reads refused with -TRYAGAIN while the pool is away; -OOM from the pool is a refused
+write, not an outage; --pool-ack replicas without replicas is an error, never an ack; startup checks of the
+pool endpoint. Waits are polls with a deadline, never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import redis
+from polling import wait_for
+
+from kvstrata.bench.cluster import LocalCluster, free_port
+from kvstrata.engine.tiers import pool_scripts
+from kvstrata.engine.tiers.pool import FLAG_TOMBSTONE, decode_head, encode_record
+
+pytestmark = [
+    pytest.mark.kvstrata_only,
+    pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
+                       reason="needs redis-server and redis-cli (.ci/run installs them)"),
+]
+
+PREFIX = b"kvs:"
+INVALIDATION_BOUND_S = 1.0  # the bound docs/pool.md states for a copy on another node to disappear
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(masters=3).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def pool_client(cluster):
+    rc = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], socket_timeout=5)
+    yield rc
+    rc.close()
+
+
+@pytest.fixture
+def node(make_server, cluster):
+    """A diskless kvstrata node (DRAM + pool) on the shared cluster."""
+
+    def start(config=None, url=None):
+        cfg = {"dram-size": "256kb", "pool": url or cluster.url, "pool-timeout": 500,
+               "pool-connect-timeout": 200, "pool-backoff-max": 300, "http-port": 0}
+        cfg.update(config or {})
+        return make_server(cfg)
+
+    return start
+
+
+def err(fn, *args):
+    with pytest.raises(redis.ResponseError) as info:
+        fn(*args)
+    return str(info.value)
+
+
+def test_cas_is_decided_in_the_pool_sequentially(node):
+    a, b = node().client(), node().client()
+    for i in range(20):
+        key = f"cas:seq:{i}"
+        v = a.execute_command("TAIR.KV.SETEX", key, 0, b"v1")
+        assert b.execute_command("TAIR.KV.MGET", key) == [b"v1"]  # B holds a copy at version v
+        v2 = a.execute_command("TAIR.KV.SETEX", key, 0, b"from-a", "VER", v)
+        assert v2 > v
+        # B's copy may still say v (or be invalidated already); the pool says v2: B's CAS on v is refused.
+        assert "version mismatch" in err(b.execute_command, "TAIR.KV.SETEX", key, 0, b"from-b", "VER", v)
+        assert b.execute_command("TAIR.KV.MGET", key, "CONSISTENCY_LEVEL", "STRONG") == [b"from-a"]
+        # With the pool's version, B's CAS succeeds.
+        assert b.execute_command("TAIR.KV.SETEX", key, 0, b"from-b", "VER", v2) > v2
+
+
+def test_cas_concurrent_across_nodes_has_one_winner(node):
+    a, b = node().client(), node().client()
+    doubles = 0
+    for i in range(30):
+        key = f"cas:conc:{i}"
+        v = a.execute_command("TAIR.KV.SETEX", key, 0, b"base")
+        b.execute_command("TAIR.KV.MGET", key)
+        results: dict[str, object] = {}
+
+        def cas(name, client, key=key, v=v, results=results):
+            try:
+                results[name] = client.execute_command("TAIR.KV.SETEX", key, 0, name.encode(), "VER", v)
+            except redis.ResponseError as exc:
+                results[name] = exc
+
+        threads = [threading.Thread(target=cas, args=(n, c)) for n, c in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        wins = [n for n, r in results.items() if isinstance(r, int)]
+        assert len(results) == 2
+        doubles += len(wins) > 1
+        assert len(wins) == 1, results
+        loser = next(r for r in results.values() if not isinstance(r, int))
+        assert "VERMISMATCH version mismatch" in str(loser)
+        assert a.execute_command("TAIR.KV.MGET", key, "CONSISTENCY_LEVEL", "STRONG") == [wins[0].encode()]
+    assert doubles == 0
+
+
+def test_version_strong_follows_the_pool(node):
+    a, b = node().client(), node().client()
+    v1 = a.execute_command("TAIR.KV.SETEX", "ver:k", 0, b"one")
+    assert b.execute_command("TAIR.KV.VERSION", "ver:k") == v1
+    v2 = a.execute_command("TAIR.KV.SETEX", "ver:k", 0, b"two")
+    assert b.execute_command("TAIR.KV.VERSION", "ver:k", "CONSISTENCY_LEVEL", "STRONG") == v2
+    assert a.delete("ver:k") == 1
+    assert b.execute_command("TAIR.KV.VERSION", "ver:k", "CONSISTENCY_LEVEL", "STRONG") is None
+    assert "CONSISTENCY_LEVEL" in err(b.execute_command, "TAIR.KV.VERSION", "ver:k", "CONSISTENCY_LEVEL", "X")
+
+
+def test_deletes_stick_and_reach_other_nodes_within_the_bound(node, pool_client):
+    a_srv, b_srv = node(), node()
+    a, b = a_srv.client(), b_srv.client()
+    keys = [f"del:{i}" for i in range(40)]
+    for k in keys:
+        a.execute_command("TAIR.KV.SETEX", k, 0, b"x" * 512)
+    assert b.execute_command("TAIR.KV.MGET", *keys) == [b"x" * 512] * len(keys)  # B caches every key
+    t0 = time.monotonic()
+    assert a.delete(*keys) == len(keys)
+    seen_gone: dict[str, float] = {}
+
+    def gone_on_b():
+        for k in keys:
+            if k not in seen_gone and b.get(k) is None:
+                seen_gone[k] = time.monotonic() - t0
+        return len(seen_gone) == len(keys)
+
+    wait_for(gone_on_b, timeout=10, what="B to drop its copies of the deleted keys")
+    worst = max(seen_gone.values())
+    assert worst < INVALIDATION_BOUND_S, worst
+    print(f"invalidation: {len(keys)} deleted keys gone on the other node after at most {worst * 1000:.0f} ms")
+    # Tombstones in the pool, versioned: an older write (a late demotion, a slow node) is refused.
+    head = decode_head(pool_client.getrange(PREFIX + keys[0].encode(), 0, 27))
+    assert head is not None and head[2] & FLAG_TOMBSTONE
+    old = encode_record(keys[0].encode(), b"zombie", head[0] - 1, 0)
+    got = pool_client.eval(pool_scripts.SET_IF_NEWER, 1, PREFIX + keys[0].encode(), old,
+                           struct.pack(">Q", head[0] - 1), 60_000, b"__kvstrata_invalidate__:kvs:",
+                           struct.pack(">Q", head[0] - 1) + b"\x00")
+    assert got == struct.pack(">Q", head[0])  # refused: the pool's (tombstone) version is returned
+    assert pool_client.ttl(PREFIX + keys[0].encode()) > 3600  # outlives any record (pool-ttl 3600 s)
+    # B fills its DRAM: whatever it demotes now, the deleted keys never come back, on any node.
+    for i in range(200):
+        b.execute_command("TAIR.KV.SETEX", f"fill:{i}", 0, b"f" * 4096)
+    assert a.execute_command("TAIR.KV.MGET", *keys, "CONSISTENCY_LEVEL", "STRONG") == [None] * len(keys)
+    assert b.execute_command("TAIR.KV.MGET", *keys, "CONSISTENCY_LEVEL", "EVENTUAL") == [None] * len(keys)
+    assert node().client().execute_command("TAIR.KV.MGET", *keys) == [None] * len(keys)
+
+
+def test_flushall_across_nodes(node):
+    a, b = node().client(), node().client()
+    mine = [f"fl:a:{i}" for i in range(10)]
+    theirs = [f"fl:b:{i}" for i in range(10)]
+    for k in mine:
+        a.execute_command("TAIR.KV.SETEX", k, 0, b"a")
+    for k in theirs:
+        b.execute_command("TAIR.KV.SETEX", k, 0, b"b")
+    assert b.execute_command("TAIR.KV.MGET", *mine) == [b"a"] * 10
+    assert a.flushall() is True
+    # FLUSHALL on A: A's keys are deleted everywhere (tombstones, invalidations); keys A never saw stay.
+    wait_for(lambda: b.execute_command("TAIR.KV.MGET", *mine) == [None] * 10, timeout=5,
+             what="B to drop the flushed keys")
+    assert b.execute_command("TAIR.KV.MGET", *mine, "CONSISTENCY_LEVEL", "STRONG") == [None] * 10
+    assert b.execute_command("TAIR.KV.MGET", *theirs, "CONSISTENCY_LEVEL", "STRONG") == [b"b"] * 10
+    assert a.execute_command("TAIR.KV.MGET", *theirs) == [b"b"] * 10
+
+
+def test_pool_away_refuses_deletes_cas_and_strong_reads(make_server):
+    single = LocalCluster(standalone=True).start()
+    try:
+        srv = make_server({"dram-size": "256kb", "pool": single.url, "pool-timeout": 300,
+                           "pool-connect-timeout": 200, "pool-backoff-max": 300, "http-port": 0,
+                           "pool-ack": "local"})
+        r = srv.client()
+        v = r.execute_command("TAIR.KV.SETEX", "away:k", 0, b"v")
+        single.kill(0)
+        # The first request that needs the pool finds it gone; from then on it is degraded.
+        wait_for(lambda: r.info("tier_pool")["pool_degraded"] == 1 or
+                 _raises(lambda: r.execute_command("TAIR.KV.MGET", "away:k", "CONSISTENCY_LEVEL", "STRONG")),
+                 timeout=10, what="the pool to be seen away")
+        wait_for(lambda: r.info("tier_pool")["pool_degraded"] == 1, timeout=10, what="degraded")
+        assert "the pool is unavailable" in err(r.delete, "away:k")
+        assert r.get("away:k") == b"v"  # refused, so nothing was deleted
+        assert "the pool is unavailable" in err(r.execute_command, "TAIR.KV.SETEX", "away:k", 0, b"w", "VER", v)
+        assert "the pool is unavailable" in err(r.execute_command, "TAIR.KV.MGET", "away:k", "CONSISTENCY_LEVEL", "STRONG")
+        # Plain writes under pool-ack local keep working locally.
+        assert r.execute_command("TAIR.KV.SETEX", "away:other", 0, b"o") > 0
+    finally:
+        single.stop()
+
+
+def _raises(fn) -> bool:
+    try:
+        fn()
+    except redis.ResponseError:
+        return True
+    return False
+
+
+def test_oom_in_the_pool_is_a_refused_write_not_an_outage(make_server):
+    single = LocalCluster(standalone=True, maxmemory="3mb").start()
+    try:
+        srv = make_server({"dram-size": "64mb", "pool": single.url, "pool-timeout": 1000, "http-port": 0})
+        r = srv.client()
+        assert "noeviction" in srv.log_text()  # warned at connect
+        assert r.info("tier_pool")["maxmemory_policy"] == "noeviction"
+        refused = 0
+        for i in range(40):
+            try:
+                r.execute_command("TAIR.KV.SETEX", f"big:{i}", 0, b"z" * 200_000)
+            except redis.ResponseError as exc:
+                assert "the pool did not take the write" in str(exc) and "maxmemory" in str(exc)
+                refused += 1
+        assert refused > 0
+        info = r.info("tier_pool")
+        assert info["pool_degraded"] == 0 and info["refused_writes"] >= refused
+        assert r.execute_command("TAIR.KV.SETEX", "small", 0, b"s") > 0  # not an outage
+    finally:
+        single.stop()
+
+
+def test_pool_ack_replicas_without_replicas_is_an_error(node):
+    r = node({"pool-ack": "replicas", "pool-replicas": 1}).client()
+    msg = err(r.execute_command, "TAIR.KV.SETEX", "rep:k", 0, b"v")
+    assert "the pool did not take the write" in msg and "replicas" in msg
+    assert r.info("tier_pool")["replica_waits_short"] >= 1
+
+
+def _start_fails(cfg: dict) -> str:
+    args = [sys.executable, "-m", "kvstrata", "serve", "--port", str(free_port()), "--bind", "127.0.0.1"]
+    for name, value in cfg.items():
+        args += [f"--{name}", str(value)]
+    proc = subprocess.run(args, capture_output=True, timeout=60, check=False)
+    assert proc.returncode != 0
+    return (proc.stdout + proc.stderr).decode(errors="replace")
+
+
+def test_startup_checks_the_pool_endpoint(cluster, make_server):
+    secret = LocalCluster(standalone=True, password="s3cret").start()
+    try:
+        port = secret.ports[0]
+        out = _start_fails({"pool": f"redis://:wrong@127.0.0.1:{port}", "http-port": 0})
+        assert "authentication failed" in out and "wrong" not in out.replace("wrong-", "")
+        out = _start_fails({"pool": f"redis://127.0.0.1:{cluster.ports[0]}", "http-port": 0})
+        assert "is a Redis Cluster node: use redis-cluster://" in out
+        out = _start_fails({"pool": f"redis-cluster://127.0.0.1:{port}", "http-port": 0})
+        assert "s3cret" not in out and "pool" in out
+        out = _start_fails({"pool": f"redis://127.0.0.1:{free_port()}", "pool-connect-timeout": 100,
+                            "http-port": 0})
+        assert "unreachable" in out
+        # The right password (as a URL user:password, like redis-py) works; with the flag, a bad one starts
+        # degraded and says so.
+        ok = make_server({"pool": f"redis://default:s3cret@127.0.0.1:{port}", "http-port": 0}).client()
+        assert ok.execute_command("TAIR.KV.SETEX", "auth:k", 0, b"v") > 0
+        assert ok.info("tier_pool")["pool_degraded"] == 0
+        deg = make_server({"pool": f"redis://:wrong@127.0.0.1:{port}", "pool-start-degraded": "yes",
+                           "http-port": 0})
+        assert deg.client().info("tier_pool")["pool_degraded"] == 1
+        assert "starting with the pool degraded" in deg.log_text()
+    finally:
+        secret.stop()
+
+
+@pytest.mark.slow
+def test_master_killed_with_replica_promoted_loses_no_replica_acked_write(make_server):
+    """pool-ack replicas: every write acknowledged before a master is killed is readable through another node
+    after its replica takes over (the figure docs/pool.md reports)."""
+    c = LocalCluster(masters=3, replicas=1, node_timeout_ms=1000).start()
+    try:
+        cfg = {"dram-size": "64kb", "pool": c.url, "pool-timeout": 1000, "pool-connect-timeout": 200,
+               "pool-backoff-max": 300, "http-port": 0, "pool-ack": "replicas", "pool-replicas": 1}
+        a, b = make_server(dict(cfg)).client(), make_server(dict(cfg)).client()
+        # The replicas need their first sync before WAIT can count them: wait until a write on every master is
+        # confirmed (one key per master through hash tags).
+        warm = [f"{{w{i}}}" for i in range(64)]
+        wait_for(lambda: all(not _raises(lambda k=k: a.execute_command("TAIR.KV.SETEX", k, 0, b"w")) for k in warm),
+                 timeout=30, what="the replicas to be in sync")
+        acked = {}
+        for i in range(150):
+            k = f"rk:{i}"
+            acked[k] = a.execute_command("TAIR.KV.SETEX", k, 0, k.encode() * 50)
+        # 150 keys do not fit B's DRAM: a STRONG read still answers every one (from the records it loaded).
+        pre = b.execute_command("TAIR.KV.MGET", *acked, "CONSISTENCY_LEVEL", "STRONG", "WITHVERSIONS")
+        assert [g[1] if g else None for g in pre] == list(acked.values())
+        victim = c.index_of_port(c.master_of_slot(c.keyslot("rk:0")))
+        c.kill(victim)
+
+        def all_read():
+            try:
+                names = list(acked)
+                got = []
+                for i in range(0, len(names), 10):  # batches that fit this node's small DRAM
+                    got += b.execute_command("TAIR.KV.MGET", *names[i:i + 10], "CONSISTENCY_LEVEL", "STRONG",
+                                             "WITHVERSIONS")
+            except redis.ResponseError as exc:
+                last_error[:] = [str(exc)]
+                return False
+            return got
+
+        last_error: list[str] = []
+
+        try:
+            got = wait_for(all_read, timeout=40, what="B to read through the promoted replica")
+        except AssertionError:
+            raise AssertionError(f"no STRONG read after failover: {last_error}") from None
+        lost = [k for k, g in zip(acked, got, strict=True) if g is None or g[1] != acked[k]]
+        print(f"replica failover: {len(acked) - len(lost)}/{len(acked)} replica-acknowledged writes readable")
+        assert lost == []
+    finally:
+        c.stop()
