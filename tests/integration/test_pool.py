@@ -306,23 +306,25 @@ def test_master_killed_mid_load_then_back(make_server, tmp_path):
         t.start()
         wait_for(lambda: len(written) >= 20, what="some load before the kill")
         c.kill(1)
-        wait_for(lambda: pool_info(a)["pool_degraded"] == 1, what="node A to notice")
+        # Only the killed master's slots are degraded (partial failure is partial), not the whole pool.
+        wait_for(lambda: pool_info(a)["pool_masters_degraded"] == 1, what="node A to notice")
         n = len(written)
         wait_for(lambda: len(written) >= n + 20 or errors, what="load to go on without the master")
         c.restart(1)
         c.wait_ok(30)
-        wait_for(lambda: pool_info(a)["pool_degraded"] == 0, timeout=20, what="node A to use the pool again")
+        wait_for(lambda: pool_info(a)["pool_masters_degraded"] == 0, timeout=20, what="node A to use the pool again")
         done.set()
         t.join(30)
-        assert not errors, errors
+        assert not errors, [(type(e).__name__, str(e)) for e in errors]
         info = pool_info(a)
-        assert info["errors"] >= 1 and info["recoveries"] >= 1 and info["retries"] >= 1
+        assert info["errors"] >= 1 and info["master_recoveries"] >= 1 and info["retries"] >= 1
         # Everything written through A is still answered by A, from its local tiers.
         sample = list(written)[:: max(1, len(written) // 50)]
         assert a.execute_command("TAIR.KV.MGET", *sample, "CONSISTENCY_LEVEL", "EVENTUAL") == \
             [written[k] for k in sample]
         # Back in use: a new chunk written through A is found by B through the pool.
-        wait_for(lambda: pool_info(b)["pool_degraded"] == 0, timeout=20, what="node B to use the pool again")
+        wait_for(lambda: pool_info(b)["pool_masters_degraded"] == 0 and pool_info(b)["pool_degraded"] == 0,
+                 timeout=20, what="node B to use the pool again")
         a.execute_command("TAIR.KV.SETEX", "after:k", 0, b"back")
         pool_settled(a)  # pool-ack local: the reply did not wait for the pool
         hits = pool_info(b)["hits"]

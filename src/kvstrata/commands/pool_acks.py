@@ -35,9 +35,9 @@ def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expe
         return reply
     if not seq:
         if pool.ack != "local" or expected is not None:
-            if not pool.active:
+            if not pool.usable(key):
                 store.pool_refused(key, version)
-                raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); the write is kept on "
+                raise PoolUnavailableError(f"the pool is unavailable ({pool.down_reason(key)}); the write is kept on "
                                            "this node only")
         return reply
     if pool.ack == "local" and expected is None:

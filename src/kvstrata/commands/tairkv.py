@@ -144,8 +144,10 @@ def _pool_check(ctx: Context, keys: list[bytes], answer: Callable[[list[Entry | 
     store = ctx.store
     pool = store.pool
     assert pool is not None
-    if not pool.active:
-        raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); STRONG reads need it")
+    down = next((r for k in keys if (r := pool.down_reason(k)) is not None), None)
+    if down is not None:
+        # Only keys whose master (or the whole pool) is degraded: the others' masters keep answering.
+        raise PoolUnavailableError(f"the pool is unavailable ({down}); STRONG reads need it")
     if pool.pending and any(k in pool.pending for k in keys):
         # This node's write or delete of a key is on its way to the pool, unconfirmed (a CAS may yet be refused):
         # it is not an answer yet. Wait for the pool writer, then check again.

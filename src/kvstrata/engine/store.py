@@ -194,8 +194,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             if pool is None:
                 if have != expected_version:
                     raise VersionMismatchError(f"version mismatch: expected {expected_version}, current {have}")
-            elif not pool.active:
-                raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); VER needs it")
+            elif not pool.usable(key):
+                raise PoolUnavailableError(f"the pool is unavailable ({pool.down_reason(key)}); VER needs it")
             else:
                 # The pool decides (pool_scripts.CAS); the local copy may be older than the pool's.
                 cas_fallback = have
@@ -252,9 +252,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
 
     def delete(self, key: bytes) -> bool:
         pool = self.pool
-        if pool is not None and not pool.active:
+        if pool is not None and not pool.usable(key):
             # Refused, never dropped: a delete the pool does not hold would let other copies come back.
-            raise PoolUnavailableError(f"the pool is unavailable ({pool.degraded}); deletes need it")
+            raise PoolUnavailableError(f"the pool is unavailable ({pool.down_reason(key)}); deletes need it")
         if self.refetch:
             self.refetch.pop(key, None)
         entry = self._drop_dram(key)
@@ -391,6 +391,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             rows.append({"name": "pool", "used": pool.used, "budget": pool.budget, "keys": len(pool),
                          **self.tier_stats["pool"].as_dict(),
                          "evictions": pool.evictions, "corrupt_reads": pool.corrupt_reads,
-                         "pool_degraded": degraded, **pool.info()})
+                         "pool_degraded": degraded, "pool_masters_degraded": len(pool.masters_down),
+                         **pool.info()})
         return rows
 

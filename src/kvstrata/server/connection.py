@@ -637,6 +637,9 @@ class Connection(asyncio.BufferedProtocol):
     async def _resume(self, waiter: Any) -> None:
         try:
             await waiter
+        except CommandError as exc:
+            # A refusal decided while suspended (the pool could not be asked: -TRYAGAIN), not a server fault.
+            self._error(exc.message)
         except Exception as exc:
             log.error("suspended command failed: %s", traceback.format_exc())
             self._error(f"ERR internal error: {type(exc).__name__}")

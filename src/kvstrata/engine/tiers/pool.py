@@ -95,6 +95,28 @@ class PoolDeleted:
         self.version = version
 
 
+class _Targeted:
+    """A pipeline whose every command names its master. Without ``target_nodes`` redis-py's cluster pipeline asks
+    its default node for the keys of an EVAL (COMMAND GETKEYS): a hung default node would hang every master's
+    writes."""
+
+    def __init__(self, pipe: Any, node: Any) -> None:
+        self.pipe = pipe
+        self.kw = {"target_nodes": node} if node is not None else {}
+
+    def execute_command(self, *args: Any) -> Any:
+        return self.pipe.execute_command(*args, **self.kw)
+
+    def get(self, name: bytes) -> Any:
+        return self.execute_command("GET", name)
+
+    def getrange(self, name: bytes, start: int, end: int) -> Any:
+        return self.execute_command("GETRANGE", name, start, end)
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        return self.pipe.execute(raise_on_error=raise_on_error)
+
+
 def _is_fault(exc: BaseException) -> bool:
     """Connection-level trouble (degrades the pool), as opposed to a command the pool refused (-OOM...)."""
     import redis
@@ -230,6 +252,10 @@ class PoolTier(BatchWriter):
         self._backoff_ms = 0
         self.next_probe = 0.0
         self.probing = False
+        # Per-master health (cluster pools): node name -> [reason, backoff ms, next probe, since]. A fault against
+        # one master degrades only the keys whose slots it serves; ``degraded`` is for the whole pool.
+        self.masters_down: dict[str, list[Any]] = {}
+        self.master_recoveries = 0
         # counters
         self.errors = 0
         self.timeouts = 0
@@ -306,6 +332,49 @@ class PoolTier(BatchWriter):
     def active(self) -> bool:
         return self.degraded is None and not self._closed
 
+    def _master(self, key: bytes) -> tuple[str, Any]:
+        """The name and redis-py node of the master serving ``key`` ("" and None for a single server)."""
+        c = self._client
+        if not self.cluster or c is None:
+            return "", None
+        try:
+            node = c.get_node_from_key(self.pool_key(key))
+        except Exception:  # no slot map yet (the client is being rebuilt): no master to blame
+            return "", None
+        return (node.name, node) if node is not None else ("", None)
+
+    def down_reason(self, key: bytes) -> str | None:
+        """Why ``key`` cannot use the pool now (the pool or its master is degraded), None when it can."""
+        if self._closed:
+            return "the pool is closed"
+        if self.degraded is not None:
+            return self.degraded
+        if not self.masters_down:
+            return None
+        got = self.masters_down.get(self._master(key)[0])
+        return f"master {self._master(key)[0]}: {got[0]}" if got is not None else None
+
+    def usable(self, key: bytes) -> bool:
+        return self.down_reason(key) is None
+
+    def _master_failed(self, name: str, what: str, exc: BaseException) -> None:
+        """A fault against one master: only its slots are degraded, with their own backoff and probe."""
+        import redis
+
+        with self._lock:
+            self.errors += 1
+            if isinstance(exc, redis.TimeoutError | TimeoutError):
+                self.timeouts += 1
+            got = self.masters_down.get(name)
+            first = got is None
+            backoff = 100 if first else min(self.backoff_max_ms, got[1] * 2)
+            now = self._monotonic()
+            self.masters_down[name] = [f"{what}: {type(exc).__name__}: {exc}", backoff, now + backoff / 1000,
+                                       now if first else got[3]]
+        if first:
+            log.warning("pool master %s degraded (%s); its keys are served from local tiers", name,
+                        self.masters_down[name][0])
+
     def _failed(self, what: str, exc: BaseException) -> None:
         """Record an error (any thread): the pool is degraded until a probe succeeds."""
         import redis
@@ -373,10 +442,17 @@ class PoolTier(BatchWriter):
                         "unset" if unset else "set", self.maxmemory_policy)
 
     def probe_due(self) -> bool:
-        return self.degraded is not None and not self.probing and self._monotonic() >= self.next_probe
+        if self.probing:
+            return False
+        now = self._monotonic()
+        if self.degraded is not None:
+            return now >= self.next_probe
+        return any(now >= m[2] for m in list(self.masters_down.values()))
 
     def probe(self) -> bool:
         """Try the pool again (worker thread): a fresh client, every node answers PING, the cluster is ok."""
+        if self.degraded is None:
+            return self._probe_masters()
         self.retries += 1
         self._drop_client()
         try:
@@ -399,9 +475,94 @@ class PoolTier(BatchWriter):
             self.degraded = None
             self._backoff_ms = 0
             self.recoveries += 1
+            self.masters_down.clear()
         log.warning("pool %s is back after %.1fs (%s); using it again", self.url,
                     self._monotonic() - self.degraded_since, was)
         return True
+
+    def _probe_masters(self) -> bool:
+        """Probe the degraded masters that are due (worker thread): refresh the slot map first (after a failover
+        the slots have a new master), then PING each; a master that answers, or no longer serves slots, is back."""
+        c = self._client
+        if c is None:
+            self.masters_down.clear()
+            return True
+        self.retries += 1
+        try:
+            c.nodes_manager.initialize()
+        except Exception as exc:
+            log.warning("pool slot map refresh failed: %s: %s", type(exc).__name__, exc)
+        primaries = {n.name: n for n in c.get_primaries()}
+        now = self._monotonic()
+        back = True
+        for name, state in list(self.masters_down.items()):
+            if now < state[2]:
+                back = False
+                continue
+            node = primaries.get(name)
+            try:
+                if node is not None:
+                    c.ping(target_nodes=node)
+            except Exception as exc:
+                self._master_failed(name, "probe", exc)
+                back = False
+                continue
+            with self._lock:
+                self.masters_down.pop(name, None)
+                self.master_recoveries += 1
+            log.warning("pool master %s is back after %.1fs; using it again", name, now - state[3])
+        return back
+
+    def _grouped(self, keys: list[bytes]) -> tuple[dict[str, tuple[Any, list[int]]], list[int]]:
+        """Indexes of ``keys`` per healthy master (with its redis-py node), and those whose master is degraded."""
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        skipped: list[int] = []
+        for i, key in enumerate(keys):
+            name, node = self._master(key) if self.cluster else ("", None)
+            if name and name in self.masters_down:
+                skipped.append(i)
+            else:
+                groups.setdefault(name, (node, []))[1].append(i)
+        return groups, skipped
+
+    def _fault(self, name: str, what: str, exc: BaseException) -> None:
+        # Any fault of one master's pipeline (connection, timeout, CLUSTERDOWN, MOVED after a failover) is that
+        # master's: its probe refreshes the slot map, so keys whose slots moved find their new master.
+        if name:
+            self._master_failed(name, what, exc)
+        else:
+            self._failed(what, exc)
+
+    def _run(self, keys: list[bytes], what: str, add: Callable[[Any, int], None]) -> tuple[list[Any], list[int]]:
+        """One pipeline per healthy master over ``keys`` (``add(pipe, i)`` queues key i's command). Returns the
+        results (an exception for each key whose master is degraded or failed now) and the failed indexes;
+        a fault of one master degrades that master only (the whole pool for one server or a cluster-wide fault)."""
+        c = self.client()
+        groups, skipped = self._grouped(keys)
+        out: list[Any] = [None] * len(keys)
+        failed = list(skipped)
+        for i in skipped:
+            out[i] = PoolUnavailableError(f"pool master degraded ({self.down_reason(keys[i])})")
+        for name, (node, idx) in groups.items():
+            try:
+                pipe = _Targeted(c.pipeline(transaction=False), node)
+                for i in idx:
+                    add(pipe, i)
+                res = pipe.execute(raise_on_error=False)
+                fault = next((r for r in res if isinstance(r, BaseException) and _is_fault(r)), None)
+                if fault is not None:
+                    raise fault
+            except Exception as exc:
+                self._fault(name, what, exc)
+                if self.degraded is not None:
+                    raise
+                for i in idx:
+                    out[i] = exc
+                failed.extend(idx)
+                continue
+            for i, r in zip(idx, res, strict=True):
+                out[i] = r
+        return out, failed
 
     # ---- reads (worker threads) ----
     def read_many(self, keys: list[bytes]) -> dict[bytes, Entry | Corrupt | None]:
@@ -411,15 +572,16 @@ class PoolTier(BatchWriter):
                 self.skipped_reads += len(keys)
             return {}
         try:
-            pipe = self.client().pipeline(transaction=False)
-            for key in keys:
-                pipe.get(self.pool_key(key))
-            raws = pipe.execute(raise_on_error=True)
+            raws, failed = self._run(keys, "read", lambda pipe, i: pipe.get(self.pool_key(keys[i])))
         except Exception as exc:
-            self._failed("read", exc)
+            if self.degraded is None:
+                self._failed("read", exc)
             return {}
+        self.skipped_reads += len(failed)
         out: dict[bytes, Entry | Corrupt | None] = {}
         for key, raw in zip(keys, raws, strict=True):
+            if isinstance(raw, BaseException):
+                continue  # its master is degraded: nothing known about this key
             self.reads += 1
             if raw is None:
                 out[key] = None
@@ -446,12 +608,15 @@ class PoolTier(BatchWriter):
         if not self.active:
             raise PoolUnavailableError(f"the pool is unavailable ({self.degraded}); STRONG reads need it")
         keys = list(local)
+        down = next((r for k in keys if (r := self.down_reason(k)) is not None), None)
+        if down is not None:
+            raise PoolUnavailableError(f"the pool is unavailable ({down}); STRONG reads need it")
         try:
-            c = self.client()
-            pipe = c.pipeline(transaction=False)
-            for key in keys:
-                pipe.getrange(self.pool_key(key), 0, HEADER_SIZE - 1)
-            heads = pipe.execute(raise_on_error=True)
+            heads, failed = self._run(keys, "version check",
+                                      lambda pipe, i: pipe.getrange(self.pool_key(keys[i]), 0, HEADER_SIZE - 1))
+            bad = next((r for r in heads if isinstance(r, BaseException)), None)
+            if bad is not None:
+                raise bad
             out: dict[bytes, Entry | PoolDeleted | None] = dict.fromkeys(keys)
             newer = []
             for key, head in zip(keys, heads, strict=True):
@@ -463,10 +628,10 @@ class PoolTier(BatchWriter):
                 else:
                     newer.append(key)
             if newer:
-                pipe = c.pipeline(transaction=False)
-                for key in newer:
-                    pipe.get(self.pool_key(key))
-                raws = pipe.execute(raise_on_error=True)
+                raws, failed = self._run(newer, "version check", lambda pipe, i: pipe.get(self.pool_key(newer[i])))
+                bad = next((r for r in raws if isinstance(r, BaseException)), None)
+                if bad is not None:
+                    raise bad
                 for key, raw in zip(newer, raws, strict=True):
                     rec = decode_record(key, raw) if raw is not None else None
                     if isinstance(rec, Entry | PoolDeleted) and rec.version > local[key]:
@@ -475,7 +640,8 @@ class PoolTier(BatchWriter):
                         self.corrupt_reads += 1
             return out
         except Exception as exc:
-            self._failed("version check", exc)
+            if self.degraded is None and not self.masters_down:
+                self._failed("version check", exc)
             raise PoolUnavailableError(f"the pool could not be asked: {type(exc).__name__}: {exc}") from None
 
     # ---- watch tickets (owner's thread) ----
@@ -516,7 +682,7 @@ class PoolTier(BatchWriter):
         ``expected``: a compare-and-set, decided in the pool against its version of the key (``fallback``, the
         local version, when the pool holds no record). ``track``: keep the outcome for ``take_outcome``.
         """
-        if not self.active:
+        if not self.usable(key):
             self.skipped_writes += 1
             self._forget(key)
             return 0
@@ -560,8 +726,9 @@ class PoolTier(BatchWriter):
         """Queue a tombstone of ``key`` at ``version`` (the delete's own version: it hides every older record and
         refuses every older write for ``tombstone_ttl_ms``). Raises PoolUnavailableError when degraded: a delete
         is never dropped."""
-        if not self.active:
-            raise PoolUnavailableError(f"the pool is unavailable ({self.degraded}); deletes need it")
+        down = self.down_reason(key)
+        if down is not None:
+            raise PoolUnavailableError(f"the pool is unavailable ({down}); deletes need it")
         self._forget(key)
         self.replay.pop(key, None)
         tomb = Tombstone()
@@ -602,6 +769,9 @@ class PoolTier(BatchWriter):
             return 0
         todo, self.replay = self.replay, {}
         for key, version in todo.items():
+            if not self.usable(key):
+                self.replay[key] = version  # its master is still degraded: replayed once it answers
+                continue
             tomb = self.pending.get(key)
             if tomb.__class__ is Tombstone:
                 self.replayed += 1
@@ -623,36 +793,36 @@ class PoolTier(BatchWriter):
         if not self.active:
             error = f"skipped (pool degraded: {self.degraded})"
         else:
+            def add(pipe: Any, i: int) -> None:
+                _seq, _n, kind, key, snap, arg = batch[i]
+                pkey = self.pool_key(key)
+                if kind == _PUT:
+                    rec = encode_record(key, snap.value, snap.version, snap.expire_at)
+                    ver = struct.pack(">Q", snap.version)
+                    pipe.execute_command("EVAL", pool_scripts.SET_IF_NEWER, 1, pkey, rec, ver, arg[0],
+                                         self.channel, ver + b"\x00")
+                elif kind == _CAS:
+                    rec = encode_record(key, snap.value, snap.version, snap.expire_at)
+                    ver = struct.pack(">Q", snap.version)
+                    pipe.execute_command("EVAL", pool_scripts.CAS, 1, pkey, rec, ver, arg[0], self.channel,
+                                         struct.pack(">Q", arg[2]), struct.pack(">Q", arg[3]), ver + b"\x00")
+                elif kind == _TOMB:
+                    rec = encode_record(key, b"", arg[0], 0, FLAG_TOMBSTONE)
+                    ver = struct.pack(">Q", arg[0])
+                    pipe.execute_command("EVAL", pool_scripts.SET_IF_NEWER, 1, pkey, rec, ver,
+                                         self.tombstone_ttl_ms, self.channel, ver + b"\x01")
+                else:
+                    pipe.execute_command("EVAL", pool_scripts.DEL_IF_VERSION, 1, pkey, struct.pack(">Q", arg))
+
             try:
                 c = self.client()
-                pipe = c.pipeline(transaction=False)
-                for _seq, _n, kind, key, snap, arg in batch:
-                    pkey = self.pool_key(key)
-                    if kind == _PUT:
-                        rec = encode_record(key, snap.value, snap.version, snap.expire_at)
-                        ver = struct.pack(">Q", snap.version)
-                        pipe.execute_command("EVAL", pool_scripts.SET_IF_NEWER, 1, pkey, rec, ver, arg[0],
-                                             self.channel, ver + b"\x00")
-                    elif kind == _CAS:
-                        rec = encode_record(key, snap.value, snap.version, snap.expire_at)
-                        ver = struct.pack(">Q", snap.version)
-                        pipe.execute_command("EVAL", pool_scripts.CAS, 1, pkey, rec, ver, arg[0], self.channel,
-                                             struct.pack(">Q", arg[2]), struct.pack(">Q", arg[3]), ver + b"\x00")
-                    elif kind == _TOMB:
-                        rec = encode_record(key, b"", arg[0], 0, FLAG_TOMBSTONE)
-                        ver = struct.pack(">Q", arg[0])
-                        pipe.execute_command("EVAL", pool_scripts.SET_IF_NEWER, 1, pkey, rec, ver,
-                                             self.tombstone_ttl_ms, self.channel, ver + b"\x01")
-                    else:
-                        pipe.execute_command("EVAL", pool_scripts.DEL_IF_VERSION, 1, pkey, struct.pack(">Q", arg))
-                results = pipe.execute(raise_on_error=False)
-                fault = next((r for r in results if isinstance(r, BaseException) and _is_fault(r)), None)
-                if fault is not None:
-                    raise fault
+                # A key whose master is degraded (or failed now) gets its exception as result: a failed write.
+                results, _failed = self._run([op[3] for op in batch], "write", add)
                 if self.ack == "replicas":
                     results = self._wait_replicas(c, batch, results)
             except Exception as exc:
-                self._failed("write", exc)
+                if self.degraded is None:
+                    self._failed("write", exc)
                 error = f"{type(exc).__name__}: {exc}"
         self._deliver(lambda: self._committed(batch, error, results))
 
@@ -697,7 +867,7 @@ class PoolTier(BatchWriter):
             if error is not None or isinstance(res, BaseException):
                 text = error if error is not None else f"{type(res).__name__}: {res}"
                 self.skipped_writes += 1
-                if error is None:
+                if error is None and not (isinstance(res, PoolUnavailableError) or _is_fault(res)):
                     self.refused_writes += 1
                 got = self.index.get(key)
                 if got is not None and got[0] == version:
@@ -817,4 +987,6 @@ class PoolTier(BatchWriter):
             "deletes_to_replay": len(self.replay), "deletes_replayed": self.replayed,
             "invalidation_gaps": self.invalidation_gaps, "replica_waits_short": self.replica_waits_short,
             "ack": self.ack, "maxmemory_policy": self.maxmemory_policy,
+            "masters_degraded": len(self.masters_down), "master_recoveries": self.master_recoveries,
+            "masters_degraded_names": ",".join(sorted(self.masters_down)),
         }
