@@ -19,7 +19,8 @@ from typing import Any
 from kvstrata.observability.latency import cumulative_usec
 
 LE_BUCKETS = 25  # 1 µs .. 2**24 µs (16.8 s)
-POOL_GAUGES = frozenset({"pending", "queued_bytes", "degraded", "ttl_ms", "deletes_to_replay"})
+POOL_GAUGES = frozenset({"pending", "queued_bytes", "degraded", "ttl_ms", "deletes_to_replay",
+                         "masters_degraded"})
 POOL_DEGRADED = "kvstrata_pool_degraded"  # alerted on in deploy/prometheus/alerts.yml; only with a pool tier
 
 TIER_COUNTERS = (
