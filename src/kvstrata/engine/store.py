@@ -100,7 +100,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # Keys another node wrote since this node's copy (dropped): read from the pool next, not from LMDB.
         self.refetch: dict[bytes, int] = {}
         if pool is not None:
-            pool.on_invalidate = self.invalidate
+            pool.on_invalidate = self._invalidated_by_pool
             pool.on_refused = self.pool_refused
         self.pool_first = tier_order.startswith("dram,pool")
         self.node_id = node_id & ((1 << NODE_BITS) - 1)
@@ -333,6 +333,17 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             self.pool.flush(self.next_version())
         if self.ssd is not None:
             self._ack(self.ssd.flush())
+
+    def _invalidated_by_pool(self, key: bytes, version: int, deleted: bool) -> None:
+        """An invalidation message from the pool's channel. This node's own writes come back on it too: their
+        local copy is that version or newer, so they are skipped - otherwise a key demoted to the SSD before its
+        own message arrived would be dropped there and read back from the pool. (Node ids are only 8 bits and
+        may collide between nodes, so the pool's index of this node's writes decides, not the version's node
+        bits.)"""
+        pool = self.pool
+        if not deleted and pool is not None and pool.wrote(key, version):
+            return
+        self.invalidate(key, version, deleted)
 
     def invalidate(self, key: bytes, version: int, deleted: bool = True) -> None:
         """The pool now holds ``version`` of ``key`` (another node's write, or a delete): drop local copies that
