@@ -3,23 +3,11 @@ behaviour of each rule: ARC's target p moving on ghost hits, TinyLFU's duel, doo
 
 from __future__ import annotations
 
+from tests.unit.policy_support import drive
+
 from kvstrata.engine.policy.arc import ARCPolicy
 from kvstrata.engine.policy.sketch import FrequencySketch
 from kvstrata.engine.policy.wtinylfu import WTinyLFUPolicy
-
-
-def drive(policy, resident: set[bytes], capacity: int, key: bytes) -> bool:
-    if key in resident:
-        policy.touch(key)
-        return True
-    if len(resident) >= capacity:
-        victim = policy.victim()
-        policy.remove(victim)
-        resident.discard(victim)
-    policy.admit(key)
-    resident.add(key)
-    return False
-
 
 # ---- ARC ----
 

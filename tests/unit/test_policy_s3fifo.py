@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.unit.policy_support import drive
 
 from kvstrata.engine.policy.s3fifo import S3FIFOPolicy
 
@@ -54,19 +55,6 @@ class Reference:
             self.small.append(k)
         self.freq[k] = 0
         return False
-
-
-def drive(policy: S3FIFOPolicy, resident: set[bytes], capacity: int, key: bytes) -> bool:
-    if key in resident:
-        policy.touch(key)
-        return True
-    if len(resident) >= capacity:
-        victim = policy.victim()
-        policy.remove(victim)
-        resident.discard(victim)
-    policy.admit(key)
-    resident.add(key)
-    return False
 
 
 @settings(max_examples=80, deadline=None, database=None)
