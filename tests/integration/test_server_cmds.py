@@ -7,6 +7,8 @@ import time
 import pytest
 import redis
 
+from conftest import TARGET
+
 
 def arity(cmd):
     return f"ERR wrong number of arguments for '{cmd}' command"
@@ -350,9 +352,12 @@ def test_command_info_get(raw, resp):
     # RESP2 sends the key-spec maps as flat arrays.
     assert key_specs == [
         [
-            b"flags", ["RO", "access"],
-            b"begin_search", [b"type", b"index", b"spec", [b"index", 1]],
-            b"find_keys", [b"type", b"range", b"spec", [b"lastkey", 0, b"keystep", 1, b"limit", 0]],
+            b"flags",
+            ["RO", "access"],
+            b"begin_search",
+            [b"type", b"index", b"spec", [b"index", 1]],
+            b"find_keys",
+            [b"type", b"range", b"spec", [b"lastkey", 0, b"keystep", 1, b"limit", 0]],
         ]
     ]
 
@@ -414,15 +419,19 @@ def test_config_errors(raw, resp):
     c = raw()
     before = c.cmd("CONFIG", "GET", "maxmemory-policy")
     assert c.cmd("CONFIG", "SET", "foo", "bar") == resp.Error(
-        "ERR Unknown option or number of arguments for CONFIG SET - 'foo'")
+        "ERR Unknown option or number of arguments for CONFIG SET - 'foo'"
+    )
     assert c.cmd("CONFIG", "SET", "maxmemory-policy", "noeviction", "foo", "x") == resp.Error(
-        "ERR Unknown option or number of arguments for CONFIG SET - 'foo'")
+        "ERR Unknown option or number of arguments for CONFIG SET - 'foo'"
+    )
     bad = c.cmd("CONFIG", "SET", "maxmemory-policy", "sometimes")
     assert isinstance(bad, resp.Error)
     assert bad.message.startswith(
-        "ERR CONFIG SET failed (possibly related to argument 'maxmemory-policy') - ")
+        "ERR CONFIG SET failed (possibly related to argument 'maxmemory-policy') - "
+    )
     assert c.cmd("CONFIG", "SET", "maxmemory", "lots") == resp.Error(
-        "ERR CONFIG SET failed (possibly related to argument 'maxmemory') - argument must be a memory value")
+        "ERR CONFIG SET failed (possibly related to argument 'maxmemory') - argument must be a memory value"
+    )
     assert c.cmd("CONFIG", "GET", "maxmemory-policy") == before
     assert c.cmd("CONFIG", "GET") == resp.Error(arity("config|get"))
     assert c.cmd("CONFIG", "SET", "maxmemory") == resp.Error(arity("config|set"))
@@ -508,8 +517,14 @@ def test_info_memory(r):
 
 def test_info_stats(r):
     info = r.info("stats")
-    for field in ("total_connections_received", "total_commands_processed", "keyspace_hits", "keyspace_misses",
-                  "expired_keys", "evicted_keys"):
+    for field in (
+        "total_connections_received",
+        "total_commands_processed",
+        "keyspace_hits",
+        "keyspace_misses",
+        "expired_keys",
+        "evicted_keys",
+    ):
         assert isinstance(info[field], int), field
 
 
@@ -546,11 +561,17 @@ def test_unknown_command_raw_and_truncation(raw, resp):
     assert c.cmd_raw("foo", "a", "b") == b"-ERR unknown command 'foo', with args beginning with: 'a' 'b' \r\n"
     # Arguments are quoted up to 128 characters in all; newlines become spaces.
     assert c.cmd("foo", "x" * 200, "y") == resp.Error(
-        "ERR unknown command 'foo', with args beginning with: '" + "x" * 128 + "' ")
+        "ERR unknown command 'foo', with args beginning with: '" + "x" * 128 + "' "
+    )
     assert c.cmd("foo", "a" * 100, "b" * 100, "c") == resp.Error(
-        "ERR unknown command 'foo', with args beginning with: '" + "a" * 100 + "' '" + "b" * 25 + "' ")
-    assert c.cmd("f" * 200) == resp.Error("ERR unknown command '" + "f" * 128 + "', with args beginning with: ")
-    assert c.cmd("foo", "a\r\nb") == resp.Error("ERR unknown command 'foo', with args beginning with: 'a  b' ")
+        "ERR unknown command 'foo', with args beginning with: '" + "a" * 100 + "' '" + "b" * 25 + "' "
+    )
+    assert c.cmd("f" * 200) == resp.Error(
+        "ERR unknown command '" + "f" * 128 + "', with args beginning with: "
+    )
+    assert c.cmd("foo", "a\r\nb") == resp.Error(
+        "ERR unknown command 'foo', with args beginning with: 'a  b' "
+    )
     assert c.cmd_raw("PING") == b"+PONG\r\n"
 
 
@@ -675,8 +696,11 @@ def test_maxmemory_allkeys_lru_evicts(make_server):
                 peak = max(peak, r.info("memory")["used_memory"])
         assert r.dbsize() <= BUDGET // len(VALUE)
         assert r.dbsize() > 0
-        assert r.get(f"key:{total - 1}") == VALUE  # the most recent write survives
-        assert r.exists("key:0") == 0  # the oldest was evicted
+        if TARGET == "kvstrata":
+            # kvstrata's LRU is exact. Redis's is sampled on a 1 s clock, so when the fill takes about a
+            # second it evicts almost at random among same-second keys, the newest included.
+            assert r.get(f"key:{total - 1}") == VALUE  # the most recent write survives
+            assert r.exists("key:0") == 0  # the oldest was evicted
         memory = r.info("memory")
         assert memory["used_memory"] <= BUDGET + SLACK
         assert peak <= BUDGET + SLACK
