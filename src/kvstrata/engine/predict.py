@@ -27,6 +27,10 @@ below it, at a branch, or where the chain is unknown, so it never guesses which 
 system prompt. Predictions wait in the lane until :meth:`Predictor.take` hands them to whoever moves data (the
 server's prefetch queue), minus those already read by then: a multi-key read (MGET) does not prefetch the keys
 it reads itself.
+
+All of this is kept off the command path: :meth:`Predictor.read` and :meth:`Predictor.write` only log the access,
+and the log is processed in one batch when the predictions are asked for (the server does so once per event-loop
+turn, after the turn's replies), with the same predictions as processing each access at once.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 
 from kvstrata.clock import Clock
-from kvstrata.engine.profile import BOUNDARY, BRANCH, AccessProfiles
+from kvstrata.engine.profile import BOUNDARY, BRANCH, COUNT_MAX, PRIOR_WEIGHT, AccessProfiles
 
 LANES_PER_STREAM = 16
 """Key families one stream follows at once (the least recently used lane is dropped beyond)."""
@@ -42,6 +46,8 @@ LINK_MIN = 16
 """Accesses two keys of a lane may always be apart and still link (a stream's gap is not known at first)."""
 DUE_MAX = 65536
 """Most predicted keys whose expected use is remembered (the oldest are forgotten first)."""
+LOG_MAX = 4096
+"""Accesses logged before a read or write processes the log itself (nobody asked for predictions meanwhile)."""
 
 
 def family(key: bytes) -> bytes:
@@ -51,7 +57,8 @@ def family(key: bytes) -> bytes:
 
 
 class _Lane:
-    __slots__ = ("ahead", "budget", "hold", "prev", "prev_gen", "prev_read", "probs", "sent", "stuck", "tick")
+    __slots__ = ("ahead", "budget", "hold", "prev", "prev_gen", "prev_read", "prob", "probs", "sent", "stuck",
+                 "tick")
 
     def __init__(self) -> None:
         self.prev = -1
@@ -60,6 +67,7 @@ class _Lane:
         self.tick = 0  # access number of the lane's last key
         self.ahead: list[bytes] = []  # predicted keys, in the order they will be read
         self.probs: list[float] = []  # link score of each step of ``ahead``
+        self.prob = 1.0  # their product, multiplied in order (-1.0: to be recomputed)
         self.sent = 0  # how many of ``ahead`` were handed out by take()
         self.budget = 0  # how far ahead this walk may go
         self.stuck = False  # the walk ended at a branch or at the end of the known chain
@@ -80,7 +88,10 @@ class Predictor:
                  min_confidence: float = 0.6, link_window: float = 8.0, half_life: float = 1.0,
                  max_streams: int = 4096) -> None:
         self.clock = clock
-        self.profiles = AccessProfiles(clock, max_keys=max_keys, half_life=half_life)
+        self._now = clock.monotonic
+        self._profiles = AccessProfiles(clock, max_keys=max_keys, half_life=half_life)
+        # Accesses not processed yet: (key, stream, is_read, monotonic time), see read().
+        self._log: list[tuple[bytes, int, bool, float]] = []
         self.window = window
         self.session_max = max(session_max, window)
         self.min_confidence = min_confidence
@@ -98,8 +109,16 @@ class Predictor:
         self.session_walks = 0
         self.lookups = 0
 
+    @property
+    def profiles(self) -> AccessProfiles:
+        """The access profiles, with every logged access recorded."""
+        if self._log:
+            self._drain()
+        return self._profiles
+
     def attach(self, resident: Collection[bytes]) -> None:
         """Give the predictor a view of what DRAM holds (the store's entries dict, read only)."""
+        self._drain()
         self.resident = resident
 
     def set_half_life(self, half_life: float) -> None:
@@ -110,7 +129,7 @@ class Predictor:
         st = self._streams.get(sid)
         if st is None:
             if len(self._streams) >= self.max_streams:
-                self.forget_stream(next(iter(self._streams)))
+                self._forget(next(iter(self._streams)))
             st = self._streams[sid] = _Stream(self.gap)
         return st
 
@@ -127,7 +146,7 @@ class Predictor:
     def clear(self) -> None:
         """Forget every profile and stream (FLUSHALL: the chains they describe are gone)."""
         p = self.profiles
-        self.profiles = AccessProfiles(self.clock, max_keys=p.max_keys, half_life=p.half_life)
+        self._profiles = AccessProfiles(self.clock, max_keys=p.max_keys, half_life=p.half_life)
         self._streams.clear()
         self._dirty.clear()
         self._announced.clear()
@@ -135,112 +154,176 @@ class Predictor:
 
     def forget_stream(self, sid: int) -> None:
         """The stream ended (a connection closed, a request finished): drop its state and pending predictions."""
+        self._drain()
+        self._forget(sid)
+
+    def _forget(self, sid: int) -> None:
         st = self._streams.pop(sid, None)
         if st is not None:
             for lane in st.lanes.values():
                 self._dirty.pop(id(lane), None)
 
     # ---- observations ----
-    def _observe(self, key: bytes, sid: int, is_read: bool) -> tuple[_Lane, int]:
-        # The hot path of every profiled access (<= 3 us, BENCHMARKS.md): locals, no helper calls when avoidable.
-        p = self.profiles
-        s = p.slot(key)
-        p.touch(s, self.clock.monotonic())
-        tick = p.tick
-        if not tick & 63:
-            # Half-lives scale with the memory keys compete for: counted in DRAMs full of accesses.
-            n = len(self.resident) or 4096
-            p.horizon = max(64.0, p.half_life * n)
-        st = self._streams.get(sid)
-        if st is None:
-            st = self._stream(sid)
-        gap = st.gap
-        limit = self.link_window * gap
-        if limit < LINK_MIN:
-            limit = LINK_MIN
-        if st.tick:
-            g = tick - st.tick
-            if g <= limit:
-                # Only gaps inside a request teach the usual gap; a pause between requests is not one.
-                st.gap = gap + (g - gap) * 0.125
-                self.gap += (g - self.gap) * 0.01
-        st.tick = tick
-        i = key.rfind(b":")
-        fam = key[:i] if i >= 0 else b""
-        lane = st.lanes.get(fam)
-        if lane is None:
-            lane = self._lane(st, fam)
-        prev = lane.prev
-        if prev >= 0 and p.gen[prev] == lane.prev_gen and tick - lane.tick <= limit:
-            if prev == s:
-                # A read-miss filled by a write of the same key is still that read.
-                lane.tick = tick
-                return lane, s
-            if lane.prev_read:
-                succ = p.successor(prev)
-                if succ >= 0:
-                    if is_read and succ != s and p.predecessor(s) >= 0:
-                        # A chunk of another chain read in between (an interleaved conversation of this family):
-                        # no evidence about ``prev``; its own chain's next read still counts when it comes.
-                        pass
-                    else:
-                        p.outcome(prev, is_read and succ == s)
-                        if not is_read:
-                            p.link(prev, s)  # a new turn written after this read: a branch if it differs
-                elif not is_read:
-                    if p.link(prev, s):
-                        p.flags[prev] |= BOUNDARY
-                elif p.link(prev, s):
-                    p.outcome(prev, True)  # a link a reader made is one it has read across
-            elif not is_read:
-                p.link(prev, s)
-            # A read after a write is where a stream's next request starts: never a link.
-        if is_read:
-            q = p.pred[s]
-            if q >= 0 and q != prev and p.gen[q] == p.pred_gen[s] and tick - p.tick_at[q] <= 4 * limit:
-                # Its parent was read a moment ago, on this lane or an interleaved one: the reader went on.
-                p.outcome(q, True)
-        lane.prev = s
-        lane.prev_gen = p.gen[s]
-        lane.prev_read = is_read
-        lane.tick = tick
-        return lane, s
-
+    # The command path only logs the access (a tuple append: Store.get and Store.put call these on every
+    # profiled access). The log is processed in one batch by whoever next asks for the predictor's state (take,
+    # next_use, may_displace, profiles, ...), or at once by a read that missed DRAM. The server asks once per
+    # event-loop turn, after that turn's replies went out (server/prefetch.py): the bookkeeping is off the reads'
+    # latency and its attribute lookups are paid once per batch. Predictions are those of processing each access
+    # at once (tests/unit/test_predict_batched.py), except that a walk started by a DRAM hit sees DRAM as it is
+    # when the batch is processed (at most one loop turn later).
     def write(self, key: bytes, sid: int) -> None:
-        self._observe(key, sid, False)
+        log = self._log
+        log.append((key, sid, False, self._now()))
+        if len(log) >= LOG_MAX:
+            self._drain()
 
     def read(self, key: bytes, sid: int) -> None:
-        lane, s = self._observe(key, sid, True)
+        log = self._log
+        log.append((key, sid, True, self._now()))
+        if key not in self.resident or len(log) >= LOG_MAX:
+            # A read from a lower tier (rare, and slow anyway) is processed at once, while DRAM is as the read
+            # found it: the store brings the key up (and may drop others) right after.
+            self._drain()
+
+    def _drain(self) -> None:
+        """Process the logged accesses in order: learn links and outcomes, slide or start walks."""
+        log = self._log
+        if not log:
+            return
+        self._log = []
+        p = self._profiles
+        slots = p.slots
+        tick_at, heat, ival, last, ref = p.tick_at, p.heat, p.ival, p.last, p.ref
+        gen, nxt, next_gen, pred, pred_gen, flags = p.gen, p.next, p.next_gen, p.pred, p.pred_gen, p.flags
+        cont = p.cont
+        streams = self._streams
+        dirty = self._dirty
         due = self._due
-        if due:
-            due.pop(key, None)
-        ahead = lane.ahead
-        if ahead and ahead[0] == key:
-            del ahead[0]
-            del lane.probs[0]
-            lane.sent = max(0, lane.sent - 1)
-            self._extend(lane)
-        elif key in ahead:
-            i = ahead.index(key) + 1
-            del ahead[:i]
-            del lane.probs[:i]
-            lane.sent = max(0, lane.sent - i)
-            self._extend(lane)
-        else:
-            p = self.profiles
-            n = p.successor(s)
-            # The chunk after this one has left DRAM: a session coming back, whose whole context is below.
-            returning = n >= 0 and p.keys[n] not in self.resident
-            budget = self.session_max if returning else self.window
-            # No further ahead than DRAM keeps a key unused (a chunk due later would be dropped before its
-            # read), nor more than a fair share of DRAM: half of it split among the streams reading at once.
-            gap = self.gap if self.gap > 1.0 else 1.0
-            reach = min(self.survival, len(self.resident) / 2 if self.resident else float("inf")) / gap
-            if reach < budget:
-                budget = max(1, int(reach))
-            self._walk(lane, s, budget, returning)
-        if len(lane.ahead) > lane.sent:
-            self._dirty[id(lane)] = lane
+        link_window = self.link_window
+        horizon = p.horizon
+        tick = p.tick
+        last_sid: int | None = None  # consecutive accesses of one stream (a batch, an MGET) share a lookup
+        st: _Stream
+        for key, sid, is_read, now in log:
+            s = slots.get(key)
+            if s is None:
+                s = p.slot(key)
+            # AccessProfiles.touch, inline.
+            p.tick = tick = tick + 1
+            at = tick_at[s]
+            h = heat[s]
+            if at:
+                g = tick - at
+                if h:
+                    h *= 0.5 ** (g / horizon)
+                iv = ival[s]
+                ival[s] = g if not iv else iv + (g - iv) * 0.25
+            heat[s] = h + 1.0
+            tick_at[s] = tick
+            last[s] = now if now > 0.0 else 1e-9
+            ref[s] = 1
+            if not tick & 63:
+                # Half-lives scale with the memory keys compete for: counted in DRAMs full of accesses.
+                n = len(self.resident) or 4096
+                horizon = p.horizon = max(64.0, p.half_life * n)
+            if sid != last_sid:
+                st = streams.get(sid)
+                if st is None:
+                    st = self._stream(sid)
+                last_sid = sid
+            gap = st.gap
+            limit = link_window * gap
+            if limit < LINK_MIN:
+                limit = LINK_MIN
+            if st.tick:
+                g = tick - st.tick
+                if g <= limit:
+                    # Only gaps inside a request teach the usual gap; a pause between requests is not one.
+                    st.gap = gap + (g - gap) * 0.125
+                    self.gap += (g - self.gap) * 0.01
+            st.tick = tick
+            i = key.rfind(b":")
+            fam = key[:i] if i >= 0 else b""
+            lane = st.lanes.get(fam)
+            if lane is None:
+                lane = self._lane(st, fam)
+            prev = lane.prev
+            same = False
+            if prev >= 0 and gen[prev] == lane.prev_gen and tick - lane.tick <= limit:
+                if prev == s:
+                    # A read-miss filled by a write of the same key is still that read.
+                    lane.tick = tick
+                    same = True
+                elif lane.prev_read:
+                    succ = nxt[prev]
+                    if succ >= 0 and gen[succ] == next_gen[prev]:
+                        if is_read and succ != s and (q := pred[s]) >= 0 and gen[q] == pred_gen[s]:
+                            # A chunk of another chain read in between (an interleaved conversation of this
+                            # family): no evidence about ``prev``; its own chain's next read still counts.
+                            pass
+                        elif is_read and succ == s:
+                            # The reader went on along the known link (AccessProfiles.outcome, inline).
+                            if cont[prev] < COUNT_MAX:
+                                cont[prev] += 1
+                            f = flags[prev]
+                            if not f & BRANCH:
+                                (p.boundary if f & BOUNDARY else p.interior).cont += 1
+                        else:
+                            p.outcome(prev, False)
+                            if not is_read:
+                                p.link(prev, s)  # a new turn written after this read: a branch if it differs
+                    elif not is_read:
+                        if p.link(prev, s):
+                            flags[prev] |= BOUNDARY
+                    elif p.link(prev, s):
+                        p.outcome(prev, True)  # a link a reader made is one it has read across
+                elif not is_read:
+                    p.link(prev, s)
+                # A read after a write is where a stream's next request starts: never a link.
+            if not same:
+                if is_read:
+                    q = pred[s]
+                    if q >= 0 and q != prev and gen[q] == pred_gen[s] and tick - tick_at[q] <= 4 * limit:
+                        # Its parent was read a moment ago, on this lane or an interleaved one: the reader went on.
+                        p.outcome(q, True)
+                lane.prev = s
+                lane.prev_gen = gen[s]
+                lane.prev_read = is_read
+                lane.tick = tick
+            if not is_read:
+                continue
+            if due:
+                due.pop(key, None)
+            ahead = lane.ahead
+            if ahead and ahead[0] == key:
+                # The common case: the reader took the chunk predicted next; one more at the far end.
+                del ahead[0]
+                if lane.probs.pop(0) != 1.0:
+                    lane.prob = -1.0
+                if lane.sent:
+                    lane.sent -= 1
+                self._extend(lane)
+            elif key in ahead:
+                i = ahead.index(key) + 1
+                del ahead[:i]
+                del lane.probs[:i]
+                lane.prob = -1.0
+                lane.sent = max(0, lane.sent - i)
+                self._extend(lane)
+            else:
+                nk = nxt[s]
+                # The chunk after this one has left DRAM: a session coming back, whose whole context is below.
+                returning = nk >= 0 and gen[nk] == next_gen[s] and p.keys[nk] not in self.resident
+                budget = self.session_max if returning else self.window
+                # No further ahead than DRAM keeps a key unused (a chunk due later would be dropped before its
+                # read), nor more than a fair share of DRAM: half of it split among the streams reading at once.
+                sgap = self.gap if self.gap > 1.0 else 1.0
+                reach = min(self.survival, len(self.resident) / 2 if self.resident else float("inf")) / sgap
+                if reach < budget:
+                    budget = max(1, int(reach))
+                self._walk(lane, s, budget, returning)
+            if len(lane.ahead) > lane.sent:
+                dirty[id(lane)] = lane
 
     def lookup(self, keys: Iterable[bytes], sid: int) -> None:
         """A lookup batch (EXISTS) found ``keys``: the client is about to read them; predict those not in DRAM."""
@@ -257,6 +340,7 @@ class Predictor:
             self.session_walks += 1
         lane.ahead = []
         lane.probs = []
+        lane.prob = 1.0
         lane.sent = 0
         lane.budget = budget
         lane.stuck = False
@@ -270,48 +354,57 @@ class Predictor:
             lane.hold = None
         if lane.stuck or len(lane.ahead) >= lane.budget:
             return
-        p = self.profiles
         if lane.ahead:
-            s = p.slots.get(lane.ahead[-1], -1)
+            s = self._profiles.slots.get(lane.ahead[-1], -1)
             if s < 0:
                 lane.stuck = True
                 return
-            prob = 1.0
-            for q in lane.probs:
-                prob *= q
+            prob = lane.prob
+            if prob < 0.0:
+                prob = 1.0
+                for q in lane.probs:
+                    prob *= q
+                lane.prob = prob
         else:
             s = lane.prev
             prob = 1.0
         self._grow(lane, s, prob)
 
     def _grow(self, lane: _Lane, s: int, prob: float) -> None:
-        p = self.profiles
+        p = self._profiles
+        flags, nxt, next_gen, gen, cont = p.flags, p.next, p.next_gen, p.gen, p.cont
+        min_confidence = self.min_confidence
         ahead = lane.ahead
+        budget = lane.budget
         seen = 0
-        while len(ahead) < lane.budget:
-            if p.flags[s] & BRANCH:
+        while len(ahead) < budget:
+            f = flags[s]
+            if f & BRANCH:
                 lane.stuck = True
                 return
-            n = p.successor(s)
-            if n < 0 or n == s:
+            n = nxt[s]
+            if n < 0 or gen[n] != next_gen[s] or n == s:
                 lane.stuck = True
                 return
-            q = p.link_score(s)
-            untested = not p.cont[s]
-            if not p.flags[s] & BOUNDARY:
+            # AccessProfiles.link_score, inline (the same arithmetic: the same predictions).
+            c = cls = p.boundary if f & BOUNDARY else p.interior
+            prior = (c.cont + c.prior_cont) / (c.cont + c.stop + c.prior_cont + c.prior_stop)
+            c = cont[s]
+            q = (c + PRIOR_WEIGHT * prior) / (c + p.stop[s] + PRIOR_WEIGHT)
+            if cls is p.interior:
                 # Inside one written run the links stand or fall together (a prefix reader stops only where
                 # its cached prefix ends), so they do not compound; crossing a turn's end is a new event.
-                q = 1.0 if q >= self.min_confidence else 0.0
-            if prob * q < self.min_confidence:
+                q = 1.0 if q >= min_confidence else 0.0
+            if prob * q < min_confidence:
                 return  # may pass later, once reads have confirmed the steps before it
             key = p.keys[n]
             if key is None:
                 lane.stuck = True
                 return
-            prob *= q
+            lane.prob = prob = prob * q
             ahead.append(key)
             lane.probs.append(q)
-            if untested:
+            if not c:
                 # Nobody has read across this link yet (it was written, never followed by a reader): one chunk,
                 # and the rest once the reader takes it, so a wrong guess (a document whose readers never go on
                 # to an earlier request's query and answer) costs one chunk, not that request's whole output.
@@ -351,9 +444,16 @@ class Predictor:
 
     @property
     def pending(self) -> bool:
-        return bool(self._dirty) or bool(self._announced)
+        """Whether take() may have something: accesses logged, or predictions not handed out yet."""
+        return bool(self._log) or bool(self._dirty) or bool(self._announced)
 
     # ---- predicted reuse ----
+    def due_at(self, key: bytes) -> int:
+        """The access number at which ``key`` is expected to be read (its pending prediction; take() sets it),
+        or the current one for a key not predicted: the order in which prefetches are worth loading."""
+        d = self._due.get(key)
+        return d[0] if d is not None else self._profiles.tick
+
     def next_use(self, key: bytes) -> float:
         """Accesses (all streams) until ``key`` is expected to be read: from a prediction when one is pending
         (until it is as late again as it was far), else from the key's own history; inf for an unknown key."""
