@@ -1,11 +1,18 @@
 """The prefetch queue: a bounded priority queue of keys to promote from lower tiers, drained in the background.
 
 Two producers: clients (``TAIR.KV.PREFETCH``, hot-key marking) and the engine's predictor, whose keys go in at
-``PREDICTED_PRIORITY``, below every client request. One batch is loaded at a time (bounded concurrency: the
-loader thread reads it off the event loop), so prefetching never competes with more than one batch of reads.
-A command that needs a key still waiting here takes it over (the key leaves the queue and the command reads
-it itself); one that needs a key of the batch being loaded waits for that batch instead of reading the key
-twice, and the prefetch counts as late.
+``PREDICTED_PRIORITY``, below every client request, nearest expected use first (the predictor's due access
+number, so every reader's next chunk goes before any reader's far ones). One batch is loaded at a time (bounded
+concurrency: the loader thread reads it off the event loop), so prefetching never competes with more than one
+batch of reads. Batches start small and double while the queue stays busy (``FIRST_BATCH`` up to ``batch``):
+the chunks needed first land after a short load instead of behind a full batch. A command that needs a key
+still waiting here takes it over (the key leaves the queue and the command reads it itself); one that needs a
+key of the batch being loaded waits for that batch instead of reading the key twice, and the prefetch counts as
+late.
+
+The predictor's bookkeeping runs here, not in the commands: a command only logs its reads and asks for a
+prediction (:meth:`Prefetcher.submit_predicted`), and once per event-loop turn, after that turn's commands and
+their replies, the predictor processes the logged reads in one batch and its predictions are queued.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from kvstrata.engine.store import Store
 log = logging.getLogger("kvstrata.prefetch")
 
 PREDICTED_PRIORITY = -1
+FIRST_BATCH = 2  # keys in the first batch after the queue was idle (doubling up to ``batch``)
 LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
 
 
@@ -31,7 +39,8 @@ class Prefetcher:
         self._load = load
         self.capacity = capacity
         self.batch = batch
-        self._heap: list[tuple[int, int, bytes]] = []
+        self._heap: list[tuple[int, int, int, bytes]] = []  # (-priority, due access, sequence, key)
+        self._predict_soon = False
         self._queued: set[bytes] = set()
         self._loading: set[bytes] = set()
         self._loaded: asyncio.Future[None] | None = None
@@ -41,8 +50,10 @@ class Prefetcher:
         # Batches given up because every load of them was raced by a write.
         self.stale_batches = 0
 
-    def submit(self, keys: list[bytes], priority: int = 0) -> int:
-        """Queue keys that are not already in DRAM or queued; higher priority goes first. Returns how many."""
+    def submit(self, keys: list[bytes], priority: int = 0, due: Callable[[bytes], int] | None = None) -> int:
+        """Queue keys that are not already in DRAM or queued; higher priority goes first, then the earlier
+        ``due`` (the access number a key is expected to be read at), then the order of submission. Returns how
+        many."""
         if self.store.ssd is None and self.store.pool is None:
             return 0
         queued = 0
@@ -53,7 +64,7 @@ class Prefetcher:
             if len(self._queued) >= self.capacity:
                 self.dropped += 1
                 continue
-            heapq.heappush(self._heap, (-priority, next(self._seq), key))
+            heapq.heappush(self._heap, (-priority, due(key) if due is not None else 0, next(self._seq), key))
             self._queued.add(key)
             queued += 1
         if queued:
@@ -62,10 +73,29 @@ class Prefetcher:
         return queued
 
     def submit_predicted(self) -> None:
-        """Queue what the predictor expects the clients to read next."""
-        keys = self.store.predictor.take() if self.store.predictor is not None else []
-        if keys:
-            self.store.stats.prefetch_predicted += self.submit(keys, PREDICTED_PRIORITY)
+        """Queue what the predictor expects the clients to read next, once this event-loop turn is over (called
+        after every command that gave the predictor something to process; see the module docstring)."""
+        if self._predict_soon:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a caller outside the server): at once
+            self._submit_predicted()
+            return
+        self._predict_soon = True
+        loop.call_soon(self._submit_predicted)
+
+    def _submit_predicted(self) -> None:
+        self._predict_soon = False
+        predictor = self.store.predictor
+        if predictor is None:
+            return
+        try:
+            keys = predictor.take()
+            if keys:
+                self.store.stats.prefetch_predicted += self.submit(keys, PREDICTED_PRIORITY, predictor.due_at)
+        except Exception:  # a prediction that fails must never take the server down
+            log.exception("prediction failed")
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -89,15 +119,17 @@ class Prefetcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            size = min(FIRST_BATCH, self.batch)
             while self._heap:
                 keys: list[bytes] = []
-                while self._heap and len(keys) < self.batch:
-                    key = heapq.heappop(self._heap)[2]
+                while self._heap and len(keys) < size:
+                    key = heapq.heappop(self._heap)[3]
                     if key in self._queued:
                         self._queued.discard(key)
                         keys.append(key)
                 if not keys:
                     continue
+                size = min(2 * size, self.batch)
                 self._loading = set(keys)
                 self._loaded = asyncio.get_running_loop().create_future()
                 try:
