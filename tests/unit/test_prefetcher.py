@@ -8,9 +8,10 @@ from pathlib import Path
 from kvstrata.clock import ManualClock
 from kvstrata.engine.entry import ENTRY_OVERHEAD
 from kvstrata.engine.policy import create_policy
+from kvstrata.engine.predict import Predictor
 from kvstrata.engine.store import LATE, Store
 from kvstrata.engine.tiers.ssd import SsdTier
-from kvstrata.server.prefetch import PREDICTED_PRIORITY, Prefetcher
+from kvstrata.server.prefetch import FIRST_BATCH, PREDICTED_PRIORITY, Prefetcher
 
 VALUE = b"v" * 100
 
@@ -150,3 +151,85 @@ def test_a_prefetch_always_raced_is_given_up_without_reading_on_the_loop(tmp_pat
     # Promotion never fell back to reading LMDB on the event loop.
     assert store.sync_reads - before == load.racer_sync_reads
     assert store.get(b"k01", touch=False).expire_at == 10_000_000_000_000 + load.calls
+
+
+def test_batches_start_small_and_double_while_the_queue_stays_busy(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    keys = [b"k%02d" % i for i in range(12)]
+
+    async def main() -> list[list[bytes]]:
+        load = GatedLoad(store)
+        load.gate.set()
+        pf = Prefetcher(store, load, batch=8)
+        pf.submit(keys, PREDICTED_PRIORITY)
+        task = asyncio.create_task(pf.run())
+        while len(pf) or pf.in_flight(keys):
+            await asyncio.sleep(0)
+        task.cancel()
+        return load.batches
+
+    # The first keys come up after a load of FIRST_BATCH, not behind a whole batch; then 4, then the rest (8 max).
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [keys[:FIRST_BATCH], keys[2:6], keys[6:12]]
+
+
+def test_predicted_keys_load_nearest_expected_use_first(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    due = {b"k00": 30, b"k01": 10, b"k02": 20, b"k03": 10}
+
+    async def main() -> list[list[bytes]]:
+        load = GatedLoad(store)
+        load.gate.set()
+        pf = Prefetcher(store, load, batch=8)
+        pf.submit([b"k00", b"k01", b"k02", b"k03"], PREDICTED_PRIORITY, due.__getitem__)
+        task = asyncio.create_task(pf.run())
+        while len(pf) or pf.in_flight(list(due)):
+            await asyncio.sleep(0)
+        task.cancel()
+        return load.batches
+
+    # Earliest due first; equal dues keep the order they were submitted in.
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [[b"k01", b"k03"], [b"k02", b"k00"]]
+
+
+class CountingPredictor(Predictor):
+    """A real predictor that counts how often its predictions are taken."""
+
+    takes = 0
+
+    def take(self) -> list[bytes]:
+        self.takes += 1
+        return super().take()
+
+
+def test_predictions_are_taken_once_per_loop_turn_after_the_commands(tmp_path: Path) -> None:
+    clock = ManualClock()
+    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
+    predictor = CountingPredictor(clock, window=4)
+    store = Store(8 * (3 + len(VALUE) + ENTRY_OVERHEAD), policy=create_policy("lru", clock=clock), clock=clock,
+                  ssd=ssd, predictor=predictor)
+    chain = [b"k%02d" % i for i in range(6)]
+    for sid in (1, 3):  # written by one stream, read through by another: links a reader has followed
+        store.stream = sid
+        for key in chain:
+            if sid == 1:
+                store.put(key, VALUE)
+            else:
+                assert store.get(key) is not None
+        predictor.forget_stream(sid)
+    store.make_room(store.dram.budget)  # everything on SSD
+    predictor.take()
+    taken = predictor.takes
+
+    async def main() -> Prefetcher:
+        pf = Prefetcher(store, GatedLoad(store))
+        store.stream = 2
+        assert store.get(chain[0]) is not None  # a returning session: the rest of the chain is predicted
+        for _ in range(3):  # three commands in one loop turn each ask for the predictions
+            pf.submit_predicted()
+        assert predictor.takes == taken  # nothing taken inside the commands
+        await asyncio.sleep(0)
+        return pf
+
+    pf = asyncio.run(asyncio.wait_for(main(), 10))
+    assert predictor.takes == taken + 1
+    assert len(pf) == len(chain) - 1 and pf.in_flight(chain[1:])
