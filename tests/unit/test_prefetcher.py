@@ -155,12 +155,13 @@ def test_a_prefetch_always_raced_is_given_up_without_reading_on_the_loop(tmp_pat
 
 def test_batches_start_small_and_double_while_the_queue_stays_busy(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    keys = [b"k%02d" % i for i in range(12)]
+    f = FIRST_BATCH
+    keys = [b"k%02d" % i for i in range(7 * f)]  # those past k11 are absent: harmless, counted
 
     async def main() -> list[list[bytes]]:
         load = GatedLoad(store)
         load.gate.set()
-        pf = Prefetcher(store, load, batch=8)
+        pf = Prefetcher(store, load, batch=4 * f)
         pf.submit(keys, PREDICTED_PRIORITY)
         task = asyncio.create_task(pf.run())
         while len(pf) or pf.in_flight(keys):
@@ -168,8 +169,9 @@ def test_batches_start_small_and_double_while_the_queue_stays_busy(tmp_path: Pat
         task.cancel()
         return load.batches
 
-    # The first keys come up after a load of FIRST_BATCH, not behind a whole batch; then 4, then the rest (8 max).
-    assert asyncio.run(asyncio.wait_for(main(), 10)) == [keys[:FIRST_BATCH], keys[2:6], keys[6:12]]
+    # The first keys come up after a load of FIRST_BATCH, not behind a whole batch; then twice, four times as many.
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [keys[:f], keys[f:3 * f], keys[3 * f:]]
+    assert f < 4 * f <= 64
 
 
 def test_predicted_keys_load_nearest_expected_use_first(tmp_path: Path) -> None:
@@ -179,7 +181,7 @@ def test_predicted_keys_load_nearest_expected_use_first(tmp_path: Path) -> None:
     async def main() -> list[list[bytes]]:
         load = GatedLoad(store)
         load.gate.set()
-        pf = Prefetcher(store, load, batch=8)
+        pf = Prefetcher(store, load, batch=2)
         pf.submit([b"k00", b"k01", b"k02", b"k03"], PREDICTED_PRIORITY, due.__getitem__)
         task = asyncio.create_task(pf.run())
         while len(pf) or pf.in_flight(list(due)):
@@ -201,7 +203,7 @@ class CountingPredictor(Predictor):
         return super().take()
 
 
-def test_predictions_are_taken_once_per_loop_turn_after_the_commands(tmp_path: Path) -> None:
+def test_predictions_are_taken_once_by_the_queues_task_after_the_commands(tmp_path: Path) -> None:
     clock = ManualClock()
     ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
     predictor = CountingPredictor(clock, window=4)
@@ -220,16 +222,25 @@ def test_predictions_are_taken_once_per_loop_turn_after_the_commands(tmp_path: P
     predictor.take()
     taken = predictor.takes
 
-    async def main() -> Prefetcher:
-        pf = Prefetcher(store, GatedLoad(store))
+    async def main() -> list[list[bytes]]:
+        load = GatedLoad(store)
+        pf = Prefetcher(store, load)
+        task = asyncio.create_task(pf.run())
+        await asyncio.sleep(0)  # the queue's task waits for work
         store.stream = 2
         assert store.get(chain[0]) is not None  # a returning session: the rest of the chain is predicted
         for _ in range(3):  # three commands in one loop turn each ask for the predictions
             pf.submit_predicted()
         assert predictor.takes == taken  # nothing taken inside the commands
-        await asyncio.sleep(0)
-        return pf
+        await load.started.wait()
+        assert predictor.takes == taken + 1  # once, by the queue's task
+        assert pf.in_flight(chain[1:])
+        load.gate.set()
+        while pf.in_flight(chain[1:]):
+            await asyncio.sleep(0)
+        task.cancel()
+        return load.batches
 
-    pf = asyncio.run(asyncio.wait_for(main(), 10))
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [chain[1:]]
     assert predictor.takes == taken + 1
-    assert len(pf) == len(chain) - 1 and pf.in_flight(chain[1:])
+    assert all(key in store.dram.entries for key in chain[1:])

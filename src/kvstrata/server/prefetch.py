@@ -28,7 +28,7 @@ from kvstrata.engine.store import Store
 log = logging.getLogger("kvstrata.prefetch")
 
 PREDICTED_PRIORITY = -1
-FIRST_BATCH = 2  # keys in the first batch after the queue was idle (doubling up to ``batch``)
+FIRST_BATCH = 8  # keys in the first batch after the queue was idle (doubling up to ``batch``)
 LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
 
 
@@ -73,19 +73,23 @@ class Prefetcher:
         return queued
 
     def submit_predicted(self) -> None:
-        """Queue what the predictor expects the clients to read next, once this event-loop turn is over (called
-        after every command that gave the predictor something to process; see the module docstring)."""
-        if self._predict_soon:
-            return
+        """Queue what the predictor expects the clients to read next (called after every command that gave the
+        predictor something to process). The queue's task takes the predictions on its next turn, after this
+        turn's commands and replies, or as soon as the batch it is loading is in: predictions made meanwhile
+        could not load any sooner (see the module docstring)."""
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:  # no loop (a caller outside the server): at once
-            self._submit_predicted()
+            self._predict_soon = True
+            self._take_predicted()
             return
-        self._predict_soon = True
-        loop.call_soon(self._submit_predicted)
+        if not self._predict_soon:
+            self._predict_soon = True
+            self._wake.set()
 
-    def _submit_predicted(self) -> None:
+    def _take_predicted(self) -> None:
+        if not self._predict_soon:
+            return
         self._predict_soon = False
         predictor = self.store.predictor
         if predictor is None:
@@ -119,6 +123,7 @@ class Prefetcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self._take_predicted()
             size = min(FIRST_BATCH, self.batch)
             while self._heap:
                 keys: list[bytes] = []
@@ -151,3 +156,5 @@ class Prefetcher:
                     self._loading = set()
                     self._loaded.set_result(None)
                     self._loaded = None
+                # Predictions made while this batch loaded go in before the next batch is chosen.
+                self._take_predicted()
