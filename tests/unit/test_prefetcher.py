@@ -244,3 +244,38 @@ def test_predictions_are_taken_once_by_the_queues_task_after_the_commands(tmp_pa
     assert asyncio.run(asyncio.wait_for(main(), 10)) == [chain[1:]]
     assert predictor.takes == taken + 1
     assert all(key in store.dram.entries for key in chain[1:])
+
+
+def test_a_single_key_load_queues_what_follows_before_the_read(tmp_path: Path) -> None:
+    clock = ManualClock()
+    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
+    store = Store(8 * (3 + len(VALUE) + ENTRY_OVERHEAD), policy=create_policy("lru", clock=clock), clock=clock,
+                  ssd=ssd, predictor=Predictor(clock, window=4))
+    chain = [b"k%02d" % i for i in range(6)]
+    for sid in (1, 3):
+        store.stream = sid
+        for key in chain:
+            if sid == 1:
+                store.put(key, VALUE)
+            else:
+                assert store.get(key) is not None
+        store.predictor.forget_stream(sid)
+    store.make_room(store.dram.budget)
+
+    async def main() -> list[list[bytes]]:
+        load = GatedLoad(store)
+        pf = Prefetcher(store, load)
+        task = asyncio.create_task(pf.run())
+        pf.expect([chain[0], chain[1]], 2)  # a multi-key read loads its own keys: nothing predicted for it
+        await asyncio.sleep(0)
+        assert not len(pf) and not load.batches
+        pf.expect([chain[0]], 2)  # a GET about to load the chain's first chunk
+        await load.started.wait()
+        load.gate.set()
+        while pf.in_flight(chain[1:]):
+            await asyncio.sleep(0)
+        task.cancel()
+        return load.batches
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [chain[1:]]
+    assert all(key in store.dram.entries for key in chain[1:]) and chain[0] not in store.dram.entries

@@ -366,3 +366,21 @@ def test_a_prefetch_displaces_only_keys_expected_later(pred: Predictor, clock: M
     assert pred.may_displace(near, [idle])
     assert not pred.may_displace(far, [near])  # a prediction never displaces one that is due sooner
     assert not pred.may_displace(near, [b"ns:busy"])  # nor a key in use every access
+
+
+def test_a_read_about_to_load_predicts_what_follows_before_it_is_read(pred: Predictor, clock: ManualClock) -> None:
+    chain = keys("c", 6)
+    write_chain(pred, clock, chain, 1)
+    read_chain(pred, clock, chain, 2)
+    clock.advance(30.0)
+    pred.attach(set())  # the chain left DRAM: its first chunk is about to be loaded by stream 3
+    pred.expect(chain[0], 3)
+    assert pred.pending and pred.take() == chain[1:]  # before the read: they load right behind that chunk
+    assert pred.expects == 1
+    pred.read(chain[0], 3)  # the read is recorded as any other (the queue skips what it holds already)
+    assert pred.take() == chain[1:]
+    # A chunk the stream's walk predicted already announces nothing more.
+    pred.expect(chain[1], 3)
+    assert pred.take() == [] and pred.expects == 1
+    pred.expect(b"ns:unknown", 3)
+    assert pred.take() == []

@@ -108,6 +108,7 @@ class Predictor:
         self.walks = 0
         self.session_walks = 0
         self.lookups = 0
+        self.expects = 0
 
     @property
     def profiles(self) -> AccessProfiles:
@@ -311,19 +312,45 @@ class Predictor:
                 lane.sent = max(0, lane.sent - i)
                 self._extend(lane)
             else:
-                nk = nxt[s]
-                # The chunk after this one has left DRAM: a session coming back, whose whole context is below.
-                returning = nk >= 0 and gen[nk] == next_gen[s] and p.keys[nk] not in self.resident
-                budget = self.session_max if returning else self.window
-                # No further ahead than DRAM keeps a key unused (a chunk due later would be dropped before its
-                # read), nor more than a fair share of DRAM: half of it split among the streams reading at once.
-                sgap = self.gap if self.gap > 1.0 else 1.0
-                reach = min(self.survival, len(self.resident) / 2 if self.resident else float("inf")) / sgap
-                if reach < budget:
-                    budget = max(1, int(reach))
+                budget, returning = self._reach(s)
                 self._walk(lane, s, budget, returning)
             if len(lane.ahead) > lane.sent:
                 dirty[id(lane)] = lane
+
+    def _reach(self, s: int) -> tuple[int, bool]:
+        """How many chunks a walk from slot ``s`` may predict, and whether its reader is a session coming back."""
+        p = self._profiles
+        nk = p.next[s]
+        # The chunk after this one has left DRAM: a session coming back, whose whole context is below.
+        returning = nk >= 0 and p.gen[nk] == p.next_gen[s] and p.keys[nk] not in self.resident
+        budget = self.session_max if returning else self.window
+        # No further ahead than DRAM keeps a key unused (a chunk due later would be dropped before its read), nor
+        # more than a fair share of DRAM: half of it split among the streams reading at once.
+        sgap = self.gap if self.gap > 1.0 else 1.0
+        reach = min(self.survival, len(self.resident) / 2 if self.resident else float("inf")) / sgap
+        if reach < budget:
+            budget = max(1, int(reach))
+        return budget, returning
+
+    def expect(self, key: bytes, sid: int) -> None:
+        """Stream ``sid`` is about to load ``key`` from a lower tier to read it: predict now what that read will
+        (the walk from ``key``, unless it continues the stream's walk), so those chunks load right behind it
+        instead of after its reply. The read itself is recorded when it happens, as any other."""
+        self._drain()
+        p = self._profiles
+        s = p.slots.get(key)
+        if s is None:
+            return
+        st = self._streams.get(sid)
+        lane = st.lanes.get(family(key)) if st is not None else None
+        if lane is not None and key in lane.ahead:
+            return  # a continuation: what follows is predicted already
+        scratch = _Lane()
+        scratch.budget = self._reach(s)[0]
+        self._grow(scratch, s, 1.0)
+        if scratch.ahead:
+            self.expects += 1
+            self._announced.extend(scratch.ahead)
 
     def lookup(self, keys: Iterable[bytes], sid: int) -> None:
         """A lookup batch (EXISTS) found ``keys``: the client is about to read them; predict those not in DRAM."""
@@ -510,6 +537,7 @@ class Predictor:
             "predict_walks": self.walks,
             "predict_session_walks": self.session_walks,
             "predict_lookups": self.lookups,
+            "predict_expects": self.expects,
             "predict_stream_gap": round(self.gap, 2),
             "predict_dram_survival": -1 if self.survival == float("inf") else round(self.survival, 1),
             "session_score": round(p.session_score, 4),

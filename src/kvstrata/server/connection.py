@@ -600,6 +600,8 @@ class Connection(asyncio.BufferedProtocol):
         missing = self.store.missing(keys)
         if missing and srv.prefetcher.in_flight(missing):
             await srv.prefetcher.claim(missing)
+        if missing:  # [prefetch hook, issue 19] predict what follows while this chunk loads
+            srv.prefetcher.expect(missing, self.client.id)
         for _ in range(3):
             if await srv.load(keys):
                 break

@@ -11,8 +11,10 @@ key of the batch being loaded waits for that batch instead of reading the key tw
 late.
 
 The predictor's bookkeeping runs here, not in the commands: a command only logs its reads and asks for a
-prediction (:meth:`Prefetcher.submit_predicted`), and once per event-loop turn, after that turn's commands and
-their replies, the predictor processes the logged reads in one batch and its predictions are queued.
+prediction (:meth:`Prefetcher.submit_predicted`); the queue's task, on its next turn (after that turn's commands
+and their replies) or once its batch in flight is in, has the predictor process the logged reads in one batch
+and queues its predictions. A GET about to load a chunk from below DRAM has its walk predicted before it runs
+(:meth:`Prefetcher.expect`), so what follows loads right behind that chunk.
 """
 
 from __future__ import annotations
@@ -86,6 +88,16 @@ class Prefetcher:
         if not self._predict_soon:
             self._predict_soon = True
             self._wake.set()
+
+    def expect(self, keys: list[bytes], sid: int) -> None:
+        """A command of stream ``sid`` is about to load ``keys`` to read them. For a single-key read (GET: a
+        chain read chunk by chunk) the predictor predicts now what that read will, so the rest of a returning
+        chain loads right behind that chunk instead of after its reply (a multi-key read loads its own keys)."""
+        predictor = self.store.predictor
+        if predictor is None or len(keys) != 1:
+            return
+        predictor.expect(keys[0], sid)
+        self.submit_predicted()
 
     def _take_predicted(self) -> None:
         if not self._predict_soon:
