@@ -600,8 +600,6 @@ class Connection(asyncio.BufferedProtocol):
         missing = self.store.missing(keys)
         if missing and srv.prefetcher.in_flight(missing):
             await srv.prefetcher.claim(missing)
-        if missing:  # [prefetch hook, issue 19] predict what follows while this chunk loads
-            srv.prefetcher.expect(missing, self.client.id)
         for _ in range(3):
             if await srv.load(keys):
                 break
@@ -623,6 +621,7 @@ class Connection(asyncio.BufferedProtocol):
                 await srv.wait_commit(ssd.enqueued_seq)
             if resolve(spec, args).settle and not ssd.settled:
                 await srv.wait_commit(ssd.enqueued_seq)
+        srv.prefetcher.expect(spec, keys, self.client.id)  # [prefetch hook, issue 19] what follows a chunk read
         await self._load(keys)
         waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:

@@ -25,11 +25,14 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 
+from kvstrata.commands.registry import CommandSpec
 from kvstrata.engine.store import Store
 
 log = logging.getLogger("kvstrata.prefetch")
 
 PREDICTED_PRIORITY = -1
+EXPECTING = frozenset({"get"})
+"""Commands whose load of a chunk below DRAM predicts, before they run, what their read will (Prefetcher.expect)."""
 FIRST_BATCH = 8  # keys in the first batch after the queue was idle (doubling up to ``batch``)
 LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
 
@@ -89,15 +92,18 @@ class Prefetcher:
             self._predict_soon = True
             self._wake.set()
 
-    def expect(self, keys: list[bytes], sid: int) -> None:
-        """A command of stream ``sid`` is about to load ``keys`` to read them. For a single-key read (GET: a
-        chain read chunk by chunk) the predictor predicts now what that read will, so the rest of a returning
-        chain loads right behind that chunk instead of after its reply (a multi-key read loads its own keys)."""
+    def expect(self, spec: CommandSpec, keys: list[bytes], sid: int) -> None:
+        """A command of stream ``sid`` may have to load ``keys`` before it runs. For a GET of a chunk below DRAM
+        (a chain read chunk by chunk) the predictor predicts now what that read will, so the rest of a returning
+        chain loads right behind that chunk instead of after its reply. Other commands predict nothing early: a
+        multi-key read loads its own keys, and a command that does not read the value (TAIR.KV.TIER, EXISTS)
+        is not a reader about to go on."""
         predictor = self.store.predictor
-        if predictor is None or len(keys) != 1:
+        if predictor is None or spec.full_name not in EXPECTING or len(keys) != 1 or keys[0] in self.store.dram.entries:
             return
         predictor.expect(keys[0], sid)
-        self.submit_predicted()
+        if predictor.pending:
+            self.submit_predicted()
 
     def _take_predicted(self) -> None:
         if not self._predict_soon:
