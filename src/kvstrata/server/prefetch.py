@@ -33,7 +33,7 @@ log = logging.getLogger("kvstrata.prefetch")
 PREDICTED_PRIORITY = -1
 EXPECTING = frozenset({"get"})
 """Commands whose load of a chunk below DRAM predicts, before they run, what their read will (Prefetcher.expect)."""
-FIRST_BATCH = 1  # keys in the first batch after the queue was idle (doubling up to ``batch``)
+FIRST_BATCH = 2  # keys in the first batch after the queue was idle (doubling up to ``batch``)
 LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
 
 
