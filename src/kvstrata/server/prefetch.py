@@ -164,6 +164,9 @@ class Prefetcher:
                             break
                     else:
                         self.stale_batches += 1
+                    # Predictions made while this batch loaded are taken first: a key predicted to be read soon
+                    # is protected from displacement only once taken (Predictor.may_displace).
+                    self._take_predicted()
                     for key in keys:
                         if self.store.promote(key, sync=False):
                             self.store.stats.prefetch_done += 1
@@ -174,5 +177,3 @@ class Prefetcher:
                     self._loading = set()
                     self._loaded.set_result(None)
                     self._loaded = None
-                # Predictions made while this batch loaded go in before the next batch is chosen.
-                self._take_predicted()
