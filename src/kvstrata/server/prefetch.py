@@ -12,8 +12,9 @@ late.
 
 The predictor's bookkeeping runs here, not in the commands: a command only logs its reads and asks for a
 prediction (:meth:`Prefetcher.submit_predicted`); the queue's task, on its next turn (after that turn's commands
-and their replies) or once its batch in flight is in, has the predictor process the logged reads in one batch
-and queues its predictions. A GET about to load a chunk from below DRAM has its walk predicted before it runs
+and their replies) or once its batch in flight is in (before promoting it: a key predicted to be read soon is
+protected from displacement once its prediction is taken), has the predictor process the logged reads in one
+batch and queues its predictions. A GET about to load a chunk from below DRAM has its walk predicted before it runs
 (:meth:`Prefetcher.expect`), so what follows loads right behind that chunk.
 """
 
