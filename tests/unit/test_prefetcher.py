@@ -195,59 +195,6 @@ def test_predicted_keys_load_nearest_expected_use_first(tmp_path: Path) -> None:
     assert asyncio.run(asyncio.wait_for(main(), 10)) == [[b"k01", b"k03"], [b"k02", b"k00"]]
 
 
-class CountingPredictor(Predictor):
-    """A real predictor that counts how often its predictions are taken."""
-
-    takes = 0
-
-    def take(self) -> list[bytes]:
-        self.takes += 1
-        return super().take()
-
-
-def test_predictions_are_taken_once_by_the_queues_task_after_the_commands(tmp_path: Path) -> None:
-    clock = ManualClock()
-    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
-    predictor = CountingPredictor(clock, window=4)
-    store = Store(8 * (3 + len(VALUE) + ENTRY_OVERHEAD), policy=create_policy("lru", clock=clock), clock=clock,
-                  ssd=ssd, predictor=predictor)
-    chain = [b"k%02d" % i for i in range(6)]
-    for sid in (1, 3):  # written by one stream, read through by another: links a reader has followed
-        store.stream = sid
-        for key in chain:
-            if sid == 1:
-                store.put(key, VALUE)
-            else:
-                assert store.get(key) is not None
-        predictor.forget_stream(sid)
-    store.make_room(store.dram.budget)  # everything on SSD
-    predictor.take()
-    taken = predictor.takes
-
-    async def main() -> list[list[bytes]]:
-        load = GatedLoad(store)
-        pf = Prefetcher(store, load)
-        task = asyncio.create_task(pf.run())
-        await asyncio.sleep(0)  # the queue's task waits for work
-        store.stream = 2
-        assert store.get(chain[0]) is not None  # a returning session: the rest of the chain is predicted
-        for _ in range(3):  # three commands in one loop turn each ask for the predictions
-            pf.submit_predicted()
-        assert predictor.takes == taken  # nothing taken inside the commands
-        await load.started.wait()
-        assert predictor.takes == taken + 1  # once, by the queue's task
-        assert pf.in_flight(chain[1:])
-        load.gate.set()
-        while pf.in_flight(chain[1:]):
-            await asyncio.sleep(0)
-        task.cancel()
-        return load.batches
-
-    assert [key for batch in asyncio.run(asyncio.wait_for(main(), 10)) for key in batch] == chain[1:]
-    assert predictor.takes == taken + 1
-    assert all(key in store.dram.entries for key in chain[1:])
-
-
 def test_a_single_key_load_queues_what_follows_before_the_read(tmp_path: Path) -> None:
     clock = ManualClock()
     ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)

@@ -10,12 +10,8 @@ still waiting here takes it over (the key leaves the queue and the command reads
 key of the batch being loaded waits for that batch instead of reading the key twice, and the prefetch counts as
 late.
 
-The predictor's bookkeeping runs here, not in the commands: a command only logs its reads and asks for a
-prediction (:meth:`Prefetcher.submit_predicted`); the queue's task, on its next turn (after that turn's commands
-and their replies) or once its batch in flight is in (before promoting it: a key predicted to be read soon is
-protected from displacement once its prediction is taken), has the predictor process the logged reads in one
-batch and queues its predictions. A GET about to load a chunk from below DRAM has its walk predicted before it runs
-(:meth:`Prefetcher.expect`), so what follows loads right behind that chunk.
+A GET about to load a chunk from below DRAM has its walk predicted before it runs (:meth:`Prefetcher.expect`),
+so what follows loads right behind that chunk instead of after its reply.
 """
 
 from __future__ import annotations
@@ -46,7 +42,6 @@ class Prefetcher:
         self.capacity = capacity
         self.batch = batch
         self._heap: list[tuple[int, int, int, bytes]] = []  # (-priority, due access, sequence, key)
-        self._predict_soon = False
         self._queued: set[bytes] = set()
         self._loading: set[bytes] = set()
         self._loaded: asyncio.Future[None] | None = None
@@ -80,18 +75,13 @@ class Prefetcher:
 
     def submit_predicted(self) -> None:
         """Queue what the predictor expects the clients to read next (called after every command that gave the
-        predictor something to process). The queue's task takes the predictions on its next turn, after this
-        turn's commands and replies, or as soon as the batch it is loading is in: predictions made meanwhile
-        could not load any sooner (see the module docstring)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a caller outside the server): at once
-            self._predict_soon = True
-            self._take_predicted()
+        predictor something to process: the predictor processes its logged accesses here, in one batch)."""
+        predictor = self.store.predictor
+        if predictor is None:
             return
-        if not self._predict_soon:
-            self._predict_soon = True
-            self._wake.set()
+        keys = predictor.take()
+        if keys:
+            self.store.stats.prefetch_predicted += self.submit(keys, PREDICTED_PRIORITY, predictor.due_at)
 
     def expect(self, spec: CommandSpec, keys: list[bytes], sid: int) -> None:
         """A command of stream ``sid`` may have to load ``keys`` before it runs. For a GET of a chunk below DRAM
@@ -105,20 +95,6 @@ class Prefetcher:
         predictor.expect(keys[0], sid)
         if predictor.pending:
             self.submit_predicted()
-
-    def _take_predicted(self) -> None:
-        if not self._predict_soon:
-            return
-        self._predict_soon = False
-        predictor = self.store.predictor
-        if predictor is None:
-            return
-        try:
-            keys = predictor.take()
-            if keys:
-                self.store.stats.prefetch_predicted += self.submit(keys, PREDICTED_PRIORITY, predictor.due_at)
-        except Exception:  # a prediction that fails must never take the server down
-            log.exception("prediction failed")
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -142,7 +118,6 @@ class Prefetcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self._take_predicted()
             size = min(FIRST_BATCH, self.batch)
             while self._heap:
                 keys: list[bytes] = []
@@ -165,9 +140,6 @@ class Prefetcher:
                             break
                     else:
                         self.stale_batches += 1
-                    # Predictions made while this batch loaded are taken first: a key predicted to be read soon
-                    # is protected from displacement only once taken (Predictor.may_displace).
-                    self._take_predicted()
                     for key in keys:
                         if self.store.promote(key, sync=False):
                             self.store.stats.prefetch_done += 1
