@@ -28,9 +28,9 @@ system prompt. Predictions wait in the lane until :meth:`Predictor.take` hands t
 server's prefetch queue), minus those already read by then: a multi-key read (MGET) does not prefetch the keys
 it reads itself.
 
-All of this is kept off the command path: :meth:`Predictor.read` and :meth:`Predictor.write` only log the access,
-and the log is processed in one batch when the predictions are asked for (the server does so once per event-loop
-turn, after the turn's replies), with the same predictions as processing each access at once.
+:meth:`Predictor.read` and :meth:`Predictor.write` only log the access, and the log is processed in one batch when
+the predictions are asked for (the server does so at the end of each command; a multi-key read pays once), with
+the same predictions as processing each access at once.
 """
 
 from __future__ import annotations
@@ -165,13 +165,11 @@ class Predictor:
                 self._dirty.pop(id(lane), None)
 
     # ---- observations ----
-    # The command path only logs the access (a tuple append: Store.get and Store.put call these on every
-    # profiled access). The log is processed in one batch by whoever next asks for the predictor's state (take,
-    # next_use, may_displace, profiles, ...), or at once by a read that missed DRAM. The server asks once per
-    # event-loop turn, after that turn's replies went out (server/prefetch.py): the bookkeeping is off the reads'
-    # latency and its attribute lookups are paid once per batch. Predictions are those of processing each access
-    # at once (tests/unit/test_predict_batched.py), except that a walk started by a DRAM hit sees DRAM as it is
-    # when the batch is processed (at most one loop turn later).
+    # Reads and writes only log the access (a tuple append: Store.get and Store.put call these on every profiled
+    # access). The log is processed in one batch by whoever next asks for the predictor's state (take, next_use,
+    # may_displace, profiles, ...), or at once by a read that missed DRAM: attribute lookups are paid once per
+    # batch. Predictions are those of processing each access at once (tests/unit/test_predict_batched.py), except
+    # that a walk started by a DRAM hit sees DRAM as it is when the batch is processed.
     def write(self, key: bytes, sid: int) -> None:
         log = self._log
         log.append((key, sid, False, self._now()))
