@@ -93,11 +93,9 @@ def acl_whoami(ctx: Context, args: list[bytes]) -> Any:
     return user.name if user is not None else "default"
 
 
-@command("cat", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("cat", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0", most=3,
          summary="Lists the ACL categories, or the commands inside a category.", syntax="ACL CAT [category]")
 def acl_cat(ctx: Context, args: list[bytes]) -> Any:
-    if len(args) > 3:
-        raise syntax_error()
     if len(args) == 2:
         return list(acl_mod.CATEGORIES)
     cat = _text(args[2]).lower().lstrip("@")
@@ -217,7 +215,7 @@ def _first_denied(user: Any, spec: Any, args: list[bytes]) -> bytes:
     return next((k for k in acl_mod.command_keys(sub, args) if not user.key_ok(k)), b"")
 
 
-@command("genpass", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("genpass", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0", most=3,
          summary="Generates a pseudorandom, secure password that can be used to identify ACL users.",
          syntax="ACL GENPASS [bits]")
 def acl_genpass(ctx: Context, args: list[bytes]) -> Any:
@@ -227,8 +225,6 @@ def acl_genpass(ctx: Context, args: list[bytes]) -> Any:
         if not 0 < bits <= 4096:
             raise CommandError("ACL GENPASS argument must be the number of bits for the output password, a "
                                "positive number up to 4096")
-    elif len(args) > 3:
-        raise syntax_error()
     return os.urandom((bits + 7) // 8).hex()[: (bits + 3) // 4]
 
 
