@@ -29,7 +29,7 @@ def help_reply(name: str, lines: list[str]) -> list[Status]:
 
 
 # ---- SLOWLOG ----
-container("slowlog", "admin loading stale", group="server", since="2.2.12",
+container("slowlog", "", group="server", since="2.2.12",
           summary="A container for slow log commands.")
 
 
@@ -82,7 +82,7 @@ def slowlog_help(ctx: Context, args: list[bytes]) -> Any:
 
 
 # ---- LATENCY ----
-container("latency", "admin loading stale", group="server", since="2.8.13",
+container("latency", "", group="server", since="2.8.13",
           summary="A container for latency diagnostics commands.")
 
 

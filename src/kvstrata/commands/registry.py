@@ -102,18 +102,20 @@ class CommandSpec:
     def arity_ok(self, n: int) -> bool:
         return n == self.arity if self.arity >= 0 else n >= -self.arity
 
-    def too_many(self, n: int) -> CommandError | None:
+    def too_many(self, args: list[Any]) -> CommandError | None:
         """Redis's error for a subcommand given more arguments than its handler takes (``most``), else None."""
-        if self.most and n > self.most and self.parent is not None:
-            return subcommand_syntax_error(self)
+        if self.most and len(args) > self.most and self.parent is not None:
+            return subcommand_syntax_error(args)
         return None
 
 
-def subcommand_syntax_error(sub: CommandSpec) -> CommandError:
+def subcommand_syntax_error(args: list[Any]) -> CommandError:
     """``ERR unknown subcommand or wrong number of arguments for 'get'. Try SLOWLOG HELP.`` (Redis's
-    addReplySubcommandSyntaxError: what a subcommand's handler answers to arguments it cannot take)."""
-    owner = sub.parent.name.upper() if sub.parent is not None else sub.name.upper()
-    return CommandError(f"unknown subcommand or wrong number of arguments for '{sub.name}'. Try {owner} HELP.")
+    addReplySubcommandSyntaxError: what a subcommand's handler answers to arguments it cannot take; both names
+    as sent, the container's upper-cased)."""
+    sub = bytes(args[1]).split(b"\0", 1)[0][:128].decode("latin-1")
+    return CommandError(f"unknown subcommand or wrong number of arguments for '{sub}'. "
+                        f"Try {bytes(args[0]).decode('latin-1').upper()} HELP.")
 
 
 def unknown_subcommand(container: bytes, sub: bytes) -> CommandError:
@@ -215,7 +217,7 @@ def container(
             raise unknown_subcommand(args[0], args[1])
         if not sub.arity_ok(len(args)):
             raise wrong_arity(sub.full_name)
-        too_many = sub.too_many(len(args))
+        too_many = sub.too_many(args)
         if too_many is not None:
             raise too_many
         return sub.handler(ctx, args)

@@ -500,7 +500,7 @@ class Connection(asyncio.BufferedProtocol):
         if spec.most and n > spec.most:  # more arguments than the subcommand's handler takes: it fails
             counts.calls += 1
             counts.failed += 1
-            self._error(subcommand_syntax_error(spec).message)
+            self._error(subcommand_syntax_error(args).message)
             return None
         if self.tiered:
             return self._tiered(spec, args, counts)
