@@ -577,9 +577,10 @@ class Connection(asyncio.BufferedProtocol):
             self._fail(spec, counts, exc)
             return None
         finally:
-            store.end_command()
             if store.predictor is not None and store.predictor.pending:
+                # Before the overlay goes: predicted keys this command loaded come up from what it read.
                 self.server.prefetcher.submit_predicted()
+            store.end_command()
             if step is None:  # a continuation is the same call
                 counts.calls += 1
             usec = (perf_counter_ns() - t0) // 1000
