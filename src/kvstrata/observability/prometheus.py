@@ -31,6 +31,13 @@ TIER_COUNTERS = (
     ("evictions", "Entries dropped by this tier (the last tier) to stay within its budget."),
     ("corrupt_reads", "Records that failed their checksum on read (answered as misses and dropped)."),
 )
+# Counters only some tiers keep (INFO tier_<name> has them): a family each, with a sample per tier reporting it.
+TIER_OPTIONAL_COUNTERS = (
+    ("reads", "Records looked up in the tier below DRAM (SSD: LMDB lookups; pool: keys read), found or not: "
+              "loads, prefetches and synchronous reads."),
+    ("unreadable_pages", "Damaged LMDB pages met by reads and listings (skipped; run `kvstrata check`)."),
+    ("expired", "Records the tier dropped because their TTL passed (SSD: the reclaim sweep; pool: its index)."),
+)
 
 
 def _le(usec: int) -> str:
@@ -91,6 +98,12 @@ class KvstrataCollector:
             c = CounterMetricFamily(f"kvstrata_tier_{field}", help_text, labels=["tier"])
             for t in tiers:
                 c.add_metric([t["name"]], t[field])
+            yield c
+        for field, help_text in TIER_OPTIONAL_COUNTERS:
+            c = CounterMetricFamily(f"kvstrata_tier_{field}", help_text, labels=["tier"])
+            for t in tiers:
+                if field in t:
+                    c.add_metric([t["name"]], t[field])
             yield c
         pinned = GaugeMetricFamily("kvstrata_tier_pinned_bytes", "Bytes of pinned (hot) entries.", labels=["tier"])
         for t in tiers:
