@@ -164,6 +164,15 @@ def test_acl_rules_on_subcommands(make_server, resp):
             "NOPERM this user has no permissions to run the 'config|resetstat' command")
         assert ro.cmd("CLIENT", "ID") == resp.Error(
             "NOPERM this user has no permissions to run the 'client|id' command")
+        # ACL DRYRUN resolves the subcommand as the dispatcher does
+        assert admin.cmd("ACL", "DRYRUN", "ops", "CONFIG", "SET", "timeout", "5") == (
+            b"This user has no permissions to run the 'config|set' command")
+        assert admin.cmd("ACL", "DRYRUN", "ops", "config", "get", "timeout") == "OK"
+        assert admin.cmd("ACL", "DRYRUN", "ops", "CONFIG", "GET") == resp.Error(
+            "ERR wrong number of arguments for 'config|get' command")
+        assert admin.cmd("ACL", "DRYRUN", "ops", "CONFIG", "nosuch") == resp.Error("ERR Command 'CONFIG' not found")
+        assert admin.cmd("ACL", "DRYRUN", "ro", "MEMORY", "USAGE", "k") == (
+            b"This user has no permissions to run the 'memory|usage' command")
         rules = as_map(admin.cmd("ACL", "GETUSER", "ro"))[b"commands"].split()
         assert sorted(rules) == [b"+config|get", b"-@all"]
         stats = commandstats(admin)

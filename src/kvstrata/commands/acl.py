@@ -182,17 +182,19 @@ def acl_dryrun(ctx: Context, args: list[bytes]) -> Any:
     user = acl.users.get(name)
     if user is None:
         raise CommandError(f"User '{name}' not found")
+    cmd = list(args[3:])
     spec = REGISTRY.get(bytes(args[3]).lower())
+    if spec is not None and spec.subcommands and len(cmd) > 1:  # as the dispatcher: the subcommand is the command
+        spec = spec.subcommands.get(bytes(cmd[1]).lower())
     if spec is None:
         raise CommandError(f"Command '{_text(args[3])}' not found")
-    cmd = list(args[3:])
     if not spec.arity_ok(len(cmd)):
-        raise CommandError(f"wrong number of arguments for '{spec.name}' command")
+        raise CommandError(f"wrong number of arguments for '{spec.full_name}' command")
     probe = _Probe(user)
     denied = acl_mod.Acl.deny(_NoLog(), probe, spec, cmd)  # type: ignore[arg-type]
     if denied is None:
         return OK
-    return f"This user has no permissions to run the '{spec.name}' command" if "run the" in denied else \
+    return f"This user has no permissions to run the '{spec.full_name}' command" if "run the" in denied else \
         f"This user has no permissions to access the '{_text(_first_denied(user, spec, cmd))}' key"
 
 
