@@ -94,6 +94,20 @@ def test_commandstats_per_subcommand(raw):
     assert "latency_percentiles_usec_client|id:" in latency and "latency_percentiles_usec_client:" not in latency
 
 
+def test_commandstats_oom_refusal_is_a_rejected_call(raw, resp):
+    c = raw()
+    saved = c.cmd("CONFIG", "GET", "maxmemory", "maxmemory-policy")
+    try:
+        assert c.cmd("CONFIG", "SET", "maxmemory-policy", "noeviction", "maxmemory", "1") == "OK"
+        assert c.cmd("CONFIG", "RESETSTAT") == "OK"
+        assert c.cmd("SET", "k", "v") == resp.Error("OOM command not allowed when used memory > 'maxmemory'.")
+        assert c.cmd("GET", "k") is None
+        stats = commandstats(c)
+        assert (stats["set"], stats["get"]) == ((0, 1, 0), (1, 0, 0))
+    finally:
+        assert c.cmd("CONFIG", "SET", *saved) == "OK"
+
+
 def test_client_list_names_the_subcommand(raw):
     c = raw()
     c.cmd("CLIENT", "SETNAME", "subs")

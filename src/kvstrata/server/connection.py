@@ -19,7 +19,7 @@ from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, Cl
 from kvstrata.commands.registry import CommandSpec, subcommand_syntax_error, unknown_subcommand
 from kvstrata.commands.waits import Suspend
 from kvstrata.engine.bufpool import BufferPool, tune_malloc
-from kvstrata.errors import CommandError, NoAuthError, ProtocolError, wrong_arity
+from kvstrata.errors import CommandError, NoAuthError, OutOfMemoryError, ProtocolError, wrong_arity
 from kvstrata.protocol.alloc import untouched
 from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import RequestParser
@@ -532,8 +532,17 @@ class Connection(asyncio.BufferedProtocol):
         self.counts[spec].rejected += 1
         self._error(message)
 
-    def _fail(self, spec: CommandSpec, counts: CommandStats, exc: Exception) -> None:
-        """A handler raised: its error reply (a CommandError's text, or an internal error, logged)."""
+    def _fail(self, spec: CommandSpec, counts: CommandStats, exc: Exception, first: bool = True) -> None:
+        """A handler raised: its error reply (a CommandError's text, or an internal error, logged).
+
+        An OOM refusal of a write is a rejected call, as Redis counts it (it refuses before running the command);
+        the call the caller counts after this (``first``: not a continuation) is taken back here.
+        """
+        if first and exc.__class__ is OutOfMemoryError:
+            counts.rejected += 1
+            counts.calls -= 1
+            self._error(exc.message)
+            return
         counts.failed += 1
         if isinstance(exc, CommandError):
             self._error(exc.message)
@@ -574,7 +583,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
         except Exception as exc:
-            self._fail(spec, counts, exc)
+            self._fail(spec, counts, exc, step is None)
             return None
         finally:
             if store.predictor is not None and store.predictor.pending:
