@@ -82,8 +82,11 @@ class Prefetcher:
                 later.append(key)
                 continue
             now += 1
-            if store.promote(key, sync=False):  # from the overlay or pending writes: never LMDB on the loop
-                store.stats.prefetch_done += 1
+            try:
+                if store.promote(key, sync=False):  # from the overlay or pending writes: never LMDB on the loop
+                    store.stats.prefetch_done += 1
+            except Exception:  # a failed prefetch must never fail the command that predicted it
+                log.exception("prefetch of %r failed", key[:64])
         if now:
             store.stats.prefetch_queued += now  # accepted and served at once
         store.stats.prefetch_predicted += now + (self.submit(later, PREDICTED_PRIORITY) if later else 0)
