@@ -174,10 +174,10 @@ def _commandstats(ctx: Context) -> list[tuple[str, Any]]:
         return []
     rows = []
     for spec, st in sorted(ctx.server.command_counts.items(), key=lambda kv: kv[0].full_name):
-        if st.calls or st.failed:
+        if st.calls or st.failed or st.rejected:
             per_call = st.usec / st.calls if st.calls else 0.0
             rows.append((f"cmdstat_{spec.full_name}", f"calls={st.calls},usec={st.usec},usec_per_call={per_call:.2f},"
-                                                     f"rejected_calls=0,failed_calls={st.failed}"))
+                                                     f"rejected_calls={st.rejected},failed_calls={st.failed}"))
     return rows
 
 

@@ -276,7 +276,8 @@ class Server:
 
     @property
     def commands_processed(self) -> int:
-        return self.stats.unknown + sum(c.calls for spec, c in self.command_counts.items() if spec.parent is None)
+        # Containers count no calls of their own for their subcommands: every (sub)command row is summed.
+        return self.stats.unknown + sum(c.calls for c in self.command_counts.values())
 
     # ---- background work ----
     async def _cron(self) -> None:

@@ -62,10 +62,34 @@ class Prefetcher:
         return queued
 
     def submit_predicted(self) -> None:
-        """Queue what the predictor expects the clients to read next."""
-        keys = self.store.predictor.take() if self.store.predictor is not None else []
-        if keys:
-            self.store.stats.prefetch_predicted += self.submit(keys, PREDICTED_PRIORITY)
+        """Queue what the predictor expects the clients to read next.
+
+        Called while the command that made the prediction still holds what its load read (the overlay): keys whose
+        state is known without a lower-tier read (an EXISTS batch of SSD-resident chunks announces exactly the
+        keys it loaded) are promoted now from that, not queued to be read a second time. The others are queued.
+        """
+        store = self.store
+        keys = store.predictor.take() if store.predictor is not None else []
+        if not keys:
+            return
+        later: list[bytes] = []
+        now = 0
+        entries = store.dram.entries
+        for key in keys:
+            if key in entries:
+                continue
+            if key in self._queued or key in self._loading or not store.loaded(key):
+                later.append(key)
+                continue
+            now += 1
+            try:
+                if store.promote(key, sync=False):  # from the overlay or pending writes: never LMDB on the loop
+                    store.stats.prefetch_done += 1
+            except Exception:  # a failed prefetch must never fail the command that predicted it
+                log.exception("prefetch of %r failed", key[:64])
+        if now:
+            store.stats.prefetch_queued += now  # accepted and served at once
+        store.stats.prefetch_predicted += now + (self.submit(later, PREDICTED_PRIORITY) if later else 0)
 
     def __len__(self) -> int:
         return len(self._queued)
