@@ -52,7 +52,7 @@ def server_pool(server: Server) -> BufferPool | None:
     """
     pool = getattr(server, "bufpool", None)
     store = server.store
-    if pool is None and store.ssd is None and getattr(store, "pool", None) is None:
+    if pool is None and not getattr(store, "lower", None):
         dram = store.dram
         pool = BufferPool(min(1024**3, max(dram.budget // 4, 0)), room=lambda: dram.budget - dram.used)
         dram.bufpool = pool
