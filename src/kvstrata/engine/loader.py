@@ -48,7 +48,7 @@ class LoadTicket:
 
 
 class LoaderMixin:
-    """Store's loads (state: ``_overlay``, ``_origin``, ``sync_reads``)."""
+    """Store's loads (state: ``_overlay``, ``sync_reads``)."""
 
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """Keys whose state is unknown without reading a lower tier (not in DRAM nor in pending writes)."""
@@ -165,9 +165,13 @@ class LoaderMixin:
         return True
 
     def _below(self, key: bytes) -> Entry | None:
-        """The lower tiers' entry for a key that is not in DRAM, unexpired, or None: the tiers in order.
+        """The lower tiers' entry for a key that is not in DRAM (``lookup_below`` without the tier's name)."""
+        return self.lookup_below(key)[0]
 
-        ``self._origin`` names the tier it came from. The authoritative tier's pending writes come first (they
+    def lookup_below(self, key: bytes) -> tuple[Entry | None, str]:
+        """(entry, the name of the tier it came from) for a key that is not in DRAM, unexpired; (None, "").
+
+        The tiers in order. The authoritative tier's pending writes come first (they
         are newer than anything read); then, in order, an in-process tier is looked up directly, a tier read
         off the loop only through the loader's overlay (the pool is never read on the event loop), and the
         authoritative tier through the overlay or, for a key nobody loaded, a synchronous read.
@@ -182,8 +186,7 @@ class LoaderMixin:
         if keeper is not None:
             known, found = keeper.lookup_pending(key)
             if known:
-                self._origin = keeper.name
-                return self._live_below(key, keeper, found)
+                return self._live_below(key, keeper, found), keeper.name
         hit = overlay.get(key, _UNREAD) if overlay is not None else _UNREAD
         for tier in self.lower:
             if tier is keeper:
@@ -200,19 +203,17 @@ class LoaderMixin:
                     tier.delete(key)
                     if overlay is not None:
                         overlay[key] = None
-                    return None
+                    return None, ""
                 if hit is not None:
-                    self._origin = tier.name
-                    return self._live_below(key, tier, hit)
+                    return self._live_below(key, tier, hit), tier.name
             elif tier.in_process:
                 found = tier.lookup_pending(key)[1]
                 if found is not None and not found.expired(self.clock.now_ms()):
-                    self._origin = tier.name
                     self.observe_version(found.version)
-                    return found
+                    return found, tier.name
             elif hit.__class__ is CopyHit and hit.tier == tier.name:
                 return self._copy_found(key, hit)
-        return None
+        return None, ""
 
     def _live_below(self, key: bytes, tier: Any, found: Entry | None) -> Entry | None:
         if found is not None and found.expired(self.clock.now_ms()):
@@ -221,7 +222,7 @@ class LoaderMixin:
             return None
         return found
 
-    def _copy_found(self, key: bytes, hit: CopyHit) -> Entry | None:
+    def _copy_found(self, key: bytes, hit: CopyHit) -> tuple[Entry | None, str]:
         """A record the loader read from a tier holding copies, unless a write or delete left here since."""
         tier = self._by_name.get(hit.tier)
         entry: Entry | None = hit.entry
@@ -231,13 +232,12 @@ class LoaderMixin:
                 # A write or delete of this key left here after the loader read the tier: it is newer.
                 entry = pending
                 if entry is None:
-                    return None
+                    return None, ""
         assert entry is not None
         if entry.expired(self.clock.now_ms()):
-            return None
-        self._origin = hit.tier
+            return None, ""
         self.observe_version(entry.version)
-        return entry
+        return entry, hit.tier
 
     def local_versions(self, keys: Iterable[bytes]) -> dict[bytes, int]:
         """The version of each key in the local tiers (0 when absent), for a STRONG pool check."""
@@ -245,8 +245,7 @@ class LoaderMixin:
         for key in keys:
             entry = self.dram.entries.get(key)
             if entry is None:
-                entry = self._below(key)
-                origin = self._origin
+                entry, origin = self.lookup_below(key)
                 if entry is not None and not self._by_name[origin].authoritative:
                     self.tier_stats[origin].hits += 1
                     if not self.adopt(key, entry, origin):

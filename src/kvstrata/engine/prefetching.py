@@ -25,11 +25,10 @@ class PrefetchMixin:
             return False
         if not sync and not self.loaded(key):
             return False
-        entry = self._below(key)
+        entry, origin = self.lookup_below(key)
         if entry is None:
             self.stats.prefetch_absent += 1
             return False
-        origin = self._origin
         copy = not self._by_name[origin].authoritative
         size = self.dram.size(key, entry.value)
         if not copy and size > self.dram.budget:

@@ -131,7 +131,6 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.node_id = node_id & ((1 << NODE_BITS) - 1)
         # The pool write the current command's reply should wait for (0: none); set by put().
         self.pool_ack = 0
-        self._origin = "ssd"
         # Access profiles and prediction (docs/prefetch.md); None: no profiling (a DRAM-only server).
         self.predictor = predictor
         if predictor is not None:
@@ -165,13 +164,12 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             return entry
         if touch:
             self._dram_stats.misses += 1
-        entry = self._below(key)
+        entry, origin = self.lookup_below(key)
         if entry is None:
             if touch:
                 for tier in self.lower:
                     self.tier_stats[tier.name].misses += 1
             return None
-        origin = self._origin
         copy = not self._by_name[origin].authoritative
         if touch:
             if self.predictor is not None and len(entry.value) >= self.profile_min_bytes:
@@ -192,9 +190,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
     def tier_of(self, key: bytes) -> str | None:
         if key in self.dram.entries:
             return "dram" if self.get(key, touch=False) is not None else None
-        if self._below(key) is None:
-            return None
-        return self._origin
+        entry, origin = self.lookup_below(key)
+        return origin if entry is not None else None
 
     def put(
         self,
@@ -321,13 +318,13 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if entry is not None:
             self._expire_dram(key)
             return False
-        below = self._below(key)
+        below, origin = self.lookup_below(key)
         if below is None:
             return False
         keeper = self.keeper
         if keeper is None:
             # Only copies below DRAM (DRAM + pool): the record comes up (as any copy hit) and changes here.
-            if self.adopt(key, below, self._origin):
+            if self.adopt(key, below, origin):
                 return self.set_expire(key, expire_at)
             return False
         moved = Entry(below.value, below.version, expire_at)
