@@ -27,6 +27,7 @@ from typing import Any
 
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.admission import Admission
+from kvstrata.engine.command_state import CommandState, CommandStateMixin
 from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value
 from kvstrata.engine.expiry import ExpiryMixin
 from kvstrata.engine.invalidation import InvalidationMixin
@@ -57,7 +58,7 @@ def _ordered(ssd: SsdTier | None, pool: PoolTier | None, tier_order: str) -> lis
 
 
 class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMixin, ListingMixin, PinsMixin,
-            InvalidationMixin):
+            InvalidationMixin, CommandStateMixin):
     """The engine: DRAM and the tiers below it, one keyspace. Each concern lives in its own module (versions,
     loader, placement, prefetching, expiry, listing, pins, invalidation); this class holds the state they share and the
     command-facing reads and writes."""
@@ -114,9 +115,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self._entries = self.dram.entries
         self._ttl_heap: list[tuple[int, bytes]] = []
         self._overlay: dict[bytes, Any] | None = None
-        # The SSD writer sequence number the current command's reply must wait for (0: none). Set by writes
-        # under write-through and by checkpoints; the server resets it before each command.
-        self.ack_seq = 0
+        # The current command's stream and the completions its reply waits for (engine/command_state.py).
+        self.command = CommandState()
         self.sync_reads = 0
         self.version = ssd.version_high_water if ssd is not None else 0
         if ssd is not None:
@@ -129,16 +129,12 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             pool.on_invalidate = self._invalidated_by_pool
             pool.on_refused = self.pool_refused
         self.node_id = node_id & ((1 << NODE_BITS) - 1)
-        # The pool write the current command's reply should wait for (0: none); set by put().
-        self.pool_ack = 0
         # Access profiles and prediction (docs/prefetch.md); None: no profiling (a DRAM-only server).
         self.predictor = predictor
         if predictor is not None:
             predictor.attach(self.dram.entries)  # what DRAM holds, read only (the walk's DRAM bound)
         # Smaller values are not profiled: a KV chunk is large, and profiling costs ~3 us per access.
         self.profile_min_bytes = profile_min_bytes
-        # The client stream the current command comes from (the server sets it per command).
-        self.stream = 0
         # Chain-aware demotion (needs the predictor's profiles): chain heads stay head_keep times longer.
         self.chain_evict = chain_evict and predictor is not None
         self.head_keep = head_keep
@@ -160,7 +156,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
                 if self.prefetched and key in self.prefetched:
                     self._prefetch_used(key)
                 if self.predictor is not None and len(entry.value) >= self.profile_min_bytes:
-                    self.predictor.read(key, self.stream)
+                    self.predictor.read(key, self.command.stream)
             return entry
         if touch:
             self._dram_stats.misses += 1
@@ -173,7 +169,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         copy = not self._by_name[origin].authoritative
         if touch:
             if self.predictor is not None and len(entry.value) >= self.profile_min_bytes:
-                self.predictor.read(key, self.stream)
+                self.predictor.read(key, self.command.stream)
             self.tier_stats[origin].hits += 1
             if copy:
                 # A copy (fetched over the network, or from a cache tier): kept (no admission rule), replacing
@@ -204,7 +200,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
     ) -> Entry:
         """Store a new value (replacing any old one in any tier) and give it a fresh version."""
         if self.predictor is not None and len(value) >= self.profile_min_bytes:
-            self.predictor.write(key, self.stream)
+            self.predictor.write(key, self.command.stream)
         pool = self.pool
         cas_fallback = 0
         if self.refetch:
@@ -239,7 +235,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
                 self._drop_dram(key)
                 self._ack(ssd.put(key, entry))
                 if pool is not None:
-                    self.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
+                    self.command.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
                 self._drop_copies(key)
                 return entry
             stale_below = not self.write_through and (
@@ -258,7 +254,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if expire_at:
             heapq.heappush(self._ttl_heap, (expire_at, key))
         if pool is not None:
-            self.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
+            self.command.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
         if self._private:
             self._drop_copies(key)
         return entry
@@ -277,7 +273,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
 
     def _ack(self, seq: int) -> None:
         if self.write_through:
-            self.ack_seq = seq
+            self.command.ack_seq = seq
 
     def delete(self, key: bytes) -> bool:
         pool = self.pool
@@ -290,7 +286,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # Whether the key exists below DRAM is decided before the pool's pending delete hides a pool-only copy.
         below = self._below(key) if entry is None else None
         if pool is not None:
-            self.pool_ack = pool.delete(key, self.next_version())
+            self.command.pool_ack = pool.delete(key, self.next_version())
         for tier in self.lower:
             if tier is pool:
                 continue
@@ -351,8 +347,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             if not entry.on_ssd and not entry.expired(now):
                 self.ssd.put(key, entry)
                 entry.on_ssd = True
-        self.ack_seq = self.ssd.barrier(sync=True)
-        return self.ack_seq
+        self.command.ack_seq = self.ssd.barrier(sync=True)
+        return self.command.ack_seq
 
     def flush(self) -> None:
         self.stats.prefetch_wasted += len(self.prefetched)
