@@ -63,6 +63,13 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _tier_order(text: str) -> str:
+    """``dram`` then names from the tier registry (kvstrata.engine.tiers.registry), not a fixed list."""
+    from kvstrata.engine.tiers import registry  # late: config stays importable without the engine
+
+    return registry.check_order(text)
+
+
 def _octal(text: str | int) -> str:
     """File permissions in octal, kept as written (``700``), as Redis's unixsocketperm."""
     value = str(text).strip()
@@ -185,10 +192,11 @@ PARAMS: tuple[Param, ...] = (
           "Prefix of every pool key (it has no braces, so a key's {hash tag} still picks its cluster slot)."),
     Param("pool-node-id", _int, -1,
           "This node's id (0-255) in the low bits of its versions, the tie-break between nodes; -1: random."),
-    Param("tier-order", _choice("dram,pool,ssd", "dram,ssd,pool"), "dram,pool,ssd",
-          "Order of the lower tiers: dram,pool,ssd demotes DRAM entries to the pool (the SSD keeps its copy per "
-          "durability) and reads this node's pool records before LMDB; dram,ssd,pool reads the pool only after "
-          "LMDB misses. Writes are published to the pool either way."),
+    Param("tier-order", _tier_order, "dram,pool,ssd",
+          "Order of the tiers, fastest first: dram, then registered lower tiers (ssd, pool; configured ones "
+          "must be named, unconfigured ones are skipped). dram,pool,ssd demotes DRAM entries to the pool (the "
+          "SSD keeps its copy per durability) and reads this node's pool records before LMDB; dram,ssd,pool "
+          "reads the pool only after LMDB misses. Writes are published to the pool either way."),
     Param("hbm-size", parse_size, 0, "GPU tier budget (used by the embedded engine; the server has none).",
           env=("HBM_SIZE",)),
     Param("durability", _choice("write-back", "write-through"), "write-back",

@@ -237,13 +237,14 @@ _TITLES = {"cpu": "CPU"}
 
 def render(ctx: Context, names: list[str]) -> str:
     wanted: list[str] = []
+    tiers = {t.name for t in ctx.store.lower}  # every lower tier has its section (tier_<name>)
     for name in names or ["default"]:
         name = name.lower()
         if name == "default":
             wanted += DEFAULT
         elif name in ("all", "everything"):
-            wanted += list(SECTIONS)
-        elif name in SECTIONS:
+            wanted += list(SECTIONS) + [f"tier_{t.name}" for t in ctx.store.lower]
+        elif name in SECTIONS or (name.startswith("tier_") and name[5:] in tiers):
             wanted.append(name)
     parts: list[str] = []
     seen: set[str] = set()
@@ -253,7 +254,7 @@ def render(ctx: Context, names: list[str]) -> str:
         seen.add(name)
         if name in ("tier_ssd", "prefetch") and ctx.store.ssd is None:
             continue
-        rows = SECTIONS[name](ctx)
+        rows = SECTIONS[name](ctx) if name in SECTIONS else _tier(name[5:])(ctx)
         title = _TITLES.get(name) or (name.capitalize() if not name.startswith("tier_") else "Tier_" + name[5:])
         parts.append(f"# {title}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in rows))
     return "\r\n".join(parts)

@@ -52,7 +52,7 @@ def server_pool(server: Server) -> BufferPool | None:
     """
     pool = getattr(server, "bufpool", None)
     store = server.store
-    if pool is None and store.ssd is None and getattr(store, "pool", None) is None:
+    if pool is None and not getattr(store, "lower", None):
         dram = store.dram
         pool = BufferPool(min(1024**3, max(dram.budget // 4, 0)), room=lambda: dram.budget - dram.used)
         dram.bufpool = pool
@@ -575,10 +575,9 @@ class Connection(asyncio.BufferedProtocol):
         """
         store = self.store
         ssd = store.ssd
-        store.ack_seq = 0
-        # Set again here: a command resumed after a load must not run as the stream of
-        # whichever connection ran last meanwhile (the predictor follows each connection's reads).
-        store.stream = self.client.id
+        # A fresh state per run (also a command resumed after a load must not run as the stream of whichever
+        # connection ran last meanwhile: the predictor follows each connection's reads).
+        state = store.begin_command(self.client.id)
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
@@ -601,7 +600,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.parser.refresh()
         if reply.__class__ is Suspend:
             return self._continue(spec, args, counts, reply)
-        seq = store.ack_seq
+        seq = state.ack_seq
         if seq and ssd is not None and seq > ssd.committed_seq:
             return self._ack_after(seq, reply)
         encode(reply, self.client.proto, self.out)

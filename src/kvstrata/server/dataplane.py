@@ -35,7 +35,7 @@ def setup_arena(server: Server) -> ArenaPool | None:
         # The budget, room for size-class slack and slots waiting for a lease or a reply, and the demoted values
         # still queued to the SSD writer (their slots are reused only once it has written them).
         size = dram.budget + dram.budget // 4
-        if store.ssd is not None or store.pool is not None:
+        if store.lower:
             size += int(config.get("ssd-write-queue"))
     try:
         arena = ArenaPool(size, min_size=int(config.get("large-value-threshold")),
@@ -48,7 +48,7 @@ def setup_arena(server: Server) -> ArenaPool | None:
         return None
     dram.attach_arena(arena)
     # Values handed to these writer threads are not reused before they committed (see the arena's gates).
-    arena.gates = [t for t in (store.ssd, store.pool) if t is not None]
+    arena.gates = [t for t in store.lower if hasattr(t, "enqueued_seq")]
     # connection.server_pool() hands this to every connection's parser: large values land in arena slots.
     server.bufpool = arena  # type: ignore[attr-defined]
     tune_malloc()

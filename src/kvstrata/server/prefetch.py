@@ -43,7 +43,7 @@ class Prefetcher:
 
     def submit(self, keys: list[bytes], priority: int = 0) -> int:
         """Queue keys that are not already in DRAM or queued; higher priority goes first. Returns how many."""
-        if self.store.ssd is None and self.store.pool is None:
+        if not self.store.lower:
             return 0
         queued = 0
         entries = self.store.dram.entries

@@ -55,6 +55,7 @@ import xxhash
 
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers import pool_scripts
+from kvstrata.engine.tiers.base import TierRoles
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.pool_url import parse_pool_url
 from kvstrata.engine.tiers.watch import Ticket, Watchers
@@ -183,10 +184,11 @@ def parse_url(url: str) -> tuple[bool, list[tuple[str, int]], str | None]:
     return parsed.cluster, parsed.nodes, parsed.password
 
 
-class PoolTier(BatchWriter):
+class PoolTier(BatchWriter, TierRoles):
     """A shared Redis/Valkey (Cluster) pool with this node's own byte budget, TTL and degradation handling."""
 
     name = "pool"
+    shared = True  # holds copies, written with every client write; versions are decided here (tiers/base.py)
 
     def __init__(
         self,
@@ -659,6 +661,10 @@ class PoolTier(BatchWriter):
             return False, None
         return True, (None if found.__class__ is Tombstone else found)  # type: ignore[return-value]
 
+    def likely(self, key: bytes) -> bool:
+        """Read here first (above the SSD): a key this node put in the pool, its newest local version."""
+        return key in self.index
+
     def holds(self, key: bytes, version: int) -> bool:
         """True when this node knows the pool holds ``version`` of ``key`` (written or being written by it)."""
         got = self.index.get(key)
@@ -974,6 +980,11 @@ class PoolTier(BatchWriter):
     def __len__(self) -> int:
         """Records this node wrote to the pool (and has not seen expire)."""
         return self.own
+
+    def info_row(self, stats: dict[str, int]) -> dict[str, Any]:
+        return {**stats, "evictions": self.evictions, "corrupt_reads": self.corrupt_reads,
+                "pool_degraded": int(self.degraded is not None), "pool_masters_degraded": len(self.masters_down),
+                **self.info()}
 
     def info(self) -> dict[str, Any]:
         return {

@@ -26,6 +26,7 @@ import xxhash
 
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.keyspace import bucket_of
+from kvstrata.engine.tiers.base import TierRoles
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.watch import Ticket, Watchers
 from kvstrata.engine.tiers.writer import BatchWriter
@@ -98,10 +99,11 @@ def _record_key(lkey: bytes, rec: Any) -> bytes:
     return bytes(memoryview(rec)[HEADER_SIZE : HEADER_SIZE + klen])
 
 
-class SsdTier(BatchWriter):
+class SsdTier(BatchWriter, TierRoles):
     """LMDB-backed last tier with a byte budget; evicts oldest-demoted first when over it."""
 
     name = "ssd"
+    authoritative = True  # holds a key's only copy once demoted (write-back); see tiers/base.py
 
     def __init__(
         self,
@@ -540,6 +542,9 @@ class SsdTier(BatchWriter):
     def __len__(self) -> int:
         """Committed records; exact once ``settled`` (DBSIZE waits for the writer first)."""
         return self.count
+
+    def info_row(self, stats: dict[str, int]) -> dict[str, Any]:
+        return {**self.info(), **stats, "evictions": self.evictions}
 
     def info(self) -> dict[str, Any]:
         return {"pending": len(self.pending), "queued_bytes": self.queued_bytes, "write_errors": self.write_errors,
