@@ -292,6 +292,8 @@ class KVCacheClient(_Base):
         self.url = url
         self.redis = None
         self._arena_ok = url is not None and local_plane
+        # Stores through a staging segment (two-phase writes) when the server is local: same rule as reads.
+        self._stage_ok = url is not None and local_plane
         self.verify_local = verify_local
         self.lease_ms = lease_ms
         if url is not None:
@@ -537,6 +539,7 @@ class KVCacheClient(_Base):
             fc.close()  # another thread's FastClient, found closed, is replaced on its next use
         self._tls.fast = None
         self._tls.arena = None
+        self._tls.stage = None
         if self.redis is not None:
             self.redis.close()
             self.pool.disconnect()
@@ -639,17 +642,23 @@ class KVCacheClient(_Base):
         written = 0
         for b in range(0, len(todo), self.batch_size):
             cmds = []
+            staged: list[tuple[bytes, int, list[Any]]] = []
+            stager = self._stager() if self.redis is not None else None
             batch = todo[b:b + self.batch_size]
             for i in batch:
                 parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
-                self._size_hint = max(self._size_hint, sum(nbytes(p) for p in parts))
+                size = sum(nbytes(p) for p in parts)
+                self._size_hint = max(self._size_hint, size)
                 self._local_put(keys[i], parts, ttl_ms)
                 if self.redis is not None:
-                    if self._is_plain():
-                        cmd = ["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else [])
+                    if stager is not None and stager.fits(size):
+                        staged.append((keys[i], ttl_ms, parts))
+                    elif self._is_plain():
+                        cmds.append(["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else []))
                     else:
-                        cmd = ["TAIR.KV.SETEX", keys[i], ttl_ms, parts]
-                    cmds.append(cmd)
+                        cmds.append(["TAIR.KV.SETEX", keys[i], ttl_ms, parts])
+            if staged:
+                self._put_staged(stager, staged)
             if cmds:
                 for reply in self._roundtrip(cmds):
                     if isinstance(reply, Exception):
@@ -657,6 +666,67 @@ class KVCacheClient(_Base):
             written += len(batch)
         self._count(stored_chunks=written)
         return written
+
+    # ---- two-phase writes through a staging segment (kvstrata.client.stage) ----
+    def _stager(self) -> Any:
+        """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the
+        store path then copies each chunk once into it instead of sending it through the socket), else None."""
+        if not self._stage_ok:
+            return None
+        sw = getattr(self._tls, "stage", None)
+        if sw is not None and sw.sock.fileno() < 0:  # closed by close() from another thread: a new one
+            sw = None
+        if sw is None:
+            from kvstrata.client.fast import RespError
+            from kvstrata.client.stage import StageUnavailable, StageWriter
+
+            path = self._arena_path()
+            kw = self.pool.connection_kwargs
+            try:
+                if path is None:
+                    raise StageUnavailable("no local Unix socket")
+                sw = StageWriter(path, password=kw.get("password"), username=kw.get("username"),
+                                 timeout=kw.get("socket_timeout"))
+            except (StageUnavailable, OSError, RespError) as exc:
+                log.info("kvstrata: storing over the socket (no staging segment: %s)", exc)
+                self._stage_ok = False
+                return None
+            self._tls.stage = sw
+            with self._lock:
+                self._fast_clients.append(sw)
+        return sw
+
+    def _put_staged(self, sw: Any, items: list[tuple[bytes, int, list[Any]]]) -> None:
+        """Store ``items`` through the staging segment; a connection failure retries them over the socket."""
+        from kvstrata.client.fast import RespError
+
+        try:
+            replies = sw.put_many(items)
+        except (OSError, ConnectionError) as exc:
+            log.warning("kvstrata: staged write failed (%s); storing over the socket", exc)
+            self._tls.stage = None
+            with self._lock:
+                if sw in self._fast_clients:
+                    self._fast_clients.remove(sw)
+            try:
+                sw.close()
+            except OSError:
+                pass
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, p] for k, t, p in items])
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise self._staged_error(reply)
+            if isinstance(reply, Exception):
+                raise reply
+        self._count(bytes_sent=sum(nbytes(p) for _, _, parts in items for p in parts))
+
+    @staticmethod
+    def _staged_error(exc: Exception) -> Exception:
+        """A refused commit as the redis-py error a refused TAIR.KV.SETEX would have raised."""
+        import redis
+
+        text = str(exc)
+        return redis.exceptions.OutOfMemoryError(text) if text.startswith("OOM") else redis.ResponseError(text)
 
     def _absent(self, keys: list[bytes], idx: list[int]) -> list[int]:
         out = []
