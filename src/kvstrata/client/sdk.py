@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import (
+    CHECKSUM_OFFSET,
     FLAG_FP8,
     FLAG_ZSTD,
     FLAGS_OFFSET,
@@ -34,7 +35,8 @@ from kvstrata.client.codec import (
     check_codec,
     decode,
     default_codec,
-    encode_parts,
+    prepare_parts,
+    seal_parts,
 )
 from kvstrata.client.fast import nbytes, pack, sendmsg_all, widen_unix_send_buffer
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
@@ -150,8 +152,11 @@ class _Base:
         index[axis] = slice(start, end)
         return arr[tuple(index)]
 
-    def encode_chunk(self, value: Any) -> list[Any]:
-        return encode_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale)
+    def encode_chunk(self, value: Any, *, sealed: bool = True) -> list[Any]:
+        """``[header, payload...]``; ``sealed=False`` leaves the header's checksum to be filled in while the
+        parts are copied into place (a two-phase write: one pass over the tensor instead of two)."""
+        parts = prepare_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale)
+        return seal_parts(parts) if sealed else parts
 
     def _decode(self, key: bytes, value: Any) -> np.ndarray | None:
         try:
@@ -646,14 +651,17 @@ class KVCacheClient(_Base):
             stager = self._stager() if self.redis is not None else None
             batch = todo[b:b + self.batch_size]
             for i in batch:
-                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
+                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs), sealed=False)
                 size = sum(nbytes(p) for p in parts)
                 self._size_hint = max(self._size_hint, size)
-                self._local_put(keys[i], parts, ttl_ms)
-                if self.redis is not None:
-                    if stager is not None and stager.fits(size):
-                        staged.append((keys[i], ttl_ms, parts))
-                    elif self._is_plain():
+                stage = self.redis is not None and stager is not None and stager.fits(size)
+                if stage:
+                    staged.append((keys[i], ttl_ms, parts))  # its checksum is computed while it is copied
+                if self.local is not None or not stage:
+                    parts = seal_parts(parts)
+                    self._local_put(keys[i], parts, ttl_ms)
+                if self.redis is not None and not stage:
+                    if self._is_plain():
                         cmds.append(["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else []))
                     else:
                         cmds.append(["TAIR.KV.SETEX", keys[i], ttl_ms, parts])
@@ -697,11 +705,12 @@ class KVCacheClient(_Base):
         return sw
 
     def _put_staged(self, sw: Any, items: list[tuple[bytes, int, list[Any]]]) -> None:
-        """Store ``items`` through the staging segment; a connection failure retries them over the socket."""
+        """Store ``items`` (unsealed: ``encode_chunk(sealed=False)``) through the staging segment, each value's
+        codec checksum filled in as it is copied (``SUMAT``); a connection failure retries them over the socket."""
         from kvstrata.client.fast import RespError
 
         try:
-            replies = sw.put_many(items)
+            replies = sw.put_many(items, CHECKSUM_OFFSET)
         except (OSError, ConnectionError) as exc:
             log.warning("kvstrata: staged write failed (%s); storing over the socket", exc)
             self._tls.stage = None
@@ -712,7 +721,7 @@ class KVCacheClient(_Base):
                 sw.close()
             except OSError:
                 pass
-            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, p] for k, t, p in items])
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
         for reply in replies:
             if isinstance(reply, RespError):
                 raise self._staged_error(reply)

@@ -23,7 +23,7 @@ import xxhash
 from kvstrata.client.fast import FastClient, RespError, nbytes
 
 PAGE = 4096
-PIECE = 1 << 20  # copied then hashed at once: the hash reads the piece from cache
+PIECE = 256 * 1024  # copied then hashed at once: the hash reads the piece from (L2) cache
 
 
 class StageUnavailable(Exception):
@@ -81,8 +81,10 @@ class StageWriter(FastClient):
         """(reservation id, offset in the segment) per length, all or none (RespError when refused)."""
         return [(int(r), int(o)) for r, o in self.call(b"TAIR.KV.RESERVE", *lengths)]
 
-    def write(self, offset: int, parts: Sequence[Any]) -> int:
-        """Copy ``parts`` one after another into the segment at ``offset``; returns the xxh3-64 of the bytes."""
+    def write(self, offset: int, parts: Sequence[Any], sum_at: int | None = None) -> int:
+        """Copy ``parts`` one after another into the segment at ``offset``, hashing each piece right after
+        copying it; returns the xxh3-64 of the bytes. ``sum_at``: the bytes carry their own checksum there
+        (8 bytes, zero in ``parts``, as in ``codec.prepare_parts``' header), which is filled in afterwards."""
         view = self.view
         h = xxhash.xxh3_64()
         pos = offset
@@ -95,11 +97,15 @@ class StageWriter(FastClient):
                 dst[:] = src[o:e]
                 h.update(dst)
             pos += n
-        return h.intdigest()
+        digest = h.intdigest()
+        if sum_at is not None:
+            view[offset + sum_at:offset + sum_at + 8] = digest.to_bytes(8, "little")
+        return digest
 
-    def put_many(self, items: Sequence[tuple[Any, int, Sequence[Any]]]) -> list[Any]:
+    def put_many(self, items: Sequence[tuple[Any, int, Sequence[Any]]], sum_at: int | None = None) -> list[Any]:
         """Store each (key, ttl_ms, parts) through the segment; one reply per item (the new version, or a
-        RespError). Every value must ``fit``."""
+        RespError). Every value must ``fit``. ``sum_at``: each value carries its own checksum there (see
+        ``write``; the SDK codec's header, ``codec.prepare_parts``): the client then hashes each value once."""
         sizes = [sum(nbytes(p) for p in parts) for _, _, parts in items]
         out: list[Any] = []
         i = 0
@@ -124,20 +130,21 @@ class StageWriter(FastClient):
                 else:
                     self.max_wave = max(1, (j - i) // 2)
                 continue
-            out += self._write_wave(items[i:j], slots)
+            out += self._write_wave(items[i:j], slots, sum_at)
             i = j
         return out
 
-    def _write_wave(self, items: Sequence[tuple[Any, int, Sequence[Any]]],
-                    slots: list[tuple[int, int]]) -> list[Any]:
+    def _write_wave(self, items: Sequence[tuple[Any, int, Sequence[Any]]], slots: list[tuple[int, int]],
+                    sum_at: int | None) -> list[Any]:
         """Write each value into its reservation and send its COMMIT at once (the server verifies and stores
         it while the next one is written); then read the replies."""
         out: list[Any] = []
         sent = 0
         try:
             for (key, ttl_ms, parts), (rid, off) in zip(items, slots, strict=True):
-                digest = self.write(off, parts)
-                self.send(b"TAIR.KV.COMMIT", key, ttl_ms, rid, b"%016x" % digest)
+                digest = self.write(off, parts, sum_at)
+                opts = () if sum_at is None else (b"SUMAT", sum_at)
+                self.send(b"TAIR.KV.COMMIT", key, ttl_ms, rid, b"%016x" % digest, *opts)
                 sent += 1
         finally:
             if sent < len(slots):  # a write failed: give the rest back

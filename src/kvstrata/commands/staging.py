@@ -3,7 +3,8 @@
 ``TAIR.KV.STAGE`` hands a Unix-socket client a *writable* descriptor of its own staging segment;
 ``TAIR.KV.RESERVE`` reserves room there; the client writes a value into its reservation and
 ``TAIR.KV.COMMIT`` stores it under a key once the server's copy of it matches the client's xxh3-64 (the
-checksum ``TAIR.KV.MGETREF`` reports). The engine part is ``kvstrata.engine.staging``; the design and the
+checksum ``TAIR.KV.MGETREF`` reports; with ``SUMAT offset``, of a value that carries its own xxh3-64 at that
+offset, computed with the field zeroed: the SDK codec's header, so the client hashes the tensor only once). The engine part is ``kvstrata.engine.staging``; the design and the
 security model are in docs/dataplane.md.
 """
 
@@ -92,7 +93,7 @@ def kv_unreserve(ctx: Context, args: list[bytes]) -> Any:
 
 @command("tair.kv.commit", -5, "write denyoom", keys=(1, 1, 1), group="tairkv", since="0.2.0",
          summary="Stores a reservation's bytes under a key once they match the checksum; replies with the version.",
-         syntax="TAIR.KV.COMMIT key ttl_ms reservation checksum [VER expected_version]")
+         syntax="TAIR.KV.COMMIT key ttl_ms reservation checksum [SUMAT offset] [VER expected_version]")
 def kv_commit(ctx: Context, args: list[bytes]) -> Any:
     staging = _staging(ctx)
     arena = _arena(ctx)
@@ -103,10 +104,17 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
     rid = parse_int(bytes(args[3]))
     checksum = _checksum(args[4])
     expected: int | None = None
-    if len(args) == 7 and bytes(args[5]).upper() == b"VER":
-        expected = parse_int(bytes(args[6]))
-    elif len(args) != 5:
-        raise syntax_error()
+    sum_at: int | None = None
+    i = 5
+    while i < len(args):
+        opt = bytes(args[i]).upper()
+        if opt == b"VER" and i + 1 < len(args):
+            expected = parse_int(bytes(args[i + 1]))
+        elif opt == b"SUMAT" and i + 1 < len(args):
+            sum_at = parse_int(bytes(args[i + 1]))
+        else:
+            raise syntax_error()
+        i += 2
     # The reservation ends here whatever the outcome (a writer whose bytes were wrong reserves again).
     try:
         seg, res = staging.take(ctx.client.id, rid)
@@ -118,11 +126,11 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
         view = bytearray(res.length)
     try:
         try:
-            digest = staging.copy_verified(seg, res, view, checksum)
+            digest = staging.copy_verified(seg, res, view, checksum, sum_at)
         except StageError as exc:
             raise CommandError(str(exc), raw=True) from None
         slot = arena.slot(view)
-        if slot is not None:
+        if slot is not None and sum_at is None:
             slot.checksum = digest  # TAIR.KV.MGETREF answers it without hashing again
         expire_at = store.clock.now_ms() + ttl_ms if ttl_ms else 0
         return _setex(ctx, args[1], view, expire_at, False, expected, 0)

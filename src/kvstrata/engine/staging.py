@@ -34,8 +34,9 @@ import xxhash
 from kvstrata.engine.arena import PAGE, Region
 from kvstrata.engine.extents import Extents
 
-# Commit copies and hashes in pieces this large, so each piece is hashed while it is still in cache.
-PIECE = 1 << 20
+# Commit copies and hashes in pieces this large, so each piece is hashed while it is still in (L2) cache: copy
+# plus hash then cost about one memcpy (measured: 256 KiB pieces 1.1x a memcpy, 1 MiB 1.4x, 64 KiB 1.25x).
+PIECE = 256 * 1024
 
 
 class StageError(Exception):
@@ -197,25 +198,40 @@ class Staging:
         return n
 
     # ---- commit ----
-    def copy_verified(self, seg: Segment, res: Reservation, dst: Any, checksum: int) -> int:
+    def copy_verified(self, seg: Segment, res: Reservation, dst: Any, checksum: int,
+                      sum_at: int | None = None) -> int:
         """Copy the reservation's bytes into ``dst`` (a writable buffer of ``res.length`` bytes that only the
         server can write), hashing each piece of the copy; StageError when the copy's xxh3-64 is not
-        ``checksum``. Returns the digest."""
-        src = seg.region.view[res.off:res.off + res.length]
+        ``checksum``. With ``sum_at`` the value carries its own checksum there (8 bytes, little-endian, computed
+        with that field zeroed, as the SDK codec's header does): the hash reads that field as zero and the field
+        must hold ``checksum``. Returns the digest."""
+        n = res.length
+        if sum_at is not None and not 0 <= sum_at <= n - 8:
+            raise StageError(f"ERR SUMAT {sum_at} is outside the value ({n} bytes)")
+        src = seg.region.view[res.off:res.off + n]
         out = memoryview(dst).cast("B") if not isinstance(dst, memoryview) else dst
+        lo, hi = (sum_at, sum_at + 8) if sum_at is not None else (n, n)
         h = xxhash.xxh3_64()
         try:
-            for o in range(0, res.length, PIECE):
-                e = min(o + PIECE, res.length)
+            for o in range(0, n, PIECE):
+                e = min(o + PIECE, n)
                 out[o:e] = src[o:e]
-                h.update(out[o:e])
+                if o < hi and lo < e:  # the self-checksum field lies (partly) in this piece: hashed as zeros
+                    a, b = max(o, lo), min(e, hi)
+                    h.update(out[o:a])
+                    h.update(bytes(b - a))
+                    h.update(out[b:e])
+                else:
+                    h.update(out[o:e])
         finally:
             src.release()
         digest = h.intdigest()
-        if digest != checksum:
+        stored = int.from_bytes(out[lo:hi], "little") if sum_at is not None else digest
+        if digest != checksum or stored != checksum:
             self.checksum_failures += 1
-            raise StageError(f"ERR checksum mismatch: the staged bytes hash to {digest:016x}, not {checksum:016x}; "
-                             "nothing was stored")
+            raise StageError(f"ERR checksum mismatch: the staged bytes hash to {digest:016x}, not {checksum:016x}"
+                             + ("" if stored == digest else f" (the value's own field holds {stored:016x})")
+                             + "; nothing was stored")
         self.commits += 1
         return digest
 
