@@ -122,8 +122,26 @@ def test_bad_checksum_is_refused_and_the_old_value_stays(make_server, sockdir) -
             w.call(b"TAIR.KV.UNRESERVE", rid)
         with pytest.raises(RespError, match="syntax"):
             w.call(b"TAIR.KV.COMMIT", b"k", 0, 1, b"00", b"BOGUS")
+        # SUMAT: a value carrying its own checksum (computed with that field zeroed), like the codec's header.
+        body = bytearray(os.urandom(300 * KB))
+        body[32:40] = bytes(8)
+        digest = xxhash.xxh3_64_intdigest(bytes(body))
+        [(rid, off)] = w.reserve([len(body)])
+        assert w.write(off, [body], sum_at=32) == digest
+        assert bytes(w.view[off + 32:off + 40]) == digest.to_bytes(8, "little")  # filled in by the writer
+        w.view[off + 32] ^= 1  # the field does not hold the checksum the commit names
+        with pytest.raises(RespError, match="own field holds"):
+            w.call(b"TAIR.KV.COMMIT", b"self", 0, rid, b"%016x" % digest, b"SUMAT", 32)
+        [(rid, off)] = w.reserve([len(body)])
+        with pytest.raises(RespError, match="outside the value"):
+            w.call(b"TAIR.KV.COMMIT", b"self", 0, rid, b"%016x" % digest, b"SUMAT", len(body) - 4)
+        [(rid, off)] = w.reserve([len(body)])
+        w.write(off, [body], sum_at=32)
+        assert w.call(b"TAIR.KV.COMMIT", b"self", 0, rid, b"%016x" % digest, b"SUMAT", 32) > 0
+        stored = tcp.get(b"self")
+        assert stored[40:] == bytes(body[40:]) and stored[32:40] == digest.to_bytes(8, "little")
         info = _info(tcp)
-        assert info["stage_checksum_failures"] == 2 and info["stage_reservations"] == 0
+        assert info["stage_checksum_failures"] == 3 and info["stage_reservations"] == 0
         assert tcp.get(b"k") == old
     finally:
         w.close()
@@ -310,6 +328,14 @@ def test_sdk_stores_through_the_segment(make_server, sockdir) -> None:
             c.clear()
             assert c.store(tokens, kv) == 4
             assert c._tls.stage is not None  # stored through the segment, not the socket
+            # The codec checksum was filled in during the copy (SUMAT); MGETREF reports the whole value's xxh3.
+            ac = ArenaClient(path)
+            try:
+                lease, refs = ac.mgetref(c.keys(tokens)[:1])
+                assert refs[0].checksum == xxhash.xxh3_64_intdigest(bytes(ac.value(refs[0])))
+                ac.release(lease, now=True)
+            finally:
+                ac.close()
             n, out = c.retrieve(tokens)
             assert n == 1024 and np.array_equal(out, kv)
     info = _info(srv.client())
