@@ -97,8 +97,8 @@ class Region:
     def close(self) -> None:
         """Unmap and close now (a writer's staging segment when its client is gone). A view still exported
         elsewhere keeps the mapping until the garbage collector drops it."""
-        self.view.release()
         try:
+            self.view.release()
             self.mm.close()
         except BufferError:
             pass
