@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -348,3 +349,96 @@ def test_sdk_stores_through_the_segment(make_server, sockdir) -> None:
         n, out = c.retrieve(tokens)
         assert n == 1024 and np.array_equal(out, kv) and getattr(c._tls, "stage", None) is None
     assert _info(srv.client())["stage_commits"] == before
+
+
+def _value(key: int, gen: int, n: int, mark: bytes = b"ok") -> bytes:
+    head = b"%08d%08d%s" % (key, gen, mark)
+    return head + bytes([gen % 251]) * (n - len(head))
+
+
+def test_readers_never_see_refused_or_half_written_values_under_churn(make_server, sockdir) -> None:
+    """A writer commits overwrites through its segment (every fifth one with bytes that do not match their
+    checksum) in a budget that evicts, while an arena reader and a TCP reader check every value they see."""
+    srv, path = _start(make_server, sockdir, **{"dram-size": "8mb", "stage-size": "4mb"})
+    n_keys, size = 16, 400 * KB
+    stop = threading.Event()
+    errors: list[str] = []
+    seen = [0, 0]  # arena reads, TCP reads
+
+    def valid(key: bytes, data: bytes) -> bool:
+        k, gen = int(data[:8]), int(data[8:16])
+        return b"k%d" % k == key and data == _value(k, gen, len(data))
+
+    def writer() -> None:
+        w = StageWriter(path)
+        rng = np.random.default_rng(1)
+        gen = 1
+        try:
+            while not stop.is_set():
+                k = int(rng.integers(n_keys))
+                good = _value(k, gen, size + int(rng.integers(0, 50 * KB)))
+                [(rid, off)] = w.reserve([len(good)])
+                if gen % 5 == 0:  # poisoned: the bytes are not the ones the checksum names
+                    w.write(off, [_value(k, gen, len(good), b"XX")])
+                else:
+                    w.write(off, [good])
+                try:
+                    w.call(b"TAIR.KV.COMMIT", b"k%d" % k, 0, rid, _sum(good))
+                    if gen % 5 == 0:
+                        errors.append(f"gen {gen}: a commit with a wrong checksum was accepted")
+                except RespError as exc:
+                    if gen % 5 and "OOM" not in str(exc):
+                        errors.append(f"writer: {exc}")
+                gen += 1
+        except Exception as exc:  # surfaced below
+            errors.append(f"writer: {exc!r}")
+        finally:
+            w.close()
+
+    def arena_reader() -> None:
+        c = ArenaClient(path)
+        rng = np.random.default_rng(2)
+        try:
+            while not stop.is_set():
+                keys = [b"k%d" % int(k) for k in rng.choice(n_keys, 3, replace=False)]
+                lease, refs = c.mgetref(keys)
+                for key, ref in zip(keys, refs, strict=True):
+                    if isinstance(ref, Ref):
+                        data = bytes(c.value(ref))
+                        if xxhash.xxh3_64_intdigest(data) != ref.checksum or not valid(key, data):
+                            errors.append(f"arena {key!r}: bytes that were never committed")
+                        seen[0] += 1
+                c.release(lease)
+        except Exception as exc:
+            errors.append(f"arena reader: {exc!r}")
+        finally:
+            c.close()
+
+    def tcp_reader() -> None:
+        r = srv.client()
+        rng = np.random.default_rng(3)
+        while not stop.is_set():
+            key = b"k%d" % int(rng.integers(n_keys))
+            data = r.get(key)
+            if data is not None:
+                if not valid(key, data):
+                    errors.append(f"tcp {key!r}: bytes that were never committed")
+                seen[1] += 1
+            info = _info(r)
+            if info["dram_used"] > info["dram_budget"]:
+                errors.append(f"over budget: {info['dram_used']} > {info['dram_budget']}")
+
+    threads = [threading.Thread(target=f) for f in (writer, arena_reader, tcp_reader)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: (seen[0] >= 60 and seen[1] >= 60) or errors, timeout=60,
+                 what="60 arena and 60 TCP reads under churn")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors[:5]
+    info = _info(srv.client())
+    assert info["stage_checksum_failures"] > 0 and info["stage_commits"] > 0
+    assert int(srv.client().info("stats").get("evicted_keys", 0)) > 0  # the churn really evicted
