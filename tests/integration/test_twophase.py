@@ -360,7 +360,7 @@ def test_readers_never_see_refused_or_half_written_values_under_churn(make_serve
     """A writer commits overwrites through its segment (every fifth one with bytes that do not match their
     checksum) in a budget that evicts, while an arena reader and a TCP reader check every value they see."""
     srv, path = _start(make_server, sockdir, **{"dram-size": "8mb", "stage-size": "4mb"})
-    n_keys, size = 16, 400 * KB
+    n_keys, size = 24, 400 * KB  # 9.6 MB of values in an 8 MB budget: writes evict
     stop = threading.Event()
     errors: list[str] = []
     seen = [0, 0]  # arena reads, TCP reads
@@ -375,7 +375,7 @@ def test_readers_never_see_refused_or_half_written_values_under_churn(make_serve
         gen = 1
         try:
             while not stop.is_set():
-                k = int(rng.integers(n_keys))
+                k = gen - 1 if gen <= n_keys else int(rng.integers(n_keys))  # every key once, then at random
                 good = _value(k, gen, size + int(rng.integers(0, 50 * KB)))
                 [(rid, off)] = w.reserve([len(good)])
                 if gen % 5 == 0:  # poisoned: the bytes are not the ones the checksum names
