@@ -442,3 +442,26 @@ def test_readers_never_see_refused_or_half_written_values_under_churn(make_serve
     info = _info(srv.client())
     assert info["stage_checksum_failures"] > 0 and info["stage_commits"] > 0
     assert int(srv.client().info("stats").get("evicted_keys", 0)) > 0  # the churn really evicted
+
+
+def test_sdk_halves_its_waves_to_fit_the_server_bounds(make_server, sockdir) -> None:
+    """One reservation at a time (stage-max-reservations 1): the SDK's waves shrink until the server takes
+    them and everything is stored through the segment. A chunk larger than the whole DRAM budget gets -OOM,
+    as its TAIR.KV.SETEX would."""
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb", "stage-max-reservations": "1"})
+    ns = Namespace("m", kv_dtype="float32")
+    kv = make_kv(1024, layers=4, heads=4, dim=64)  # 4 chunks of 1 MB
+    tokens = list(range(1024))
+    with KVCacheClient(f"unix://{path}", ns, chunk_size=256) as c:
+        assert c.store(tokens, kv) == 4
+        assert c._tls.stage.max_wave == 1
+        n, out = c.retrieve(tokens)
+        assert n == 1024 and np.array_equal(out, kv)
+    assert _info(srv.client())["stage_commits"] == 4
+    srv2, path2 = _start(make_server, tempfile.mkdtemp(prefix="kvs-"), **{"dram-size": "512kb"})
+    with KVCacheClient(f"unix://{path2}", ns, chunk_size=256) as c:
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            c.store(tokens, kv)
+        assert c._tls.stage is not None
+    info = _info(srv2.client())
+    assert info["stage_commits"] == 0 and info["stage_reserved_bytes"] == 0 and info["dram_used"] <= 512 * KB

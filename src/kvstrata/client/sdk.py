@@ -711,6 +711,9 @@ class KVCacheClient(_Base):
 
         try:
             replies = sw.put_many(items, CHECKSUM_OFFSET)
+        except RespError as exc:  # a reservation refused for another reason than memory: this batch by socket
+            log.info("kvstrata: staging refused (%s); storing this batch over the socket", exc)
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
         except (OSError, ConnectionError) as exc:
             log.warning("kvstrata: staged write failed (%s); storing over the socket", exc)
             self._tls.stage = None

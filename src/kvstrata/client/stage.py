@@ -120,15 +120,16 @@ class StageWriter(FastClient):
             try:
                 slots = self.reserve(sizes[i:j])
             except RespError as exc:
-                # Reserved bytes are charged to the server's DRAM budget: a wave it cannot hold at once is
-                # halved; a single value it cannot hold gets the refusal as its answer (as SETEX would).
-                if not str(exc).startswith("OOM"):
-                    raise
-                if j - i == 1:
+                # Reserved bytes are charged to the server's DRAM budget, and their number is bounded per client:
+                # a wave refused whole is halved; a single value the budget cannot hold gets the refusal as its
+                # answer (as SETEX would); any other refusal of a single value is raised.
+                if j - i > 1:
+                    self.max_wave = max(1, (j - i) // 2)
+                elif str(exc).startswith("OOM"):
                     out.append(exc)
                     i = j
                 else:
-                    self.max_wave = max(1, (j - i) // 2)
+                    raise
                 continue
             out += self._write_wave(items[i:j], slots, sum_at)
             i = j
