@@ -5,6 +5,7 @@ see afterwards; bounds, dead writers, the DRAM budget and demotion to the SSD.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import shutil
@@ -26,7 +27,7 @@ from tests.integration.support import make_kv
 from kvstrata.client.arena import ArenaClient, Ref
 from kvstrata.client.fast import RespError
 from kvstrata.client.keys import Namespace
-from kvstrata.client.sdk import KVCacheClient
+from kvstrata.client.sdk import AsyncKVCacheClient, KVCacheClient
 from kvstrata.client.stage import StageUnavailable, StageWriter
 
 pytestmark = pytest.mark.kvstrata_only
@@ -465,3 +466,25 @@ def test_sdk_halves_its_waves_to_fit_the_server_bounds(make_server, sockdir) -> 
         assert c._tls.stage is not None
     info = _info(srv2.client())
     assert info["stage_commits"] == 0 and info["stage_reserved_bytes"] == 0 and info["dram_used"] <= 512 * KB
+
+
+def test_async_client_stores_through_the_segment_too(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb"})
+    ns = Namespace("m-async", kv_dtype="float32")
+    kv = make_kv(512, layers=4, heads=4, dim=64)
+    tokens = list(range(512))
+
+    async def go() -> tuple[int, int, np.ndarray | None]:
+        c = AsyncKVCacheClient(f"unix://{path}", ns)
+        try:
+            stored = await c.store(tokens, kv)
+            again = await c.store(tokens, kv)  # skip_existing: nothing new
+            n, out = await c.retrieve(tokens)
+            assert n == 512
+            return stored, again, out
+        finally:
+            await c.aclose()
+
+    stored, again, out = asyncio.run(go())
+    assert stored == 2 and again == 0 and np.array_equal(out, kv)
+    assert _info(srv.client())["stage_commits"] == 2

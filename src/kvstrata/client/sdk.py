@@ -1072,6 +1072,13 @@ class AsyncKVCacheClient(_Base):
 
     async def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
                     ttl: float | None = None, start: int = 0, skip_existing: bool = True) -> int:
+        if self.local is None and await self._plane():
+            # A local server: the synchronous client's two-phase store (one copy into a staging segment), in a
+            # worker thread, as retrieve reads the arena.
+            assert self._local is not None
+            self._local.namespace = self.namespace
+            return await asyncio.to_thread(self._local.store, tokens, kv, ttl_class=ttl_class, ttl=ttl,
+                                           start=start, skip_existing=skip_existing)
         keys = self.keys(tokens)
         todo = list(range(start // self.chunk_size, len(keys)))
         if skip_existing and todo:
