@@ -488,3 +488,25 @@ def test_async_client_stores_through_the_segment_too(make_server, sockdir) -> No
     stored, again, out = asyncio.run(go())
     assert stored == 2 and again == 0 and np.array_equal(out, kv)
     assert _info(srv.client())["stage_commits"] == 2
+
+
+def test_acl_decides_who_may_stage_and_which_keys_a_commit_may_write(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb"})
+    admin = srv.client()
+    admin.execute_command("ACL", "SETUSER", "tenant", "on", ">pt", "~t:*", "+get", "+tair.kv.stage",
+                          "+tair.kv.reserve", "+tair.kv.commit", "+tair.kv.unreserve")
+    admin.execute_command("ACL", "SETUSER", "reader", "on", ">pr", "~*", "+get", "+tair.kv.arena")
+    with pytest.raises(StageUnavailable, match="NOPERM"):
+        StageWriter(path, username="reader", password="pr")
+    w = StageWriter(path, username="tenant", password="pt")
+    try:
+        data = os.urandom(200 * KB)
+        assert isinstance(w.put_many([(b"t:a", 0, [data])])[0], int)
+        assert admin.get(b"t:a") == data
+        [reply] = w.put_many([(b"other:a", 0, [data])])
+        assert isinstance(reply, RespError) and "NOPERM" in str(reply)
+        assert admin.exists(b"other:a") == 0
+        info = _info(admin)
+        assert info["stage_reservations"] == 0 and info["stage_reserved_bytes"] == 0
+    finally:
+        w.close()

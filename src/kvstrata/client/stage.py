@@ -141,6 +141,7 @@ class StageWriter(FastClient):
         it while the next one is written); then read the replies."""
         out: list[Any] = []
         sent = 0
+        failed: list[int] = []
         try:
             for (key, ttl_ms, parts), (rid, off) in zip(items, slots, strict=True):
                 digest = self.write(off, parts, sum_at)
@@ -150,13 +151,18 @@ class StageWriter(FastClient):
         finally:
             if sent < len(slots):  # a write failed: give the rest back
                 self.send(b"TAIR.KV.UNRESERVE", *[rid for rid, _ in slots[sent:]])
-            for _ in range(sent):
+            for rid, _ in slots[:sent]:
                 try:
                     out.append(self.read_reply())
                 except RespError as exc:
                     out.append(exc)
+                    failed.append(rid)
             if sent < len(slots):
                 self.read_reply()
+        if failed:
+            # A commit refused before it ran (ACL, a full pipeline of errors) left its reservation: give it back
+            # (a commit that ran ended it already; UNRESERVE then counts nothing).
+            self.call(b"TAIR.KV.UNRESERVE", *failed)
         return out
 
     def close(self) -> None:
