@@ -129,3 +129,21 @@ def test_charges_balance_and_reservations_never_overlap(script) -> None:
             assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
             assert sg.extents.free_bytes + sum(r.span for r in sg.reservations.values()) == sg.size
             assert len(sg.reservations) <= 5
+
+
+def test_an_idle_segment_gives_its_pages_back() -> None:
+    s, _ = _staging(2 * MB, reserve_ms=10_000)
+    s.idle_ms = 1000
+    seg = s.segment(1)
+    [res] = s.reserve(1, [4096], 0)
+    seg.region.view[res.off:res.off + 4] = b"data"
+    s.expire(5000)  # a reservation is live: kept
+    assert bytes(seg.region.view[res.off:res.off + 4]) == b"data" and not seg.trimmed
+    s.unreserve(1, [res.id])
+    s.expire(900)  # idle for less than idle_ms since the last reservation was made
+    assert bytes(seg.region.view[res.off:res.off + 4]) == b"data"
+    s.expire(1000)
+    assert seg.trimmed and bytes(seg.region.view[res.off:res.off + 4]) == bytes(4)  # the pages went back
+    assert s.info()["stage_segments_trimmed"] == 1
+    s.expire(99_000)
+    assert s.info()["stage_segments_trimmed"] == 1  # once per idle period

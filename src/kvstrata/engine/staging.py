@@ -15,7 +15,7 @@ under a reader's lease and under the SSD writer demoting it, breaking "leased by
 (docs/dataplane.md weighs both).
 
 Bounds. A segment is ``size`` bytes (sparse: only touched pages use memory), one per client, closed when the
-client is gone. Reservations are bounded per client in number (``max_reservations``), in bytes (the segment),
+client is gone, its pages given back after ``idle_ms`` without reservations. Reservations are bounded per client in number (``max_reservations``), in bytes (the segment),
 and in time (``reserve_ms``); reserved bytes are charged to the DRAM budget (``ArenaPool.reserved_bytes``,
 counted as unmovable by the engine's ``make_room``) until they are committed, given back, expired or their
 client is gone.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,17 @@ class Segment:
         self.region = Region(size, name="kvstrata-stage", hugepages=hugepages)
         self.extents = Extents(self.region.size, PAGE)
         self.reservations: dict[int, Reservation] = {}
+        self.last_ms = 0  # when its last reservations were made
+        self.trimmed = True  # no page of it has been handed to a reservation since the last trim
+
+    def trim(self) -> None:
+        """Give the segment's pages back to the kernel (its writer then reads zeros there)."""
+        if hasattr(mmap, "MADV_REMOVE"):
+            try:
+                self.region.mm.madvise(mmap.MADV_REMOVE, 0, self.region.size)
+            except (OSError, ValueError):
+                pass
+        self.trimmed = True
 
     @property
     def size(self) -> int:
@@ -90,6 +102,10 @@ class Staging:
         self._expiry: list[tuple[int, int, int]] = []  # (expire_ms, client, reservation id)
         self._ids = itertools.count(1)
         self.reserved_bytes = 0
+        # A segment without reservations for this long gets its pages back from the kernel: an idle writer
+        # keeps no memory outside the DRAM budget (a busy one keeps its pages: reusing them is what is fast).
+        self.idle_ms = 10_000
+        self.trims = 0
         self.commits = 0
         self.checksum_failures = 0
         self.expired = 0
@@ -148,6 +164,8 @@ class Staging:
                 raise StageError(f"ERR staging segment full ({seg.size} bytes): commit or unreserve first")
             made.append(Reservation(next(self._ids), client, off, n, span, self.charge_of(n),
                                     now_ms + self.reserve_ms))
+        seg.last_ms = now_ms
+        seg.trimmed = False
         for res in made:
             seg.reservations[res.id] = res
             heapq.heappush(self._expiry, (res.expire_ms, client, res.id))
@@ -184,7 +202,11 @@ class Staging:
         self._uncharge(res.charge)
 
     def expire(self, now_ms: int) -> int:
-        """End reservations past their time; returns how many."""
+        """End reservations past their time, trim idle segments; returns how many reservations ended."""
+        for seg in self.segments.values():
+            if not seg.trimmed and not seg.reservations and now_ms - seg.last_ms >= self.idle_ms:
+                seg.trim()
+                self.trims += 1
         n = 0
         heap = self._expiry
         while heap and heap[0][0] <= now_ms:
@@ -244,4 +266,5 @@ class Staging:
             "stage_checksum_failures": self.checksum_failures,
             "stage_reservations_expired": self.expired,
             "stage_reservations_dropped": self.dropped,
+            "stage_segments_trimmed": self.trims,
         }
