@@ -14,6 +14,10 @@ and ``memcpy`` of the same bytes. The whole comparison runs twice: with the clie
 anywhere, then pinned to two different CPUs (``sched_setaffinity``): a Unix-socket write wakes the server with a
 *sync* wakeup, which lets the scheduler put it on the writer's own CPU, and pinning shows whether that costs the
 pipeline anything.
+
+Last, the SDK's store both ways (``sdk-stage``: the default with a local server; ``sdk-unix``: the same client
+with ``local_plane=False``, the value through the Unix socket), alternating: wall time and the CPU time the
+client and the server spent (getrusage, /proc/PID/stat), per store.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -70,6 +75,42 @@ def _measure(w: StageWriter, kv: np.ndarray, repeats: int) -> dict[str, float]:
     return {m: kv.nbytes / statistics.median(v) / 1e9 for m, v in times.items()}
 
 
+def _cpu_self() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _cpu_of(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _sdk(sock: str, pid: int, kv: np.ndarray, repeats: int) -> dict[str, dict[str, float]]:
+    """Per store, ms: wall, client CPU, server CPU; the SDK through the segment and through the socket."""
+    from kvstrata.client.keys import Namespace
+    from kvstrata.client.sdk import KVCacheClient
+
+    clients = {"sdk-stage": KVCacheClient(f"unix://{sock}", Namespace("s", kv_dtype="uint16")),
+               "sdk-unix": KVCacheClient(f"unix://{sock}", Namespace("u", kv_dtype="uint16"), local_plane=False)}
+    tokens = list(range(kv.shape[3]))
+    acc = {k: [0.0, 0.0, 0.0] for k in clients}
+    try:
+        for rnd in range(repeats + 1):
+            for k in (list(clients) if rnd % 2 else list(clients)[::-1]):
+                c0, s0, t0 = _cpu_self(), _cpu_of(pid), time.perf_counter()
+                clients[k].store(tokens, kv, skip_existing=False)
+                if rnd:
+                    acc[k][0] += time.perf_counter() - t0
+                    acc[k][1] += _cpu_self() - c0
+                    acc[k][2] += _cpu_of(pid) - s0
+    finally:
+        for c in clients.values():
+            c.close()
+    return {k: {"wall_ms": round(w / repeats * 1e3, 1), "client_cpu_ms": round(c / repeats * 1e3, 1),
+                "server_cpu_ms": round(s / repeats * 1e3, 1)} for k, (w, c, s) in acc.items()}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1536)
@@ -96,7 +137,9 @@ def main(argv: list[str]) -> int:
                 result["pinned"] = _measure(w, kv, args.repeats)
         finally:
             os.sched_setaffinity(0, mine)
+            os.sched_setaffinity(srv.pid, mine)
             w.close()
+        result["sdk"] = _sdk(sock, srv.pid, kv, args.repeats)
     finally:
         srv.stop()
     for key in ("free", "pinned"):
@@ -110,6 +153,8 @@ def main(argv: list[str]) -> int:
         for key in ("free", "pinned"):
             if key in result:
                 print(key, " ".join(f"{m} {v}" for m, v in result[key].items()))
+        for mode, v in result["sdk"].items():
+            print(mode, " ".join(f"{m} {x}" for m, x in v.items()))
     return 0
 
 

@@ -342,8 +342,16 @@ def test_sdk_stores_through_the_segment(make_server, sockdir) -> None:
             assert n == 1024 and np.array_equal(out, kv)
     info = _info(srv.client())
     assert info["stage_commits"] == 8
-    # local_plane=False stores over the socket.
+    # stage_writes=False stores over the socket (and still reads through the arena); so does local_plane=False.
     before = _info(srv.client())["stage_commits"]
+    with KVCacheClient(f"unix://{path}", ns, chunk_size=256) as c:
+        c.stage_writes = False
+        c.clear()
+        assert c.store(tokens, kv) == 4
+        n, out = c.retrieve(tokens)
+        assert n == 1024 and np.array_equal(out, kv) and getattr(c._tls, "stage", None) is None
+        assert c._tls.arena is not None
+    assert _info(srv.client())["stage_commits"] == before
     with KVCacheClient(f"unix://{path}", ns, chunk_size=256, local_plane=False) as c:
         c.clear()
         assert c.store(tokens, kv) == 4

@@ -676,10 +676,14 @@ class KVCacheClient(_Base):
         return written
 
     # ---- two-phase writes through a staging segment (kvstrata.client.stage) ----
+    # Set False (on the class or an instance) to store over the socket while still reading through the arena:
+    # the two ways cost about the same CPU here (BENCHMARKS.md, "Restore: two-phase writes").
+    stage_writes = True
+
     def _stager(self) -> Any:
         """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the
         store path then copies each chunk once into it instead of sending it through the socket), else None."""
-        if not self._stage_ok:
+        if not (self._stage_ok and self.stage_writes):
             return None
         sw = getattr(self._tls, "stage", None)
         if sw is not None and sw.sock.fileno() < 0:  # closed by close() from another thread: a new one
