@@ -69,6 +69,10 @@ def kv_reserve(ctx: Context, args: list[bytes]) -> Any:
     lengths = [parse_int(bytes(a)) for a in args[1:]]
     store = ctx.store
     dram = store.dram
+    try:
+        staging.check(ctx.client.id, lengths)
+    except StageError as exc:
+        raise CommandError(str(exc), raw=True) from None
     need = staging.demand(lengths)
     # Reserved bytes are charged to the DRAM budget from now on: make room first (demoting or evicting as a
     # write would), and refuse rather than exceed it.

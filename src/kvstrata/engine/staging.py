@@ -143,9 +143,9 @@ class Staging:
         """DRAM budget bytes that reserving ``lengths`` will charge."""
         return sum(self.charge_of(n) for n in lengths)
 
-    def reserve(self, client: int, lengths: list[int], now_ms: int) -> list[Reservation]:
-        """Reserve room for each length in the client's segment, all or none (StageError when refused)."""
-        self.expire(now_ms)
+    def check(self, client: int, lengths: list[int]) -> Segment:
+        """The client's segment if ``lengths`` may be reserved there (StageError otherwise): called before the
+        engine makes room for them, so that a request refused anyway moves nothing."""
         seg = self.segments.get(client)
         if seg is None:
             raise StageError("ERR no staging segment: send TAIR.KV.STAGE first")
@@ -154,6 +154,14 @@ class Staging:
         if len(seg.reservations) + len(lengths) > self.max_reservations:
             raise StageError(f"ERR too many reservations held by this client (max {self.max_reservations}); "
                              "commit or unreserve some")
+        if sum(seg.extents.round(n) for n in lengths) > seg.extents.free_bytes:
+            raise StageError(f"ERR staging segment full ({seg.size} bytes): commit or unreserve first")
+        return seg
+
+    def reserve(self, client: int, lengths: list[int], now_ms: int) -> list[Reservation]:
+        """Reserve room for each length in the client's segment, all or none (StageError when refused)."""
+        self.expire(now_ms)
+        seg = self.check(client, lengths)
         made: list[Reservation] = []
         for n in lengths:
             span = seg.extents.round(n)
