@@ -39,6 +39,7 @@ FORMAT_VERSION = 1
 _FIXED = struct.Struct("<4sBBBBBBHQQIQ")
 HEADER_SIZE = _FIXED.size  # 40
 CHECKSUM_OFFSET = 32  # the 8-byte xxh3-64, computed with this field zeroed
+_CHECKSUM_OFFSET = CHECKSUM_OFFSET  # the former private name
 FLAGS_OFFSET = 5  # magic (4), format version, then the flags byte
 
 FLAG_FP8 = 1
