@@ -130,6 +130,13 @@ PARAMS: tuple[Param, ...] = (
     Param("lease-default-ms", _int, 10_000, "Lease time of TAIR.KV.MGETREF without LEASE.", mutable=True),
     Param("lease-max-ms", _int, 60_000, "Longest lease a client may ask for.", mutable=True),
     Param("lease-max-per-client", _int, 64, "Most leases one client may hold at once.", mutable=True),
+    Param("stage-size", parse_size, 128 * 1024 * 1024,
+          "Size of each writer's staging segment for two-phase writes (TAIR.KV.STAGE; 0: off; only touched pages "
+          "use memory; docs/dataplane.md)."),
+    Param("stage-max-reservations", _int, 256, "Most two-phase write reservations one client may hold at once.",
+          mutable=True),
+    Param("stage-reserve-ms", _int, 60_000, "How long a two-phase write reservation lasts uncommitted.",
+          mutable=True),
     Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),

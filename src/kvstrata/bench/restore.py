@@ -15,8 +15,10 @@ the caller (no page faults in any mode) by:
 * ``lmcache``: LMCache 0.5.6's in-process ``local_cpu`` backend, run in its own virtual environment
   (``--lmcache-python``, default /tmp/lmc/bin/python) by ``kvstrata.bench.lmcache_worker``.
 
-Stores are timed the same way: ``store-unix`` and ``store-tcp`` (the SDK's store of the strided KV; over the
-Unix socket each value is received straight into its arena slot), ``store-lmcache``.
+Stores are timed the same way: ``store-stage`` (the SDK's default when the server is local: a two-phase write,
+each chunk copied once into the client's own staging segment, then committed with its checksum, which the
+server verifies on its own copy), ``store-unix`` and ``store-tcp`` (the same store with ``local_plane=False``:
+over the Unix socket each value is received straight into its arena slot), ``store-lmcache``.
 
 Method: one warm-up round, then ``--repeats`` rounds; in each round every case runs every mode, in an order that
 alternates between rounds (forward, then reversed). Figures are medians. The same run measures single-stream TCP
@@ -57,7 +59,8 @@ MODELS: dict[str, tuple[int, int, int]] = {  # layers, kv heads, head dim (from 
 DEFAULT_CASES = "smollm2-135m:float32:1536,smollm2-135m:bfloat16:4096,qwen2.5-7b:bfloat16:1536,llama-3.1-8b:bfloat16:1536"
 PREFILL_RATES = (15_000, 30_000)  # tokens/s of a 7-8B model on one Hopper GPU (the issue's figures)
 RESTORE_MODES = ("memcpy", "arena", "arena-copy", "unix", "tcp", "redis-py", "lmcache")
-STORE_MODES = ("store-memcpy", "store-unix", "store-tcp", "store-lmcache")
+STORE_MODES = ("store-memcpy", "store-stage", "store-unix", "store-tcp", "store-lmcache")
+_STORE_CLIENT = {"store-stage": "arena", "store-unix": "unix", "store-tcp": "tcp"}
 
 
 def _log(msg: str) -> None:
@@ -236,7 +239,7 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             if mode == "store-lmcache":
                 assert lmc is not None
                 return lmc.time("store", i)
-            cl = clients["arena" if mode == "store-unix" else "tcp"]
+            cl = clients[_STORE_CLIENT[mode]]
             cl.namespace = c.namespace()
             return _timed(lambda: cl.store(c.token_ids, c.kv, skip_existing=False))
 
@@ -291,10 +294,12 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
         g = row["gbps"]
         row["ratios"] = {
             "arena/memcpy": round(g["arena"] / g["memcpy"], 3),
+            "store-stage/memcpy": round(g["store-stage"] / g["store-memcpy"], 3),
             "store-unix/memcpy": round(g["store-unix"] / g["store-memcpy"], 3),
         }
         if "lmcache" in g:
             row["ratios"]["arena/lmcache"] = round(g["arena"] / g["lmcache"], 3)
+            row["ratios"]["store-stage/store-lmcache"] = round(g["store-stage"] / g["store-lmcache"], 3)
             row["ratios"]["store-unix/store-lmcache"] = round(g["store-unix"] / g["store-lmcache"], 3)
         if "tcp" in g:
             row["ratios"]["tcp/loopback"] = round(g["tcp"] / loop, 3)
@@ -330,11 +335,12 @@ def break_even(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
     t = {
         "arena restore >= 0.8x memcpy": all(r["ratios"]["arena/memcpy"] >= 0.8 for r in rows),
-        "store >= 0.5x memcpy": all(r["ratios"]["store-unix/memcpy"] >= 0.5 for r in rows),
+        "store >= 0.5x memcpy (two-phase)": all(r["ratios"]["store-stage/memcpy"] >= 0.5 for r in rows),
     }
     if all("arena/lmcache" in r["ratios"] for r in rows):
         t["arena restore >= 1.0x LMCache local_cpu"] = all(r["ratios"]["arena/lmcache"] >= 1.0 for r in rows)
-        t["store >= 0.5x LMCache store"] = all(r["ratios"]["store-unix/store-lmcache"] >= 0.5 for r in rows)
+        t["store >= 0.5x LMCache store (two-phase)"] = all(r["ratios"]["store-stage/store-lmcache"] >= 0.5
+                                                             for r in rows)
     big = [r for r in rows if r["chunk_mb"] >= 4 and "tcp/loopback" in r["ratios"]]
     if big:
         t["TCP restore >= 90% of loopback (chunks >= 4 MB)"] = all(r["ratios"]["tcp/loopback"] >= 0.9 for r in big)

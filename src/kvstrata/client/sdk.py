@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import (
+    CHECKSUM_OFFSET,
     FLAG_FP8,
     FLAG_ZSTD,
     FLAGS_OFFSET,
@@ -34,7 +35,8 @@ from kvstrata.client.codec import (
     check_codec,
     decode,
     default_codec,
-    encode_parts,
+    prepare_parts,
+    seal_parts,
 )
 from kvstrata.client.fast import nbytes, pack, sendmsg_all, widen_unix_send_buffer
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
@@ -150,8 +152,11 @@ class _Base:
         index[axis] = slice(start, end)
         return arr[tuple(index)]
 
-    def encode_chunk(self, value: Any) -> list[Any]:
-        return encode_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale)
+    def encode_chunk(self, value: Any, *, sealed: bool = True) -> list[Any]:
+        """``[header, payload...]``; ``sealed=False`` leaves the header's checksum to be filled in while the
+        parts are copied into place (a two-phase write: one pass over the tensor instead of two)."""
+        parts = prepare_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale)
+        return seal_parts(parts) if sealed else parts
 
     def _decode(self, key: bytes, value: Any) -> np.ndarray | None:
         try:
@@ -292,6 +297,8 @@ class KVCacheClient(_Base):
         self.url = url
         self.redis = None
         self._arena_ok = url is not None and local_plane
+        # Stores through a staging segment (two-phase writes) when the server is local: same rule as reads.
+        self._stage_ok = url is not None and local_plane
         self.verify_local = verify_local
         self.lease_ms = lease_ms
         if url is not None:
@@ -537,6 +544,7 @@ class KVCacheClient(_Base):
             fc.close()  # another thread's FastClient, found closed, is replaced on its next use
         self._tls.fast = None
         self._tls.arena = None
+        self._tls.stage = None
         if self.redis is not None:
             self.redis.close()
             self.pool.disconnect()
@@ -639,17 +647,26 @@ class KVCacheClient(_Base):
         written = 0
         for b in range(0, len(todo), self.batch_size):
             cmds = []
+            staged: list[tuple[bytes, int, list[Any]]] = []
+            stager = self._stager() if self.redis is not None else None
             batch = todo[b:b + self.batch_size]
             for i in batch:
-                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
-                self._size_hint = max(self._size_hint, sum(nbytes(p) for p in parts))
-                self._local_put(keys[i], parts, ttl_ms)
-                if self.redis is not None:
+                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs), sealed=False)
+                size = sum(nbytes(p) for p in parts)
+                self._size_hint = max(self._size_hint, size)
+                stage = self.redis is not None and stager is not None and stager.fits(size)
+                if stage:
+                    staged.append((keys[i], ttl_ms, parts))  # its checksum is computed while it is copied
+                if self.local is not None or not stage:
+                    parts = seal_parts(parts)
+                    self._local_put(keys[i], parts, ttl_ms)
+                if self.redis is not None and not stage:
                     if self._is_plain():
-                        cmd = ["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else [])
+                        cmds.append(["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else []))
                     else:
-                        cmd = ["TAIR.KV.SETEX", keys[i], ttl_ms, parts]
-                    cmds.append(cmd)
+                        cmds.append(["TAIR.KV.SETEX", keys[i], ttl_ms, parts])
+            if staged:
+                self._put_staged(stager, staged)
             if cmds:
                 for reply in self._roundtrip(cmds):
                     if isinstance(reply, Exception):
@@ -657,6 +674,75 @@ class KVCacheClient(_Base):
             written += len(batch)
         self._count(stored_chunks=written)
         return written
+
+    # ---- two-phase writes through a staging segment (kvstrata.client.stage) ----
+    # Set False (on the class or an instance) to store over the socket while still reading through the arena:
+    # the two ways cost about the same CPU here (BENCHMARKS.md, "Restore: two-phase writes").
+    stage_writes = True
+
+    def _stager(self) -> Any:
+        """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the
+        store path then copies each chunk once into it instead of sending it through the socket), else None."""
+        if not (self._stage_ok and self.stage_writes):
+            return None
+        sw = getattr(self._tls, "stage", None)
+        if sw is not None and sw.sock.fileno() < 0:  # closed by close() from another thread: a new one
+            sw = None
+        if sw is None:
+            from kvstrata.client.fast import RespError
+            from kvstrata.client.stage import StageUnavailable, StageWriter
+
+            path = self._arena_path()
+            kw = self.pool.connection_kwargs
+            try:
+                if path is None:
+                    raise StageUnavailable("no local Unix socket")
+                sw = StageWriter(path, password=kw.get("password"), username=kw.get("username"),
+                                 timeout=kw.get("socket_timeout"))
+            except (StageUnavailable, OSError, RespError) as exc:
+                log.info("kvstrata: storing over the socket (no staging segment: %s)", exc)
+                self._stage_ok = False
+                return None
+            self._tls.stage = sw
+            with self._lock:
+                self._fast_clients.append(sw)
+        return sw
+
+    def _put_staged(self, sw: Any, items: list[tuple[bytes, int, list[Any]]]) -> None:
+        """Store ``items`` (unsealed: ``encode_chunk(sealed=False)``) through the staging segment, each value's
+        codec checksum filled in as it is copied (``SUMAT``); a connection failure retries them over the socket."""
+        from kvstrata.client.fast import RespError
+
+        try:
+            replies = sw.put_many(items, CHECKSUM_OFFSET)
+        except RespError as exc:  # a reservation refused for another reason than memory: this batch by socket
+            log.info("kvstrata: staging refused (%s); storing this batch over the socket", exc)
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
+        except (OSError, ConnectionError) as exc:
+            log.warning("kvstrata: staged write failed (%s); storing over the socket", exc)
+            self._tls.stage = None
+            with self._lock:
+                if sw in self._fast_clients:
+                    self._fast_clients.remove(sw)
+            try:
+                sw.close()
+            except OSError:
+                pass
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise self._staged_error(reply)
+            if isinstance(reply, Exception):
+                raise reply
+        self._count(bytes_sent=sum(nbytes(p) for _, _, parts in items for p in parts))
+
+    @staticmethod
+    def _staged_error(exc: Exception) -> Exception:
+        """A refused commit as the redis-py error a refused TAIR.KV.SETEX would have raised."""
+        import redis
+
+        text = str(exc)
+        return redis.exceptions.OutOfMemoryError(text) if text.startswith("OOM") else redis.ResponseError(text)
 
     def _absent(self, keys: list[bytes], idx: list[int]) -> list[int]:
         out = []
@@ -990,6 +1076,13 @@ class AsyncKVCacheClient(_Base):
 
     async def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
                     ttl: float | None = None, start: int = 0, skip_existing: bool = True) -> int:
+        if self.local is None and await self._plane():
+            # A local server: the synchronous client's two-phase store (one copy into a staging segment), in a
+            # worker thread, as retrieve reads the arena.
+            assert self._local is not None
+            self._local.namespace = self.namespace
+            return await asyncio.to_thread(self._local.store, tokens, kv, ttl_class=ttl_class, ttl=ttl,
+                                           start=start, skip_existing=skip_existing)
         keys = self.keys(tokens)
         todo = list(range(start // self.chunk_size, len(keys)))
         if skip_existing and todo:
