@@ -326,7 +326,7 @@ def test_sdk_stores_through_the_segment(make_server, sockdir) -> None:
     kv = make_kv(1024, layers=4, heads=4, dim=64)  # strided chunks: sent as their runs
     tokens = list(range(1024))
     for url in (f"unix://{path}", f"redis://127.0.0.1:{srv.port}"):
-        with KVCacheClient(url, ns, chunk_size=256) as c:
+        with KVCacheClient(url, ns, chunk_size=256, stage_writes=True) as c:
             c.clear()
             assert c.store(tokens, kv) == 4
             assert c._tls.stage is not None  # stored through the segment, not the socket
@@ -342,10 +342,10 @@ def test_sdk_stores_through_the_segment(make_server, sockdir) -> None:
             assert n == 1024 and np.array_equal(out, kv)
     info = _info(srv.client())
     assert info["stage_commits"] == 8
-    # stage_writes=False stores over the socket (and still reads through the arena); so does local_plane=False.
+    # By default (stage_writes=False) stores go over the socket (reads still go through the arena); so do they
+    # with local_plane=False.
     before = _info(srv.client())["stage_commits"]
     with KVCacheClient(f"unix://{path}", ns, chunk_size=256) as c:
-        c.stage_writes = False
         c.clear()
         assert c.store(tokens, kv) == 4
         n, out = c.retrieve(tokens)
@@ -461,14 +461,14 @@ def test_sdk_halves_its_waves_to_fit_the_server_bounds(make_server, sockdir) -> 
     ns = Namespace("m", kv_dtype="float32")
     kv = make_kv(1024, layers=4, heads=4, dim=64)  # 4 chunks of 1 MB
     tokens = list(range(1024))
-    with KVCacheClient(f"unix://{path}", ns, chunk_size=256) as c:
+    with KVCacheClient(f"unix://{path}", ns, chunk_size=256, stage_writes=True) as c:
         assert c.store(tokens, kv) == 4
         assert c._tls.stage.max_wave == 1
         n, out = c.retrieve(tokens)
         assert n == 1024 and np.array_equal(out, kv)
     assert _info(srv.client())["stage_commits"] == 4
     srv2, path2 = _start(make_server, tempfile.mkdtemp(prefix="kvs-"), **{"dram-size": "512kb"})
-    with KVCacheClient(f"unix://{path2}", ns, chunk_size=256) as c:
+    with KVCacheClient(f"unix://{path2}", ns, chunk_size=256, stage_writes=True) as c:
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             c.store(tokens, kv)
         assert c._tls.stage is not None
@@ -483,7 +483,7 @@ def test_async_client_stores_through_the_segment_too(make_server, sockdir) -> No
     tokens = list(range(512))
 
     async def go() -> tuple[int, int, np.ndarray | None]:
-        c = AsyncKVCacheClient(f"unix://{path}", ns)
+        c = AsyncKVCacheClient(f"unix://{path}", ns, stage_writes=True)
         try:
             stored = await c.store(tokens, kv)
             again = await c.store(tokens, kv)  # skip_existing: nothing new

@@ -15,7 +15,7 @@ the caller (no page faults in any mode) by:
 * ``lmcache``: LMCache 0.5.6's in-process ``local_cpu`` backend, run in its own virtual environment
   (``--lmcache-python``, default /tmp/lmc/bin/python) by ``kvstrata.bench.lmcache_worker``.
 
-Stores are timed the same way: ``store-stage`` (the SDK's default when the server is local: a two-phase write,
+Stores are timed the same way: ``store-stage`` (the SDK with ``stage_writes=True`` and a local server: a two-phase write,
 each chunk copied once into the client's own staging segment, then committed with its checksum, which the
 server verifies on its own copy), ``store-unix`` and ``store-tcp`` (the same store with ``local_plane=False``:
 over the Unix socket each value is received straight into its arena slot), ``store-lmcache``.
@@ -176,7 +176,7 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
                                        "--unixsocket", sock])
         servers.append(kv)
         clients = {
-            "arena": KVCacheClient(f"unix://{sock}", local_plane=True),
+            "arena": KVCacheClient(f"unix://{sock}", local_plane=True, stage_writes=True),
             "unix": KVCacheClient(f"unix://{sock}", local_plane=False),
             "tcp": KVCacheClient(f"redis://127.0.0.1:{kv.port}", local_plane=False),
         }

@@ -287,18 +287,20 @@ class KVCacheClient(_Base):
     def __init__(self, url: str | None = "redis://127.0.0.1:6379", namespace: Namespace | str = "default",
                  *, max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
                  password: str | None = None, local_plane: bool = True, verify_local: bool = False,
-                 lease_ms: int = 10_000, **kw: Any) -> None:
+                 lease_ms: int = 10_000, stage_writes: bool = False, **kw: Any) -> None:
         """``url``: ``redis://host:port`` or ``unix:///path/to/socket``. ``local_plane``: read through the
         server's shared-memory arena when it is local (a ``unix://`` URL, or TCP to a loopback address of a
         server whose ``unixsocket`` this process can open): one copy from the server's memory, no socket
         transfer (docs/dataplane.md). ``verify_local``: check each arena read against the value's checksum
-        too (leased bytes cannot change, so this is off by default)."""
+        too (leased bytes cannot change, so this is off by default). ``stage_writes``: store through a staging
+        segment of a local server (two-phase writes) instead of the socket."""
         super().__init__(namespace, **kw)
         self.url = url
         self.redis = None
         self._arena_ok = url is not None and local_plane
         # Stores through a staging segment (two-phase writes) when the server is local: same rule as reads.
         self._stage_ok = url is not None and local_plane
+        self.stage_writes = stage_writes
         self.verify_local = verify_local
         self.lease_ms = lease_ms
         if url is not None:
@@ -676,9 +678,9 @@ class KVCacheClient(_Base):
         return written
 
     # ---- two-phase writes through a staging segment (kvstrata.client.stage) ----
-    # Set False (on the class or an instance) to store over the socket while still reading through the arena:
-    # the two ways cost about the same CPU here (BENCHMARKS.md, "Restore: two-phase writes").
-    stage_writes = True
+    # stage_writes is off by default: on the 2-core VM staged writes did not win over the socket (0.73-0.99x in
+    # a quieter run) and they move the copy and the hash from the client to the shared server (BENCHMARKS.md,
+    # "Restore: two-phase writes").
 
     def _stager(self) -> Any:
         """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the
@@ -995,13 +997,15 @@ class AsyncKVCacheClient(_Base):
 
     def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
                  max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
-                 password: str | None = None, local_plane: bool = True, **kw: Any) -> None:
+                 password: str | None = None, local_plane: bool = True, stage_writes: bool = False,
+                 **kw: Any) -> None:
         super().__init__(namespace, **kw)
         import redis.asyncio as aredis
 
         # Reads through a local server's arena (docs/dataplane.md) go through a synchronous client in a worker
         # thread: the copy out of the mapping is the work, and it must not run on the event loop.
-        self._local_kw = {"socket_timeout": socket_timeout, "username": username, "password": password, **kw}
+        self._local_kw = {"socket_timeout": socket_timeout, "username": username, "password": password,
+                          "stage_writes": stage_writes, **kw}
         self._local: KVCacheClient | None = None
         self._local_ok = local_plane
         self.url = url
