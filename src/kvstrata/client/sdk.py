@@ -255,6 +255,26 @@ class _Filler(list):  # type: ignore[type-arg]
         for chunk in chunks:
             self.append(chunk)
 
+    def place(self, hdr: Any) -> np.ndarray | None:
+        """The next slot, for a scatter receive of a value with header ``hdr``; None when it does not fit there
+        byte for byte (then the value is decoded and ``append``-ed as usual)."""
+        from kvstrata.client.scatter import slot_fits
+
+        shape = hdr.shape
+        if len(shape) != self.dest.ndim or any(
+                s != d for k, (s, d) in enumerate(zip(shape, self.dest.shape, strict=True)) if k != self.axis):
+            return None
+        end = self.pos + shape[self.axis]
+        if end > self.dest.shape[self.axis]:
+            return None
+        slot = self._slot(self.pos, end)
+        return slot if slot_fits(slot, hdr) else None
+
+    def commit(self, slot: np.ndarray) -> None:
+        """``slot`` (from ``place``) has been filled and verified: it is the next chunk."""
+        self.pos += slot.shape[self.axis]
+        super().append(slot)
+
     def filled(self) -> np.ndarray | None:
         return self._slot(0, self.pos) if self.pos else None
 
@@ -828,15 +848,78 @@ class KVCacheClient(_Base):
                     return n * self.chunk_size, self._into(chunks, kv)
             finally:
                 self._arena_done()
-        # Into ``out``: received into this thread's reused buffers, each chunk copied out as soon as it is
-        # decoded (its bytes still in cache from the checksum, the next window being received meanwhile).
         if out is not None:
             layout = self._layout()
             filler = _Filler(out, layout.index("T") if "T" in layout else 0)
-            n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler)
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+            # Over a socket: each value received straight into its slot of ``out`` (scatter receive).
+            if self.local is None and self.redis is not None:
+                done = self._retrieve_scatter(keys, filler)
+                if done is not None:
+                    return done * self.chunk_size, filler.filled()
+            # Otherwise received into this thread's reused buffers, each chunk copied out as soon as it is
+            # decoded (its bytes still in cache from the checksum).
+            n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler, keys=keys)
             return n, filler.filled()
         n, chunks = self.retrieve_chunks(tokens, max_tokens)
         return n, self.concat(chunks, self._layout())
+
+    def _retrieve_scatter(self, keys: list[bytes], filler: _Filler) -> int | None:
+        """``retrieve(out=)`` over this thread's FastClient: windows of MGET (with the next window's PREFETCH),
+        each raw value received straight into its slot of ``out`` and verified on the way
+        (``kvstrata.client.scatter``). Returns the chunks restored, or None when that connection is unavailable.
+        A connection failing mid-value drops it, and the chunks not yet verified are read again the usual way
+        (redis-py reconnects, or raises): the slot being filled is never counted."""
+        fc = self._fast()
+        if fc is None:
+            return None
+        from kvstrata.client.fast import RespError
+        from kvstrata.client.scatter import mget_scatter
+
+        plain = self._is_plain()
+        size = self._window()
+        i = 0
+        misfit: list[BaseException] = []
+        while i < len(keys):
+            batch = keys[i:i + size]
+            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            before = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+
+            def on_value(j: int, hdr: Any, arr: np.ndarray, placed: bool, nbytes: int,
+                         batch: list[bytes] = batch) -> bool:
+                if placed:
+                    filler.commit(arr)
+                else:
+                    try:
+                        filler.append(arr)
+                    except ValueError as exc:  # a chunk that does not fit ``out``: raised once the reply is read
+                        misfit.append(exc)
+                        return False
+                self._size_hint = max(self._size_hint, nbytes)
+                self._count(bytes_received=nbytes)
+                return True
+
+            def on_error(j: int, exc: CodecError, batch: list[bytes] = batch) -> None:
+                kind = "refused" if isinstance(exc, FormatVersionError) else "corrupt"
+                self._error(kind, f"{batch[j].decode()}: {exc}")
+
+            try:
+                n = mget_scatter(fc, batch, filler.place, before, b"MGET" if plain else b"TAIR.KV.MGET",
+                                 on_value, on_error)
+            except (OSError, RespError) as exc:
+                self._drop_fast(fc)
+                done = len(filler)  # chunks verified and in place, this window's first ones included
+                log.warning("kvstrata: socket read failed after %d chunks (%s); reading the rest again", done, exc)
+                n_tok, _ = self.retrieve_chunks([], skip_chunks=done, reuse_buffers=True, keys=keys,
+                                                _into=filler)
+                return n_tok // self.chunk_size
+            if misfit:
+                raise misfit[0]
+            i += n
+            if n < len(batch):
+                break
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
+        return i
 
     def _into(self, chunks: list[np.ndarray], out: np.ndarray) -> np.ndarray | None:
         """Copy ``chunks`` one after the other along the token axis into ``out``; returns the filled part."""
