@@ -143,8 +143,10 @@ def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
 class FastClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
                  password: str | None = None, *, unix_path: str | None = None,
-                 username: str | None = None) -> None:
-        """TCP to ``host:port``, or the Unix socket ``unix_path`` when given."""
+                 username: str | None = None, connect_timeout: float | None = None) -> None:
+        """TCP to ``host:port``, or the Unix socket ``unix_path`` when given. ``timeout`` bounds each socket
+        operation; ``connect_timeout`` (default: ``timeout``) the TCP connect."""
+        self.host, self.port = host, port
         if unix_path is not None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout)
@@ -155,7 +157,9 @@ class FastClient:
                 raise
             widen_unix_send_buffer(self.sock)
         else:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
+            self.sock = socket.create_connection(
+                (host, port), timeout=timeout if connect_timeout is None else connect_timeout)
+            self.sock.settimeout(timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._rbuf = bytearray(_RECV)
         self._rview = memoryview(self._rbuf)
