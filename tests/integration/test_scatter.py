@@ -82,6 +82,26 @@ def test_strided_destination_is_filled_in_place_byte_exact(url, monkeypatch):
     reader.close()
 
 
+def test_retrieve_without_out_receives_into_one_new_array(url, srv, monkeypatch):
+    seen = placed_count(monkeypatch)
+    tokens = list(range(5 * CS))
+    kv = kv_of(5 * CS, seed=9)
+    writer = client(url)
+    writer.store(tokens, kv)
+    reader = client(url)
+    n, got = reader.retrieve(tokens)
+    assert n == 5 * CS and got.flags.c_contiguous and got.flags.owndata and got.dtype == np.float32
+    assert got.tobytes() == kv.tobytes() and seen[0] == 5
+    r = srv.client()
+    r.delete(writer.keys(tokens)[3])
+    n, got = reader.retrieve(tokens)  # a partial hit: the filled part, compacted
+    assert n == 3 * CS and got.flags.c_contiguous and got.shape == (3, 2, 2, 3 * CS, 16)
+    assert np.array_equal(got, kv[:, :, :, :3 * CS])
+    r.close()
+    reader.close()
+    writer.close()
+
+
 def test_contiguous_destination_and_bfloat16_bits(url, monkeypatch):
     """Layout TLKHD: each chunk's slot of ``out`` is one contiguous block (one recv_into per value)."""
     seen = placed_count(monkeypatch)

@@ -235,9 +235,18 @@ class _Filler(list):  # type: ignore[type-arg]
     """The chunk list of ``retrieve(out=)``: each appended chunk is copied at once into the next slot of ``out``
     along the token axis (the list keeps those filled slots)."""
 
-    def __init__(self, out: np.ndarray, axis: int) -> None:
+    def __init__(self, out: np.ndarray | None, axis: int, tokens: int = 0) -> None:
+        """``out=None``: ``out`` is made on the first chunk, ``tokens`` long on the token axis (np.empty: pages
+        never written cost nothing)."""
         super().__init__()
-        self.dest, self.axis, self.pos = out, axis, 0
+        self.dest: np.ndarray = out  # type: ignore[assignment]
+        self.axis, self.pos, self.tokens = axis, 0, tokens
+
+    def _make(self, shape: tuple[int, ...], dtype: Any) -> None:
+        if self.dest is None:
+            full = list(shape)
+            full[self.axis] = self.tokens
+            self.dest = np.empty(tuple(full), dtype)
 
     def _slot(self, start: int, end: int) -> np.ndarray:
         index: list[Any] = [slice(None)] * self.dest.ndim
@@ -245,7 +254,11 @@ class _Filler(list):  # type: ignore[type-arg]
         return self.dest[tuple(index)]
 
     def append(self, chunk: np.ndarray) -> None:
+        self._make(chunk.shape, chunk.dtype)
         end = self.pos + chunk.shape[self.axis]
+        if end > self.dest.shape[self.axis]:
+            raise ValueError(f"chunk of {chunk.shape[self.axis]} tokens does not fit at {self.pos} of "
+                             f"{self.dest.shape[self.axis]}")
         slot = self._slot(self.pos, end)
         _copy_bytes(slot, chunk.view(self.dest.dtype) if chunk.dtype != self.dest.dtype else chunk)
         self.pos = end
@@ -258,9 +271,13 @@ class _Filler(list):  # type: ignore[type-arg]
     def place(self, hdr: Any) -> np.ndarray | None:
         """The next slot, for a scatter receive of a value with header ``hdr``; None when it does not fit there
         byte for byte (then the value is decoded and ``append``-ed as usual)."""
+        from kvstrata.client.codec import DTYPES
         from kvstrata.client.scatter import slot_fits
 
         shape = hdr.shape
+        if len(shape) <= self.axis:
+            return None
+        self._make(shape, np.dtype(DTYPES[hdr.dtype][1]))
         if len(shape) != self.dest.ndim or any(
                 s != d for k, (s, d) in enumerate(zip(shape, self.dest.shape, strict=True)) if k != self.axis):
             return None
@@ -277,6 +294,14 @@ class _Filler(list):  # type: ignore[type-arg]
 
     def filled(self) -> np.ndarray | None:
         return self._slot(0, self.pos) if self.pos else None
+
+    def compact(self) -> np.ndarray | None:
+        """The filled part as a C-contiguous array of its own size (a copy only when ``out`` is not all filled)."""
+        if not self.pos:
+            return None
+        if self.pos == self.dest.shape[self.axis]:
+            return self.dest
+        return np.ascontiguousarray(self.filled())
 
 
 def _copied(a: np.ndarray) -> np.ndarray:
@@ -861,8 +886,20 @@ class KVCacheClient(_Base):
             # decoded (its bytes still in cache from the checksum).
             n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler, keys=keys)
             return n, filler.filled()
+        layout = self._layout()
+        if self.local is None and self.redis is not None and "T" in layout:
+            # Over a socket, into one array made on the first chunk: each value received straight into its
+            # place, no concatenation afterwards.
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+            filler = _Filler(None, layout.index("T"), len(keys) * self.chunk_size)
+            try:
+                done = self._retrieve_scatter(keys, filler)
+            except ValueError:  # chunks of another length than chunk_size: read them the general way below
+                done = None
+            if done is not None:
+                return done * self.chunk_size, filler.compact()
         n, chunks = self.retrieve_chunks(tokens, max_tokens)
-        return n, self.concat(chunks, self._layout())
+        return n, self.concat(chunks, layout)
 
     def _retrieve_scatter(self, keys: list[bytes], filler: _Filler) -> int | None:
         """``retrieve(out=)`` over this thread's FastClient: windows of MGET (with the next window's PREFETCH),
