@@ -136,6 +136,23 @@ class _Base:
         last decode are not hidden. No prefetch (0) still reads in windows of the default size."""
         return max(1, min(self.batch_size, self.prefetch_window or DEFAULT_PREFETCH_WINDOW))
 
+    # ---- read planning (shared by the sync and the asyncio client) ----
+    def _plan_window(self, keys: list[bytes], start: int, size: int) -> tuple[list[bytes], list[bytes]]:
+        """The keys of the read window at ``start`` (at most ``size``) and the keys to prefetch with it: the
+        ``prefetch_window`` keys after it."""
+        batch = keys[start:start + size]
+        end = start + len(batch)
+        return batch, keys[end:end + self.prefetch_window]
+
+    @staticmethod
+    def _window_commands(keys: list[bytes], ahead: list[bytes],
+                         plain: bool) -> tuple[list[Any] | None, list[Any]]:
+        """(PREFETCH of ``ahead`` or None, the MGET of ``keys``): one read window, sent in one write. Replies on
+        one connection come back in order, so the server has queued the prefetch before it answers the MGET.
+        Plain Redis gets no PREFETCH and a plain MGET."""
+        before = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+        return before, [b"MGET" if plain else b"TAIR.KV.MGET", *keys]
+
     # ---- encoding ----
     def _layout(self) -> str:
         return self.namespace.layout
@@ -776,14 +793,14 @@ class KVCacheClient(_Base):
     def _fetch_window(self, keys: list[bytes], ahead: list[bytes], plain: bool, bufs: list[bytearray] | None,
                       offset: int) -> list[Any]:
         """PREFETCH ``ahead``, then MGET ``keys`` (into ``bufs[offset ..]`` when given and possible), in one round
-        trip: replies on one connection come back in order, so the server has queued the prefetch first."""
-        prefetch = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+        trip (``_window_commands``)."""
+        prefetch, mget = self._window_commands(keys, ahead, plain)
         values = self._mget_into(keys, bufs, offset, prefetch) if bufs is not None else None
         if values is None:
             pipe = self.redis.pipeline(transaction=False)
             if prefetch is not None:
                 pipe.execute_command(*prefetch)
-            pipe.execute_command("MGET" if plain else "TAIR.KV.MGET", *keys)
+            pipe.execute_command(*mget)
             values = pipe.execute()[-1]
         return values
 
@@ -793,8 +810,7 @@ class KVCacheClient(_Base):
         plain = self._is_plain()
         first = i
         while i < len(keys):
-            batch = keys[i:i + self.batch_size]
-            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            batch, ahead = self._plan_window(keys, i, self.batch_size)
             values = self._fetch_window(batch, ahead, plain, bufs, i - first)
             n = self._decode_window(batch, values, out)
             i += n
@@ -810,9 +826,7 @@ class KVCacheClient(_Base):
         first = i
 
         def fetch(start: int) -> list[Any]:
-            end = min(start + size, len(keys))
-            return self._fetch_window(keys[start:end], keys[end:end + self.prefetch_window], plain, bufs,
-                                      start - first)
+            return self._fetch_window(*self._plan_window(keys, start, size), plain, bufs, start - first)
 
         # The first window is fetched here: there is nothing to overlap it with yet, and a one-window prefix
         # then costs no thread hop.
@@ -918,9 +932,8 @@ class KVCacheClient(_Base):
         i = 0
         misfit: list[BaseException] = []
         while i < len(keys):
-            batch = keys[i:i + size]
-            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
-            before = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+            batch, ahead = self._plan_window(keys, i, size)
+            before, mget = self._window_commands(batch, ahead, plain)
 
             def on_value(j: int, hdr: Any, arr: np.ndarray, placed: bool, nbytes: int,
                          batch: list[bytes] = batch) -> bool:
@@ -941,8 +954,7 @@ class KVCacheClient(_Base):
                 self._error(kind, f"{batch[j].decode()}: {exc}")
 
             try:
-                n = mget_scatter(fc, batch, filler.place, before, b"MGET" if plain else b"TAIR.KV.MGET",
-                                 on_value, on_error)
+                n = mget_scatter(fc, batch, filler.place, before, mget[0], on_value, on_error)
             except (OSError, RespError) as exc:
                 self._drop_fast(fc)
                 done = len(filler)  # chunks verified and in place, this window's first ones included
@@ -1156,8 +1168,7 @@ class AsyncKVCacheClient(_Base):
                 i = await self._read_overlapped(keys, i, out, plain)
             return i * self.chunk_size, out
         while i < len(keys):
-            batch = keys[i:i + self.batch_size]
-            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            batch, ahead = self._plan_window(keys, i, self.batch_size)
             values = await self._recv_and_release(*await self._send_window(batch, ahead, plain))
             n = self._decode_window(batch, values, out)
             i += n
@@ -1169,10 +1180,8 @@ class AsyncKVCacheClient(_Base):
         """Send PREFETCH ``ahead`` and MGET ``keys`` in one write on a pooled connection; returns it and the
         number of replies to read. Sending here, not in the reading task, puts the request on the wire before
         the caller goes on to decode, even when it decodes on the event loop."""
-        cmds: list[tuple[Any, ...]] = []
-        if ahead and not plain:
-            cmds.append(("TAIR.KV.PREFETCH", *ahead))
-        cmds.append(("MGET" if plain else "TAIR.KV.MGET", *keys))
+        before, mget = self._window_commands(keys, ahead, plain)
+        cmds = [mget] if before is None else [before, mget]
         conn = await self.pool.get_connection()
         try:
             await conn.send_packed_command(conn.pack_commands(cmds), check_health=False)
@@ -1221,8 +1230,7 @@ class AsyncKVCacheClient(_Base):
         size = self._window()
 
         async def send(start: int) -> tuple[Any, int]:
-            end = min(start + size, len(keys))
-            return await self._send_window(keys[start:end], keys[end:end + self.prefetch_window], plain)
+            return await self._send_window(*self._plan_window(keys, start, size), plain)
 
         values = await self._recv_and_release(*await send(i))
         pending: tuple[asyncio.Future[list[Any]], Any] | None = None  # the reading task and its connection
