@@ -8,6 +8,7 @@ and a peer that closes halfway through a value.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 import redis
 from tests.integration.support import make_kv
 
-from kvstrata.client import KVCacheClient, Namespace
+from kvstrata.client import AsyncKVCacheClient, KVCacheClient, Namespace
 from kvstrata.client.codec import ChecksumError, encode, read_header
 from kvstrata.client.fast import FastClient
 from kvstrata.client.scatter import dest_runs, mget_scatter
@@ -100,6 +101,25 @@ def test_retrieve_without_out_receives_into_one_new_array(url, srv, monkeypatch)
     r.close()
     reader.close()
     writer.close()
+
+
+def test_async_retrieve_into_out_is_received_in_place(url, monkeypatch):
+    seen = placed_count(monkeypatch)
+    tokens = list(range(4 * CS))
+    kv = kv_of(4 * CS, seed=10)
+    client(url).store(tokens, kv)
+
+    async def main():
+        async with AsyncKVCacheClient(url, Namespace("scatter"), chunk_size=CS, local_plane=False) as c:
+            dst = np.zeros_like(kv)
+            n, view = await c.retrieve(tokens, out=dst)
+            assert n == 4 * CS and view.base is dst and dst.tobytes() == kv.tobytes()
+            n, got = await c.retrieve(tokens)  # without out: the asyncio windows, as before
+            assert n == 4 * CS and np.array_equal(got, kv)
+            return c.stats.hit_chunks
+
+    assert asyncio.run(main()) == 8  # both reads counted on the asyncio client's stats
+    assert seen[0] == 4
 
 
 def test_contiguous_destination_and_bfloat16_bits(url, monkeypatch):

@@ -1050,6 +1050,7 @@ class AsyncKVCacheClient(_Base):
         self._local_kw = {"socket_timeout": socket_timeout, "username": username, "password": password, **kw}
         self._local: KVCacheClient | None = None
         self._local_ok = local_plane
+        self._reader: KVCacheClient | None = None  # retrieve(out=) over the socket, in a worker thread
         self.url = url
         self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
                                                    socket_timeout=socket_timeout, **_auth(username, password))
@@ -1057,9 +1058,10 @@ class AsyncKVCacheClient(_Base):
         self._plain_redis: bool | None = None
 
     async def aclose(self) -> None:
-        if self._local is not None:
-            self._local.close()
-            self._local = None
+        for sync in (self._local, self._reader):
+            if sync is not None:
+                sync.close()
+        self._local = self._reader = None
         await self.redis.aclose()
         await self.pool.disconnect()
 
@@ -1162,10 +1164,12 @@ class AsyncKVCacheClient(_Base):
                 break
             out.append(arr)
             i += 1
+        self._count(local_hits=i)
         plain = await self._is_plain()
         if self.overlap:
             if i < len(keys):
                 i = await self._read_overlapped(keys, i, out, plain)
+            self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))  # as the sync client counts
             return i * self.chunk_size, out
         while i < len(keys):
             batch, ahead = self._plan_window(keys, i, self.batch_size)
@@ -1174,6 +1178,7 @@ class AsyncKVCacheClient(_Base):
             i += n
             if n < len(batch):
                 break
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
         return i * self.chunk_size, out
 
     async def _send_window(self, keys: list[bytes], ahead: list[bytes], plain: bool) -> tuple[Any, int]:
@@ -1266,14 +1271,29 @@ class AsyncKVCacheClient(_Base):
                 await asyncio.gather(task, return_exceptions=True)
                 await self._done_with(conn, False)
 
-    async def retrieve(self, tokens: Sequence[int],
-                       max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
+    async def retrieve(self, tokens: Sequence[int], max_tokens: int | None = None,
+                       out: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+        """As ``KVCacheClient.retrieve``. Through a local server's arena, and with ``out`` over the socket too,
+        a synchronous client does the work in a worker thread (the copy, or the scatter receive straight into
+        ``out``, must not run on the event loop); otherwise windows are read on the loop, overlapped."""
         if self.local is None and await self._plane():
             assert self._local is not None
             self._local.namespace = self.namespace
-            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens)
+            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens, out)
+        if out is not None:
+            reader = self._sync_reader()
+            reader.namespace = self.namespace
+            return await asyncio.to_thread(reader.retrieve, tokens, max_tokens, out)
         n, chunks = await self.retrieve_chunks(tokens, max_tokens)
         return n, self.concat(chunks, self._layout())
+
+    def _sync_reader(self) -> KVCacheClient:
+        """The synchronous client of ``retrieve(out=)`` over the socket (one set of counters with this one)."""
+        if self._reader is None:
+            c = KVCacheClient(self.url, self.namespace, local_plane=False, **self._local_kw)
+            c.stats, c._stats_lock = self.stats, self._stats_lock
+            self._reader = c
+        return self._reader
 
     async def _plane(self) -> bool:
         """Whether the server's arena can be mapped from here (decided once, in a worker thread)."""
