@@ -921,7 +921,10 @@ class KVCacheClient(_Base):
         (``kvstrata.client.scatter``). Returns the chunks restored, or None when that connection is unavailable.
         A connection failing mid-value drops it, and the chunks not yet verified are read again the usual way
         (redis-py reconnects, or raises): the slot being filled is never counted."""
-        fc = self._fast()
+        try:
+            fc = self._fast()
+        except OSError:
+            return None  # cannot connect: the redis-py path below raises its usual error (or reconnects)
         if fc is None:
             return None
         from kvstrata.client.fast import RespError
