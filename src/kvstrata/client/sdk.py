@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import (
+    DTYPES,
     FLAG_FP8,
     FLAG_ZSTD,
     FLAGS_OFFSET,
@@ -39,6 +40,7 @@ from kvstrata.client.codec import (
 from kvstrata.client.fast import nbytes, pack, sendmsg_all, widen_unix_send_buffer
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
+from kvstrata.client.scatter import mget_scatter, slot_fits
 from kvstrata.engine.entry import Entry
 
 log = logging.getLogger("kvstrata.client")
@@ -288,9 +290,6 @@ class _Filler(list):  # type: ignore[type-arg]
     def place(self, hdr: Any) -> np.ndarray | None:
         """The next slot, for a scatter receive of a value with header ``hdr``; None when it does not fit there
         byte for byte (then the value is decoded and ``append``-ed as usual)."""
-        from kvstrata.client.codec import DTYPES
-        from kvstrata.client.scatter import slot_fits
-
         shape = hdr.shape
         if len(shape) <= self.axis:
             return None
@@ -928,7 +927,6 @@ class KVCacheClient(_Base):
         if fc is None:
             return None
         from kvstrata.client.fast import RespError
-        from kvstrata.client.scatter import mget_scatter
 
         plain = self._is_plain()
         size = self._window()
