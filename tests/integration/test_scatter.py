@@ -45,6 +45,7 @@ def kv_of(n_tokens: int, seed: int = 0) -> np.ndarray:
 
 def client(url: str, layout: str = "LKHTD", **kw: Any) -> KVCacheClient:
     kw.setdefault("chunk_size", CS)
+    kw.setdefault("compression", "raw")  # scatter receive is for clients of raw values (whatever the env says)
     return KVCacheClient(url, Namespace("scatter", layout=layout), local_plane=False, **kw)
 
 
@@ -110,7 +111,8 @@ def test_async_retrieve_into_out_is_received_in_place(url, monkeypatch):
     client(url).store(tokens, kv)
 
     async def main():
-        async with AsyncKVCacheClient(url, Namespace("scatter"), chunk_size=CS, local_plane=False) as c:
+        async with AsyncKVCacheClient(url, Namespace("scatter"), chunk_size=CS, local_plane=False,
+                                      compression="raw") as c:
             dst = np.zeros_like(kv)
             n, view = await c.retrieve(tokens, out=dst)
             assert n == 4 * CS and view.base is dst and dst.tobytes() == kv.tobytes()
@@ -130,10 +132,10 @@ def test_contiguous_destination_and_bfloat16_bits(url, monkeypatch):
     kv = rng.integers(0, 1 << 16, size=(5 * CS, 3, 2, 2, 16), dtype=np.uint16)
     assert dest_runs(kv[CS:2 * CS]) is not None and len(dest_runs(kv[CS:2 * CS])) == 1
     writer = KVCacheClient(url, Namespace("scatter-bf16", kv_dtype="bfloat16", layout="TLKHD"),
-                           chunk_size=CS, local_plane=False)
+                           chunk_size=CS, local_plane=False, compression="raw")
     writer.store(tokens, kv)
     reader = KVCacheClient(url, Namespace("scatter-bf16", kv_dtype="bfloat16", layout="TLKHD"),
-                           chunk_size=CS, local_plane=False)
+                           chunk_size=CS, local_plane=False, compression="raw")
     dst = np.zeros_like(kv)
     n, view = reader.retrieve(tokens, out=dst)
     assert n == 5 * CS and np.array_equal(dst, kv) and seen[0] == 5
@@ -142,6 +144,7 @@ def test_contiguous_destination_and_bfloat16_bits(url, monkeypatch):
 
 
 def test_compressed_values_fall_back_to_decode_and_copy(url, monkeypatch):
+    """Values written compressed by another client: received whole, decoded and copied into ``out``."""
     seen = placed_count(monkeypatch)
     tokens = list(range(3 * CS))
     kv = kv_of(3 * CS, seed=4)
@@ -151,6 +154,11 @@ def test_compressed_values_fall_back_to_decode_and_copy(url, monkeypatch):
     n, _ = reader.retrieve(tokens, out=dst)
     assert n == 3 * CS and np.array_equal(dst, kv) and seen[0] == 0
     reader.close()
+    zreader = client(url, compression="zstd")  # a client that writes zstd reads through the overlapped windows
+    assert not zreader._scatter_reads()
+    n, got = zreader.retrieve(tokens)
+    assert n == 3 * CS and np.array_equal(got, kv)
+    zreader.close()
 
 
 def test_corrupted_value_ends_the_prefix_and_the_connection_stays_in_step(url, srv):

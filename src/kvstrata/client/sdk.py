@@ -891,7 +891,7 @@ class KVCacheClient(_Base):
             filler = _Filler(out, layout.index("T") if "T" in layout else 0)
             keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
             # Over a socket: each value received straight into its slot of ``out`` (scatter receive).
-            if self.local is None and self.redis is not None:
+            if self._scatter_reads():
                 done = self._retrieve_scatter(keys, filler)
                 if done is not None:
                     return done * self.chunk_size, filler.filled()
@@ -900,7 +900,7 @@ class KVCacheClient(_Base):
             n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler, keys=keys)
             return n, filler.filled()
         layout = self._layout()
-        if self.local is None and self.redis is not None and "T" in layout:
+        if self._scatter_reads() and "T" in layout:
             # Over a socket, into one array made on the first chunk: each value received straight into its
             # place, no concatenation afterwards.
             keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
@@ -913,6 +913,12 @@ class KVCacheClient(_Base):
                 return done * self.chunk_size, filler.compact()
         n, chunks = self.retrieve_chunks(tokens, max_tokens)
         return n, self.concat(chunks, layout)
+
+    def _scatter_reads(self) -> bool:
+        """Whether ``retrieve`` receives values straight into place. Not with a local tier (it keeps the encoded
+        values), and not when this client writes compressed values: those are decoded, not placed, and the
+        windowed path overlaps their decoding with the next window's receive."""
+        return self.local is None and self.redis is not None and self.compression == "raw"
 
     def _retrieve_scatter(self, keys: list[bytes], filler: _Filler) -> int | None:
         """``retrieve(out=)`` over this thread's FastClient: windows of MGET (with the next window's PREFETCH),
