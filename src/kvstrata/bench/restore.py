@@ -13,6 +13,8 @@ the caller (no page faults in any mode) by:
 * ``tcp``: the same over TCP loopback (each raw value received straight into its slot of the buffer);
 * ``tcp-buffered``: the TCP path before scatter receive, kept for comparison: values received into reused buffers,
   verified there, then copied into the caller's buffer (``retrieve_chunks(reuse_buffers=True)`` into it);
+* ``tcp-new``: ``retrieve(tokens)`` over TCP into a new array (page faults included), received in place; and
+  ``tcp-new-concat``, the previous ``retrieve(tokens)``: decoded chunks concatenated into a new array;
 * ``loopback``: single-stream TCP loopback moving the case's bytes (``kvstrata.bench.large.loopback_gbps``) from a
   buffer as large as the case into another, timed in the same rounds: the reference of ``tcp/loopback`` (a
   server's values, like the restored KV, are larger than the CPU cache, so the sender's buffer is too);
@@ -61,7 +63,8 @@ MODELS: dict[str, tuple[int, int, int]] = {  # layers, kv heads, head dim (from 
 }
 DEFAULT_CASES = "smollm2-135m:float32:1536,smollm2-135m:bfloat16:4096,qwen2.5-7b:bfloat16:1536,llama-3.1-8b:bfloat16:1536"
 PREFILL_RATES = (15_000, 30_000)  # tokens/s of a 7-8B model on one Hopper GPU (the figures)
-RESTORE_MODES = ("memcpy", "arena", "arena-copy", "unix", "tcp", "tcp-buffered", "loopback", "redis-py", "lmcache")
+RESTORE_MODES = ("memcpy", "arena", "arena-copy", "unix", "tcp", "tcp-buffered", "tcp-new", "tcp-new-concat",
+                 "loopback", "redis-py", "lmcache")
 STORE_MODES = ("store-memcpy", "store-unix", "store-tcp", "store-lmcache")
 
 
@@ -224,13 +227,18 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
                 clients["redis-py"].namespace = c.namespace()
                 keys = clients["redis-py"].keys(c.token_ids)
                 return _timed(lambda: _redis_mget_restore(rpy, keys, c, clients["redis-py"]))
-            cl = clients["tcp" if mode == "tcp-buffered" else mode]
+            cl = clients["tcp" if mode.startswith("tcp") else mode]
             cl.namespace = c.namespace()
             n = [0]
 
             def go() -> None:
                 if mode == "tcp-buffered":
-                    n[0], _ = cl.retrieve_chunks(c.token_ids, reuse_buffers=True, _into=_Filler(c.out, 3))  # LKHTD: T is axis 3
+                    n[0], _ = cl.retrieve_chunks(c.token_ids, reuse_buffers=True, _into=_Filler(c.out, 3))
+                elif mode == "tcp-new":
+                    n[0], _ = cl.retrieve(c.token_ids)
+                elif mode == "tcp-new-concat":
+                    n[0], chunks = cl.retrieve_chunks(c.token_ids)
+                    cl.concat(chunks, "LKHTD")  # LKHTD: T is axis 3
                 else:
                     n[0], _ = cl.retrieve(c.token_ids, out=c.out)
 
@@ -250,7 +258,8 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             cl.namespace = c.namespace()
             return _timed(lambda: cl.store(c.token_ids, c.kv, skip_existing=False))
 
-        active = [m for m in modes if m in ("memcpy", "arena", "arena-copy", "unix", "tcp", "tcp-buffered", "loopback")
+        active = [m for m in modes if m in ("memcpy", "arena", "arena-copy", "unix", "tcp", "tcp-buffered", "tcp-new",
+                                            "tcp-new-concat", "loopback")
                   or (m == "redis-py" and rpy)
                   or (m == "lmcache" and lmc)]
         active_store = [m for m in STORE_MODES if m != "store-lmcache" or lmc]
@@ -313,6 +322,8 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             row["ratios"]["tcp/loopback-64mb"] = round(g["tcp"] / loop, 3)
         if "tcp" in g and "tcp-buffered" in g:
             row["ratios"]["tcp/tcp-buffered"] = round(g["tcp"] / g["tcp-buffered"], 3)
+        if "tcp-new" in g and "tcp-new-concat" in g:
+            row["ratios"]["tcp-new/tcp-new-concat"] = round(g["tcp-new"] / g["tcp-new-concat"], 3)
         rows.append(row)
     return {
         "benchmark": "restore",
