@@ -26,6 +26,7 @@ import numpy as np
 
 from kvstrata.client.codec import (
     CHECKSUM_OFFSET,
+    DTYPES,
     FLAG_FP8,
     FLAG_ZSTD,
     FLAGS_OFFSET,
@@ -41,6 +42,7 @@ from kvstrata.client.codec import (
 from kvstrata.client.fast import nbytes, pack, sendmsg_all, widen_unix_send_buffer
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
+from kvstrata.client.scatter import mget_scatter, slot_fits
 from kvstrata.engine.entry import Entry
 
 log = logging.getLogger("kvstrata.client")
@@ -137,6 +139,23 @@ class _Base:
         prefix of a few to tens of chunks splits into several windows, so that only the first fetch and the
         last decode are not hidden. No prefetch (0) still reads in windows of the default size."""
         return max(1, min(self.batch_size, self.prefetch_window or DEFAULT_PREFETCH_WINDOW))
+
+    # ---- read planning (shared by the sync and the asyncio client) ----
+    def _plan_window(self, keys: list[bytes], start: int, size: int) -> tuple[list[bytes], list[bytes]]:
+        """The keys of the read window at ``start`` (at most ``size``) and the keys to prefetch with it: the
+        ``prefetch_window`` keys after it."""
+        batch = keys[start:start + size]
+        end = start + len(batch)
+        return batch, keys[end:end + self.prefetch_window]
+
+    @staticmethod
+    def _window_commands(keys: list[bytes], ahead: list[bytes],
+                         plain: bool) -> tuple[list[Any] | None, list[Any]]:
+        """(PREFETCH of ``ahead`` or None, the MGET of ``keys``): one read window, sent in one write. Replies on
+        one connection come back in order, so the server has queued the prefetch before it answers the MGET.
+        Plain Redis gets no PREFETCH and a plain MGET."""
+        before = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+        return before, [b"MGET" if plain else b"TAIR.KV.MGET", *keys]
 
     # ---- encoding ----
     def _layout(self) -> str:
@@ -240,9 +259,18 @@ class _Filler(list):  # type: ignore[type-arg]
     """The chunk list of ``retrieve(out=)``: each appended chunk is copied at once into the next slot of ``out``
     along the token axis (the list keeps those filled slots)."""
 
-    def __init__(self, out: np.ndarray, axis: int) -> None:
+    def __init__(self, out: np.ndarray | None, axis: int, tokens: int = 0) -> None:
+        """``out=None``: ``out`` is made on the first chunk, ``tokens`` long on the token axis (np.empty: pages
+        never written cost nothing)."""
         super().__init__()
-        self.dest, self.axis, self.pos = out, axis, 0
+        self.dest: np.ndarray = out  # type: ignore[assignment]
+        self.axis, self.pos, self.tokens = axis, 0, tokens
+
+    def _make(self, shape: tuple[int, ...], dtype: Any) -> None:
+        if self.dest is None:
+            full = list(shape)
+            full[self.axis] = self.tokens
+            self.dest = np.empty(tuple(full), dtype)
 
     def _slot(self, start: int, end: int) -> np.ndarray:
         index: list[Any] = [slice(None)] * self.dest.ndim
@@ -250,7 +278,11 @@ class _Filler(list):  # type: ignore[type-arg]
         return self.dest[tuple(index)]
 
     def append(self, chunk: np.ndarray) -> None:
+        self._make(chunk.shape, chunk.dtype)
         end = self.pos + chunk.shape[self.axis]
+        if end > self.dest.shape[self.axis]:
+            raise ValueError(f"chunk of {chunk.shape[self.axis]} tokens does not fit at {self.pos} of "
+                             f"{self.dest.shape[self.axis]}")
         slot = self._slot(self.pos, end)
         _copy_bytes(slot, chunk.view(self.dest.dtype) if chunk.dtype != self.dest.dtype else chunk)
         self.pos = end
@@ -260,8 +292,37 @@ class _Filler(list):  # type: ignore[type-arg]
         for chunk in chunks:
             self.append(chunk)
 
+    def place(self, hdr: Any) -> np.ndarray | None:
+        """The next slot, for a scatter receive of a value with header ``hdr``; None when it does not fit there
+        byte for byte (then the value is decoded and ``append``-ed as usual)."""
+        shape = hdr.shape
+        if len(shape) <= self.axis:
+            return None
+        self._make(shape, np.dtype(DTYPES[hdr.dtype][1]))
+        if len(shape) != self.dest.ndim or any(
+                s != d for k, (s, d) in enumerate(zip(shape, self.dest.shape, strict=True)) if k != self.axis):
+            return None
+        end = self.pos + shape[self.axis]
+        if end > self.dest.shape[self.axis]:
+            return None
+        slot = self._slot(self.pos, end)
+        return slot if slot_fits(slot, hdr) else None
+
+    def commit(self, slot: np.ndarray) -> None:
+        """``slot`` (from ``place``) has been filled and verified: it is the next chunk."""
+        self.pos += slot.shape[self.axis]
+        super().append(slot)
+
     def filled(self) -> np.ndarray | None:
         return self._slot(0, self.pos) if self.pos else None
+
+    def compact(self) -> np.ndarray | None:
+        """The filled part as a C-contiguous array of its own size (a copy only when ``out`` is not all filled)."""
+        if not self.pos:
+            return None
+        if self.pos == self.dest.shape[self.axis]:
+            return self.dest
+        return np.ascontiguousarray(self.filled())
 
 
 def _copied(a: np.ndarray) -> np.ndarray:
@@ -819,14 +880,14 @@ class KVCacheClient(_Base):
     def _fetch_window(self, keys: list[bytes], ahead: list[bytes], plain: bool, bufs: list[bytearray] | None,
                       offset: int) -> list[Any]:
         """PREFETCH ``ahead``, then MGET ``keys`` (into ``bufs[offset ..]`` when given and possible), in one round
-        trip: replies on one connection come back in order, so the server has queued the prefetch first."""
-        prefetch = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+        trip (``_window_commands``)."""
+        prefetch, mget = self._window_commands(keys, ahead, plain)
         values = self._mget_into(keys, bufs, offset, prefetch) if bufs is not None else None
         if values is None:
             pipe = self.redis.pipeline(transaction=False)
             if prefetch is not None:
                 pipe.execute_command(*prefetch)
-            pipe.execute_command("MGET" if plain else "TAIR.KV.MGET", *keys)
+            pipe.execute_command(*mget)
             values = pipe.execute()[-1]
         return values
 
@@ -836,8 +897,7 @@ class KVCacheClient(_Base):
         plain = self._is_plain()
         first = i
         while i < len(keys):
-            batch = keys[i:i + self.batch_size]
-            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            batch, ahead = self._plan_window(keys, i, self.batch_size)
             values = self._fetch_window(batch, ahead, plain, bufs, i - first)
             n = self._decode_window(batch, values, out)
             i += n
@@ -853,9 +913,7 @@ class KVCacheClient(_Base):
         first = i
 
         def fetch(start: int) -> list[Any]:
-            end = min(start + size, len(keys))
-            return self._fetch_window(keys[start:end], keys[end:end + self.prefetch_window], plain, bufs,
-                                      start - first)
+            return self._fetch_window(*self._plan_window(keys, start, size), plain, bufs, start - first)
 
         # The first window is fetched here: there is nothing to overlap it with yet, and a one-window prefix
         # then costs no thread hop.
@@ -916,15 +974,96 @@ class KVCacheClient(_Base):
                     return n * self.chunk_size, self._into(chunks, kv)
             finally:
                 self._arena_done()
-        # Into ``out``: received into this thread's reused buffers, each chunk copied out as soon as it is
-        # decoded (its bytes still in cache from the checksum, the next window being received meanwhile).
         if out is not None:
             layout = self._layout()
             filler = _Filler(out, layout.index("T") if "T" in layout else 0)
-            n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler)
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+            # Over a socket: each value received straight into its slot of ``out`` (scatter receive).
+            if self._scatter_reads():
+                done = self._retrieve_scatter(keys, filler)
+                if done is not None:
+                    return done * self.chunk_size, filler.filled()
+            # Otherwise received into this thread's reused buffers, each chunk copied out as soon as it is
+            # decoded (its bytes still in cache from the checksum).
+            n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler, keys=keys)
             return n, filler.filled()
+        layout = self._layout()
+        if self._scatter_reads() and "T" in layout:
+            # Over a socket, into one array made on the first chunk: each value received straight into its
+            # place, no concatenation afterwards.
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+            filler = _Filler(None, layout.index("T"), len(keys) * self.chunk_size)
+            try:
+                done = self._retrieve_scatter(keys, filler)
+            except ValueError:  # chunks of another length than chunk_size: read them the general way below
+                done = None
+            if done is not None:
+                return done * self.chunk_size, filler.compact()
         n, chunks = self.retrieve_chunks(tokens, max_tokens)
-        return n, self.concat(chunks, self._layout())
+        return n, self.concat(chunks, layout)
+
+    def _scatter_reads(self) -> bool:
+        """Whether ``retrieve`` receives values straight into place. Not with a local tier (it keeps the encoded
+        values), and not when this client writes compressed values: those are decoded, not placed, and the
+        windowed path overlaps their decoding with the next window's receive."""
+        return self.local is None and self.redis is not None and self.compression == "raw"
+
+    def _retrieve_scatter(self, keys: list[bytes], filler: _Filler) -> int | None:
+        """``retrieve(out=)`` over this thread's FastClient: windows of MGET (with the next window's PREFETCH),
+        each raw value received straight into its slot of ``out`` and verified on the way
+        (``kvstrata.client.scatter``). Returns the chunks restored, or None when that connection is unavailable.
+        A connection failing mid-value drops it, and the chunks not yet verified are read again the usual way
+        (redis-py reconnects, or raises): the slot being filled is never counted."""
+        try:
+            fc = self._fast()
+        except OSError:
+            return None  # cannot connect: the redis-py path below raises its usual error (or reconnects)
+        if fc is None:
+            return None
+        from kvstrata.client.fast import RespError
+
+        plain = self._is_plain()
+        size = self._window()
+        i = 0
+        misfit: list[BaseException] = []
+        while i < len(keys):
+            batch, ahead = self._plan_window(keys, i, size)
+            before, mget = self._window_commands(batch, ahead, plain)
+
+            def on_value(j: int, hdr: Any, arr: np.ndarray, placed: bool, nbytes: int,
+                         batch: list[bytes] = batch) -> bool:
+                if placed:
+                    filler.commit(arr)
+                else:
+                    try:
+                        filler.append(arr)
+                    except ValueError as exc:  # a chunk that does not fit ``out``: raised once the reply is read
+                        misfit.append(exc)
+                        return False
+                self._size_hint = max(self._size_hint, nbytes)
+                self._count(bytes_received=nbytes)
+                return True
+
+            def on_error(j: int, exc: CodecError, batch: list[bytes] = batch) -> None:
+                kind = "refused" if isinstance(exc, FormatVersionError) else "corrupt"
+                self._error(kind, f"{batch[j].decode()}: {exc}")
+
+            try:
+                n = mget_scatter(fc, batch, filler.place, before, mget[0], on_value, on_error)
+            except (OSError, RespError) as exc:
+                self._drop_fast(fc)
+                done = len(filler)  # chunks verified and in place, this window's first ones included
+                log.warning("kvstrata: socket read failed after %d chunks (%s); reading the rest again", done, exc)
+                n_tok, _ = self.retrieve_chunks([], skip_chunks=done, reuse_buffers=True, keys=keys,
+                                                _into=filler)
+                return n_tok // self.chunk_size
+            if misfit:
+                raise misfit[0]
+            i += n
+            if n < len(batch):
+                break
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
+        return i
 
     def _into(self, chunks: list[np.ndarray], out: np.ndarray) -> np.ndarray | None:
         """Copy ``chunks`` one after the other along the token axis into ``out``; returns the filled part."""
@@ -1008,6 +1147,7 @@ class AsyncKVCacheClient(_Base):
                           "stage_writes": stage_writes, **kw}
         self._local: KVCacheClient | None = None
         self._local_ok = local_plane
+        self._reader: KVCacheClient | None = None  # retrieve(out=) over the socket, in a worker thread
         self.url = url
         self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
                                                    socket_timeout=socket_timeout, **_auth(username, password))
@@ -1015,9 +1155,10 @@ class AsyncKVCacheClient(_Base):
         self._plain_redis: bool | None = None
 
     async def aclose(self) -> None:
-        if self._local is not None:
-            self._local.close()
-            self._local = None
+        for sync in (self._local, self._reader):
+            if sync is not None:
+                sync.close()
+        self._local = self._reader = None
         await self.redis.aclose()
         await self.pool.disconnect()
 
@@ -1127,29 +1268,29 @@ class AsyncKVCacheClient(_Base):
                 break
             out.append(arr)
             i += 1
+        self._count(local_hits=i)
         plain = await self._is_plain()
         if self.overlap:
             if i < len(keys):
                 i = await self._read_overlapped(keys, i, out, plain)
+            self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))  # as the sync client counts
             return i * self.chunk_size, out
         while i < len(keys):
-            batch = keys[i:i + self.batch_size]
-            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            batch, ahead = self._plan_window(keys, i, self.batch_size)
             values = await self._recv_and_release(*await self._send_window(batch, ahead, plain))
             n = self._decode_window(batch, values, out)
             i += n
             if n < len(batch):
                 break
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
         return i * self.chunk_size, out
 
     async def _send_window(self, keys: list[bytes], ahead: list[bytes], plain: bool) -> tuple[Any, int]:
         """Send PREFETCH ``ahead`` and MGET ``keys`` in one write on a pooled connection; returns it and the
         number of replies to read. Sending here, not in the reading task, puts the request on the wire before
         the caller goes on to decode, even when it decodes on the event loop."""
-        cmds: list[tuple[Any, ...]] = []
-        if ahead and not plain:
-            cmds.append(("TAIR.KV.PREFETCH", *ahead))
-        cmds.append(("MGET" if plain else "TAIR.KV.MGET", *keys))
+        before, mget = self._window_commands(keys, ahead, plain)
+        cmds = [mget] if before is None else [before, mget]
         conn = await self.pool.get_connection()
         try:
             await conn.send_packed_command(conn.pack_commands(cmds), check_health=False)
@@ -1198,8 +1339,7 @@ class AsyncKVCacheClient(_Base):
         size = self._window()
 
         async def send(start: int) -> tuple[Any, int]:
-            end = min(start + size, len(keys))
-            return await self._send_window(keys[start:end], keys[end:end + self.prefetch_window], plain)
+            return await self._send_window(*self._plan_window(keys, start, size), plain)
 
         values = await self._recv_and_release(*await send(i))
         pending: tuple[asyncio.Future[list[Any]], Any] | None = None  # the reading task and its connection
@@ -1235,14 +1375,29 @@ class AsyncKVCacheClient(_Base):
                 await asyncio.gather(task, return_exceptions=True)
                 await self._done_with(conn, False)
 
-    async def retrieve(self, tokens: Sequence[int],
-                       max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
+    async def retrieve(self, tokens: Sequence[int], max_tokens: int | None = None,
+                       out: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+        """As ``KVCacheClient.retrieve``. Through a local server's arena, and with ``out`` over the socket too,
+        a synchronous client does the work in a worker thread (the copy, or the scatter receive straight into
+        ``out``, must not run on the event loop); otherwise windows are read on the loop, overlapped."""
         if self.local is None and await self._plane():
             assert self._local is not None
             self._local.namespace = self.namespace
-            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens)
+            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens, out)
+        if out is not None:
+            reader = self._sync_reader()
+            reader.namespace = self.namespace
+            return await asyncio.to_thread(reader.retrieve, tokens, max_tokens, out)
         n, chunks = await self.retrieve_chunks(tokens, max_tokens)
         return n, self.concat(chunks, self._layout())
+
+    def _sync_reader(self) -> KVCacheClient:
+        """The synchronous client of ``retrieve(out=)`` over the socket (one set of counters with this one)."""
+        if self._reader is None:
+            c = KVCacheClient(self.url, self.namespace, local_plane=False, **self._local_kw)
+            c.stats, c._stats_lock = self.stats, self._stats_lock
+            self._reader = c
+        return self._reader
 
     async def _plane(self) -> bool:
         """Whether the server's arena can be mapped from here (decided once, in a worker thread)."""
