@@ -52,6 +52,8 @@ ACL_LOG_GROUP_MS = 60_000
 
 def categories(spec: CommandSpec) -> list[str]:
     """The ACL categories of one command or subcommand, derived from its flags and group."""
+    if spec.subcommands and spec.arity < -1:
+        return ["slow"]  # a container that never runs alone (Redis: no flags): its subcommands carry categories
     name = spec.full_name
     out = []
     if spec.write:

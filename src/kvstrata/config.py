@@ -63,6 +63,13 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _tier_order(text: str) -> str:
+    """``dram`` then names from the tier registry (kvstrata.engine.tiers.registry), not a fixed list."""
+    from kvstrata.engine.tiers import registry  # late: config stays importable without the engine
+
+    return registry.check_order(text)
+
+
 def _octal(text: str | int) -> str:
     """File permissions in octal, kept as written (``700``), as Redis's unixsocketperm."""
     value = str(text).strip()
@@ -123,6 +130,13 @@ PARAMS: tuple[Param, ...] = (
     Param("lease-default-ms", _int, 10_000, "Lease time of TAIR.KV.MGETREF without LEASE.", mutable=True),
     Param("lease-max-ms", _int, 60_000, "Longest lease a client may ask for.", mutable=True),
     Param("lease-max-per-client", _int, 64, "Most leases one client may hold at once.", mutable=True),
+    Param("stage-size", parse_size, 128 * 1024 * 1024,
+          "Size of each writer's staging segment for two-phase writes (TAIR.KV.STAGE; 0: off; only touched pages "
+          "use memory; docs/dataplane.md)."),
+    Param("stage-max-reservations", _int, 256, "Most two-phase write reservations one client may hold at once.",
+          mutable=True),
+    Param("stage-reserve-ms", _int, 60_000, "How long a two-phase write reservation lasts uncommitted.",
+          mutable=True),
     Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),
@@ -185,10 +199,11 @@ PARAMS: tuple[Param, ...] = (
           "Prefix of every pool key (it has no braces, so a key's {hash tag} still picks its cluster slot)."),
     Param("pool-node-id", _int, -1,
           "This node's id (0-255) in the low bits of its versions, the tie-break between nodes; -1: random."),
-    Param("tier-order", _choice("dram,pool,ssd", "dram,ssd,pool"), "dram,pool,ssd",
-          "Order of the lower tiers: dram,pool,ssd demotes DRAM entries to the pool (the SSD keeps its copy per "
-          "durability) and reads this node's pool records before LMDB; dram,ssd,pool reads the pool only after "
-          "LMDB misses. Writes are published to the pool either way."),
+    Param("tier-order", _tier_order, "dram,pool,ssd",
+          "Order of the tiers, fastest first: dram, then registered lower tiers (ssd, pool; configured ones "
+          "must be named, unconfigured ones are skipped). dram,pool,ssd demotes DRAM entries to the pool (the "
+          "SSD keeps its copy per durability) and reads this node's pool records before LMDB; dram,ssd,pool "
+          "reads the pool only after LMDB misses. Writes are published to the pool either way."),
     Param("hbm-size", parse_size, 0, "GPU tier budget (used by the embedded engine; the server has none).",
           env=("HBM_SIZE",)),
     Param("durability", _choice("write-back", "write-through"), "write-back",

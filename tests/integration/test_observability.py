@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.unit.test_ssd_check import N, flipped, key_of, value_of
 
 from kvstrata.bench.procs import free_port
+from kvstrata.engine.entry import Entry
+from kvstrata.engine.tiers.ssd import SsdTier
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -203,6 +206,42 @@ def test_tiered_metrics_and_alert_names(make_server, tmp_path):
         referenced |= set(re.findall(r"\bkvstrata_[a-z_]+", (REPO_ROOT / path).read_text()))
     missing = {n for n in referenced - exported if n != "kvstrata_pool_degraded"}
     assert not missing, f"used in deploy/ but not exported: {sorted(missing)}"
+    r.close()
+
+
+def test_per_tier_counters_match_info_on_a_damaged_ssd(make_server, tmp_path):
+    """INFO tier_ssd's ``reads``, ``unreadable_pages`` and ``expired`` are on /metrics too
+    (kvstrata_tier_<field>_total{tier="ssd"}), scraped from the real endpoint of a server whose LMDB file has
+    flipped bits: a listing meets damaged pages, and each GET of a key not in DRAM is one LMDB read."""
+    pristine = tmp_path / "pristine"
+    tier = SsdTier(str(pristine), 1 << 30, fsync="no", threaded=False)
+    for i in range(N):
+        tier.put(key_of(i), Entry(value_of(i), i + 1))
+    tier.close()
+    port = free_port()
+    # seed 2 flips bits in B-tree pages (tests/unit/test_ssd_check.py); nothing is promoted on a read
+    srv = make_server({"http-port": port, "essd-path": str(flipped(pristine, tmp_path / "ssd", 2)),
+                       "dram-size": "1mb", "promote-hits": 100, "prefetch-predict": "no"})
+    r = srv.client()
+    cursor = 0
+    while True:
+        cursor, _ = r.scan(cursor, count=500)
+        if cursor == 0:
+            break
+    before, info = scrape(port), r.info("tier_ssd")
+    assert info["unreadable_pages"] > 0
+    for field in ("reads", "unreadable_pages", "expired"):
+        assert metric(before, f"kvstrata_tier_{field}_total", tier="ssd") == info[field], field
+        assert ("kvstrata_tier_" + field + "_total", frozenset({("tier", "dram")})) not in before
+    for i in range(5):
+        r.get(key_of(i))
+    after = scrape(port)
+    assert metric(after, "kvstrata_tier_reads_total", tier="ssd") - metric(
+        before, "kvstrata_tier_reads_total", tier="ssd") == 5
+    assert metric(after, "kvstrata_tier_reads_total", tier="ssd") == r.info("tier_ssd")["reads"]
+    status, _, body = http_get(port, "/metrics")
+    assert "# HELP kvstrata_tier_unreadable_pages_total Damaged LMDB pages" in body.decode()
+    assert "# TYPE kvstrata_tier_reads_total counter" in body.decode()
     r.close()
 
 

@@ -384,7 +384,8 @@ def test_single_redis_pool_down_and_back(make_server, tmp_path):
         a = make_server({**cfg, "essd-path": str(tmp_path / "a")}).client()
         b = make_server({**cfg, "essd-path": str(tmp_path / "b")}).client()
         a.execute_command("TAIR.KV.SETEX", "single:1", 0, b"one")
-        assert b.execute_command("TAIR.KV.MGET", "single:1") == [b"one"]
+        # --pool-ack local acknowledges before the pool has the record: B sees it once A's writer put it there.
+        wait_for(lambda: b.execute_command("TAIR.KV.MGET", "single:1") == [b"one"], what="B to read A's write")
         single.kill(0)
         assert a.execute_command("TAIR.KV.SETEX", "single:2", 0, b"two")  # acknowledged from local tiers
         assert a.execute_command("TAIR.KV.MGET", "single:2", "CONSISTENCY_LEVEL", "EVENTUAL") == [b"two"]
@@ -395,6 +396,7 @@ def test_single_redis_pool_down_and_back(make_server, tmp_path):
         wait_for(lambda: pool_info(a)["pool_degraded"] == 0, what="node A to use the pool again")
         wait_for(lambda: pool_info(b)["pool_degraded"] == 0, what="node B to use the pool again")
         a.execute_command("TAIR.KV.SETEX", "single:3", 0, b"three")
-        assert b.execute_command("TAIR.KV.MGET", "single:3", "CONSISTENCY_LEVEL", "EVENTUAL") == [b"three"]
+        wait_for(lambda: b.execute_command("TAIR.KV.MGET", "single:3", "CONSISTENCY_LEVEL", "EVENTUAL") == [b"three"],
+                 what="B to read A's write through the pool again")
     finally:
         single.stop()

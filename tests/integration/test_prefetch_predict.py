@@ -106,6 +106,26 @@ def test_an_exists_batch_prefetches_the_chunks_it_found(srv: Any) -> None:
     assert after["prefetch_wasted"] == before["prefetch_wasted"]
 
 
+def test_an_exists_batch_reads_each_chunk_from_ssd_once(srv: Any) -> None:
+    """EXISTS loads its keys before it answers; the chunks it found come up to DRAM from that load, not from a
+    second read by the prefetcher (INFO tier_ssd ``reads`` counts LMDB lookups)."""
+    writer = srv.client()
+    chain = [f"once:{i}".encode() for i in range(6)]
+    for key in chain:
+        writer.set(key, VALUE)
+    _demoted(srv, chain)
+    wait_for(lambda: writer.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
+    before, reads = info(writer), writer.info("tier_ssd")["reads"]
+    lookup = srv.client()
+    assert lookup.exists(*chain, "once:missing") == len(chain)
+    wait_for(lambda: info(lookup)["prefetch_issued"] - before["prefetch_issued"] >= len(chain),
+             what="the chunks found prefetched")
+    assert lookup.info("tier_ssd")["reads"] - reads == len(chain) + 1  # each key EXISTS named, once
+    assert [lookup.execute_command("TAIR.KV.TIER", k) for k in chain] == [b"dram"] * len(chain)
+    assert [lookup.get(k) for k in chain] == [VALUE] * len(chain)
+    assert info(lookup)["prefetch_used"] - before["prefetch_used"] == len(chain)
+
+
 def test_a_whole_prefix_announced_with_prefetch_is_loaded_once(srv: Any) -> None:
     writer = srv.client()
     chain = [f"conv:{i}".encode() for i in range(8)]

@@ -12,8 +12,8 @@ One JSON request per line on stdin, one JSON answer per line on stdout:
   tokens after them were left alone;
 * ``{"op": "lookup", "engine": name, "seed": s, "tokens": n}``: LMCache's hit length.
 
-LMCache's ``MockGPUConnector`` copies nothing, so ``CopyConnector`` copies between each memory object and a CPU
-tensor in LMCache's ``KV_2LTD`` layout (K/V, layers, tokens, heads x dim).
+The copying GPU connector is kvstrata's ``bench/lmcache_connector.py``, loaded by path (kvstrata itself is not
+installed in LMCache's environment).
 """
 
 from __future__ import annotations
@@ -22,36 +22,16 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
-from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+
+# kvstrata is not importable here; its LMCache connector module is (it imports only LMCache and torch).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src" / "kvstrata" / "bench"))
+from lmcache_connector import CopyConnector
 
 LAYERS, HEADS, DIM, CHUNK = 4, 2, 16, 256
-
-
-class CopyConnector(GPUConnectorInterface):
-    def __init__(self) -> None:
-        self.src: torch.Tensor | None = None
-        self.dst: torch.Tensor | None = None
-        self.kvcaches = None
-
-    def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        memory_obj.tensor[:, :, : end - start].copy_(self.src[:, :, start:end])
-
-    def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        self.dst[:, :, start:end].copy_(memory_obj.tensor[:, :, : end - start])
-
-    def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
-        for m, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(m, s, e)
-
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
-        for m, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.to_gpu(m, s, e)
-
-    def get_shape(self, num_tokens: int) -> torch.Size:
-        return torch.Size([2, LAYERS, num_tokens, HEADS * DIM])
 
 
 ENGINES: dict[str, tuple[Any, CopyConnector]] = {}
@@ -67,7 +47,7 @@ def engine(name: str, url: str) -> tuple[Any, CopyConnector]:
                                                 remote_url=url, remote_serde="naive")
         meta = LMCacheMetadata(model_name="kvstrata-test/model", world_size=1, local_world_size=1, worker_id=0,
                                local_worker_id=0, kv_dtype=torch.bfloat16, kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM))
-        conn = CopyConnector()
+        conn = CopyConnector((2, LAYERS, CHUNK, HEADS * DIM))
         eng = LMCacheEngineBuilder.get_or_create(name, cfg, meta, conn, None, None)
         eng.post_init()
         ENGINES[name] = (eng, conn)

@@ -6,7 +6,7 @@ import random
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvstrata.commands import REGISTRY
+from kvstrata.commands.registry import lookup_full
 from kvstrata.config import Config
 from kvstrata.observability.history import History
 from kvstrata.observability.prometheus import LE_BUCKETS, render
@@ -22,8 +22,9 @@ def server():
 
 
 def run(srv, name, usec, failed=False):
-    """What the connection does for one command, without a connection."""
-    st = srv.command_counts[REGISTRY[name]]
+    """What the connection does for one command, without a connection (``config|get``: the subcommand's row, as
+    the dispatcher counts subcommands)."""
+    st = srv.command_counts[lookup_full(name)]
     st.calls += 1
     st.usec += usec
     st.hist[usec.bit_length()] += 1
@@ -121,14 +122,24 @@ def test_prometheus_histogram_buckets(server):
 
 
 def test_prometheus_subcommands_are_a_breakdown(server):
-    config = REGISTRY[b"config"]
-    run(server, b"config", 10)
-    server.command_counts[config.subcommands[b"get"]].calls += 1
+    run(server, b"config|get", 10)
+    run(server, b"config|get", 20, failed=True)
+    run(server, b"config|set", 3000)
+    server.command_counts[lookup_full(b"config|get")].rejected += 2
     body, _ = render(lambda: server.observability.snapshot(), process_metrics=False)
     s = samples_of(body)
-    assert s[("kvstrata_commands_total", (("cmd", "config"),))] == 1
+    # the container once per call of any of its subcommands: calls, errors and time folded together
+    assert s[("kvstrata_commands_total", (("cmd", "config"),))] == 3
+    assert s[("kvstrata_command_errors_total", (("cmd", "config"),))] == 1
+    assert s[("kvstrata_command_duration_seconds_count", (("cmd", "config"),))] == 3
+    assert s[("kvstrata_command_duration_seconds_sum", (("cmd", "config"),))] == pytest.approx(3030 / 1e6)
+    buckets = {float(dict(labels)["le"]): v for (name, labels), v in s.items()
+               if name == "kvstrata_command_duration_seconds_bucket" and ("cmd", "config") in labels}
+    assert (buckets[8e-6], buckets[16e-6], buckets[32e-6], buckets[0.002048], buckets[0.004096]) == (0, 1, 2, 2, 3)
     assert ("kvstrata_commands_total", (("cmd", "config|get"),)) not in s
-    assert s[("kvstrata_subcommands_total", (("cmd", "config|get"),))] == 1
+    assert s[("kvstrata_subcommands_total", (("cmd", "config|get"),))] == 2
+    assert s[("kvstrata_subcommands_total", (("cmd", "config|set"),))] == 1
+    assert s[("kvstrata_command_rejected_total", (("cmd", "config|get"),))] == 2
 
 
 def test_history_series_and_latency_events(server):

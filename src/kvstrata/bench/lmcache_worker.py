@@ -12,8 +12,8 @@ kvstrata). It reads one JSON request per line on stdin and answers one JSON line
   checked to restore every token;
 * ``{"op": "quit"}``.
 
-LMCache's ``MockGPUConnector`` copies nothing, so ``CopyConnector`` below copies between each memory object's
-tensor and the case's CPU tensors: the same bytes kvstrata moves, into an existing buffer.
+The copying GPU connector is ``lmcache_connector.CopyConnector`` (beside this file, imported by path: this
+script's directory is first on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -25,36 +25,7 @@ import time
 from typing import Any
 
 import torch
-from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
-
-
-class CopyConnector(GPUConnectorInterface):
-    """Stores from ``src`` and restores into ``dst`` (CPU tensors in LMCache's KV_2LTD layout: 2, layers,
-    tokens, heads x dim), one memory object (one 256-token chunk) at a time."""
-
-    def __init__(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        self.src = src
-        self.dst = dst
-        self.kvcaches = None
-
-    def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        memory_obj.tensor[:, :, : end - start].copy_(self.src[:, :, start:end])
-
-    def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        self.dst[:, :, start:end].copy_(memory_obj.tensor[:, :, : end - start])
-
-    def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
-        for m, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(m, s, e)
-
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
-        for m, s, e in zip(memory_objs, starts, ends, strict=True):
-            self.to_gpu(m, s, e)
-
-    def get_shape(self, num_tokens: int) -> torch.Size:
-        shape = list(self.src.shape)
-        shape[2] = num_tokens
-        return torch.Size(shape)
+from lmcache_connector import CopyConnector
 
 
 def setup(cases: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
@@ -75,7 +46,7 @@ def setup(cases: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
                                                 remote_url=None)
         meta = LMCacheMetadata(model_name=f"{c['model']}-{i}", world_size=1, local_world_size=1, worker_id=0,
                                local_worker_id=0, kv_dtype=dtype, kv_shape=(layers, 2, 256, heads, dim))
-        conn = CopyConnector(src, dst)
+        conn = CopyConnector(tuple(src.shape), src, dst)
         engine = LMCacheEngineBuilder.get_or_create(f"bench-{i}", cfg, meta, conn, None, None)
         engine.post_init()
         ids = torch.randint(0, 50_000, (tokens,))

@@ -38,7 +38,8 @@ MAGIC = b"KVSC"
 FORMAT_VERSION = 1
 _FIXED = struct.Struct("<4sBBBBBBHQQIQ")
 HEADER_SIZE = _FIXED.size  # 40
-_CHECKSUM_OFFSET = 32
+CHECKSUM_OFFSET = 32  # the 8-byte xxh3-64, computed with this field zeroed
+_CHECKSUM_OFFSET = CHECKSUM_OFFSET  # the former private name
 FLAGS_OFFSET = 5  # magic (4), format version, then the flags byte
 
 FLAG_FP8 = 1
@@ -169,6 +170,25 @@ def as_array(value: Any) -> tuple[np.ndarray, str]:
 def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale: str = "head",
                  zstd_level: int = 3) -> list[Any]:
     """Encode a tensor; returns ``[header, payload...]`` buffers to send without joining them."""
+    return seal_parts(prepare_parts(value, codec, layout, fp8_scale=fp8_scale, zstd_level=zstd_level))
+
+
+def seal_parts(parts: list[Any]) -> list[Any]:
+    """Fill in the checksum of ``prepare_parts``' header (one pass over the payload)."""
+    header = bytearray(parts[0])
+    header[CHECKSUM_OFFSET:CHECKSUM_OFFSET + 8] = bytes(8)
+    h = xxhash.xxh3_64(header)
+    for p in parts[1:]:
+        h.update(p)
+    struct.pack_into("<Q", header, CHECKSUM_OFFSET, h.intdigest())
+    return [bytes(header), *parts[1:]]
+
+
+def prepare_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale: str = "head",
+                  zstd_level: int = 3) -> list[Any]:
+    """``[header, payload...]`` with the header's checksum field still zero: the value's xxh3-64 over these
+    bytes is that checksum. ``seal_parts`` fills it in; a two-phase write (kvstrata.client.stage) computes it
+    while copying the parts into place, saving a pass over the tensor."""
     codec = check_codec(codec)
     arr, dtype = as_array(value)
     runs = None
@@ -222,14 +242,7 @@ def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale:
     fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, flags, dtype_code, planes, len(shape), len(layout_b), 0,
                         raw_len, payload_len, nscales, 0)
     tail = struct.pack(f"<{len(shape)}Q", *shape) + layout_b
-    h = xxhash.xxh3_64()
-    h.update(fixed)
-    h.update(tail)
-    for p in parts_payload:
-        h.update(p)
-    header = bytearray(fixed + tail)
-    struct.pack_into("<Q", header, _CHECKSUM_OFFSET, h.intdigest())
-    return [bytes(header), *parts_payload]
+    return [fixed + tail, *parts_payload]
 
 
 def contiguous_runs(arr: np.ndarray, min_run: int = 16 * 1024, max_runs: int = 4096) -> list[memoryview] | None:
@@ -328,9 +341,9 @@ def verify(buf: Any, check: bool = True) -> Header:
     if not check:
         return hdr
     h = xxhash.xxh3_64()
-    h.update(mv[:_CHECKSUM_OFFSET])
+    h.update(mv[:CHECKSUM_OFFSET])
     h.update(b"\0" * 8)
-    h.update(mv[_CHECKSUM_OFFSET + 8:])
+    h.update(mv[CHECKSUM_OFFSET + 8:])
     if h.intdigest() != hdr.checksum:
         raise ChecksumError("KV value checksum mismatch (corrupted value)")
     return hdr

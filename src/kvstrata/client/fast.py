@@ -10,6 +10,9 @@ server with, so the client costs the same against each):
 * **Receive.** Replies are parsed from a reusable receive buffer; a bulk value that should land in a caller's
   buffer (``get_into``, ``mget_into``, ``get_many_into``) is received with ``recv_into`` directly into it:
   one kernel copy, no Python bytes object, no page faults when the caller reuses its buffers.
+* **Scatter receive.** ``read_array_len``/``read_bulk_len``/``recv_scatter``/``end_bulk`` let a caller read a
+  bulk value piece by piece straight into several buffers (a strided tensor's contiguous runs) with
+  ``recvmsg_into``, seeing each filled piece while it is still in cache (``kvstrata.client.scatter`` hashes it).
 
 Any object with a C-contiguous buffer works as a destination (``bytearray``, ``memoryview``, a numpy array, a
 torch CPU tensor through ``tensor.numpy()``). A value longer than its destination raises ``ValueTooLarge``
@@ -19,12 +22,16 @@ after the reply has been consumed, so the connection stays usable.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 LARGE = 16 * 1024
 _RECV = 256 * 1024
 _IOV_MAX = 512
+# Bytes one recvmsg_into of a scatter receive asks for: small enough that the pieces it fills are still in the
+# CPU cache when the caller hashes them right after (the verify pass then costs no memory traffic), large enough
+# that syscalls stay few.
+SCATTER_BYTES = 512 * 1024
 # A Unix stream socket's sender buffer bounds how much one sendmsg moves before the writer sleeps until the
 # server has read it; at the default (~208 KiB) a 15 MB KV chunk costs ~70 wake-ups on each side. 4 MiB (the
 # usual net.core.wmem_max; the kernel caps it there) measured +20% on the SDK's Unix store. TCP autotunes.
@@ -136,8 +143,10 @@ def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
 class FastClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
                  password: str | None = None, *, unix_path: str | None = None,
-                 username: str | None = None) -> None:
-        """TCP to ``host:port``, or the Unix socket ``unix_path`` when given."""
+                 username: str | None = None, connect_timeout: float | None = None) -> None:
+        """TCP to ``host:port``, or the Unix socket ``unix_path`` when given. ``timeout`` bounds each socket
+        operation; ``connect_timeout`` (default: ``timeout``) the TCP connect."""
+        self.host, self.port = host, port
         if unix_path is not None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock.settimeout(timeout)
@@ -148,7 +157,9 @@ class FastClient:
                 raise
             widen_unix_send_buffer(self.sock)
         else:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
+            self.sock = socket.create_connection(
+                (host, port), timeout=timeout if connect_timeout is None else connect_timeout)
+            self.sock.settimeout(timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._rbuf = bytearray(_RECV)
         self._rview = memoryview(self._rbuf)
@@ -238,6 +249,94 @@ class FastClient:
             got += k
         while self._end - self._start < 2:
             self._fill()
+        self._start += 2
+
+    # ---- piecewise reading (scatter receive) ----
+    def read_array_len(self) -> int | None:
+        """The length of an array reply (None for a nil array); an error reply raises ``RespError``."""
+        line = self._line()
+        if line[:1] == b"*":
+            n = int(line[1:])
+            return None if n < 0 else n
+        if line[:1] == b"-":
+            raise RespError(line[1:].decode(errors="replace"))
+        raise RespError(f"expected an array, got {line[:20]!r}")
+
+    def read_bulk_len(self) -> int | None:
+        """The length of the next bulk string (None for nil); its bytes are then read with ``recv_scatter``
+        (exactly that many, in total) and ``end_bulk``. An error reply raises ``RespError``."""
+        line = self._line()
+        if line[:1] == b"$":
+            n = int(line[1:])
+            return None if n < 0 else n
+        if line[:1] == b"_":
+            return None
+        if line[:1] == b"-":
+            raise RespError(line[1:].decode(errors="replace"))
+        raise RespError(f"expected a bulk string, got {line[:20]!r}")
+
+    def recv_scatter(self, views: Sequence[memoryview], on_data: Callable[[memoryview], Any] | None = None,
+                     group: int = SCATTER_BYTES) -> int:
+        """Fill ``views`` (writable 1-D byte views) in order with the next bytes of the reply: what the receive
+        buffer holds already is copied, the rest lands there straight from the socket (``recvmsg_into``, up to
+        ``group`` bytes a call). ``on_data`` sees each filled piece as soon as it is filled. Returns the bytes
+        read. A connection closed before the last byte raises ``ConnectionError`` (the views are then only
+        partly filled: the caller must not use them)."""
+        total = sum(v.nbytes for v in views)
+        got = 0
+        i = off = 0
+        while i < len(views) and self._start < self._end:
+            v = views[i]
+            take = min(v.nbytes - off, self._end - self._start)
+            v[off:off + take] = self._rview[self._start:self._start + take]
+            self._start += take
+            if on_data is not None and take:
+                on_data(v[off:off + take])
+            got += take
+            off += take
+            if off == v.nbytes:
+                i, off = i + 1, 0
+        sock = self.sock
+        while i < len(views):
+            first = views[i][off:] if off else views[i]
+            bufs = [first]
+            size = first.nbytes
+            j = i + 1
+            while j < len(views) and size < group and len(bufs) < _IOV_MAX:
+                bufs.append(views[j])
+                size += views[j].nbytes
+                j += 1
+            k = sock.recv_into(first) if len(bufs) == 1 else sock.recvmsg_into(bufs)[0]
+            if k == 0:
+                raise ConnectionError(f"server closed the connection after {got} of {total} bytes of a value")
+            got += k
+            for b in bufs:
+                take = min(b.nbytes, k)
+                if on_data is not None and take:
+                    on_data(b[:take] if take < b.nbytes else b)
+                k -= take
+                if take == b.nbytes:
+                    i, off = i + 1, 0
+                else:
+                    off += take
+                if not k:
+                    break
+        return got
+
+    def skip(self, n: int) -> None:
+        """Read and drop the next ``n`` bytes of the reply (a value nobody wants any more)."""
+        scratch = memoryview(bytearray(min(n, _RECV) or 1))
+        while n:
+            take = min(n, scratch.nbytes)
+            self.recv_scatter([scratch[:take]])
+            n -= take
+
+    def end_bulk(self) -> None:
+        """Consume the CRLF that ends a bulk string read piecewise."""
+        while self._end - self._start < 2:
+            self._fill()
+        if self._rbuf[self._start:self._start + 2] != b"\r\n":
+            raise RespError("bulk string not followed by CRLF (protocol out of step)")
         self._start += 2
 
     def read_reply(self, into: Any = None) -> Any:

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import (
+    CHECKSUM_OFFSET,
+    DTYPES,
     FLAG_FP8,
     FLAG_ZSTD,
     FLAGS_OFFSET,
@@ -34,11 +36,13 @@ from kvstrata.client.codec import (
     check_codec,
     decode,
     default_codec,
-    encode_parts,
+    prepare_parts,
+    seal_parts,
 )
 from kvstrata.client.fast import nbytes, pack, sendmsg_all, widen_unix_send_buffer
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
+from kvstrata.client.scatter import mget_scatter, slot_fits
 from kvstrata.engine.entry import Entry
 
 log = logging.getLogger("kvstrata.client")
@@ -136,6 +140,23 @@ class _Base:
         last decode are not hidden. No prefetch (0) still reads in windows of the default size."""
         return max(1, min(self.batch_size, self.prefetch_window or DEFAULT_PREFETCH_WINDOW))
 
+    # ---- read planning (shared by the sync and the asyncio client) ----
+    def _plan_window(self, keys: list[bytes], start: int, size: int) -> tuple[list[bytes], list[bytes]]:
+        """The keys of the read window at ``start`` (at most ``size``) and the keys to prefetch with it: the
+        ``prefetch_window`` keys after it."""
+        batch = keys[start:start + size]
+        end = start + len(batch)
+        return batch, keys[end:end + self.prefetch_window]
+
+    @staticmethod
+    def _window_commands(keys: list[bytes], ahead: list[bytes],
+                         plain: bool) -> tuple[list[Any] | None, list[Any]]:
+        """(PREFETCH of ``ahead`` or None, the MGET of ``keys``): one read window, sent in one write. Replies on
+        one connection come back in order, so the server has queued the prefetch before it answers the MGET.
+        Plain Redis gets no PREFETCH and a plain MGET."""
+        before = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+        return before, [b"MGET" if plain else b"TAIR.KV.MGET", *keys]
+
     # ---- encoding ----
     def _layout(self) -> str:
         return self.namespace.layout
@@ -150,8 +171,11 @@ class _Base:
         index[axis] = slice(start, end)
         return arr[tuple(index)]
 
-    def encode_chunk(self, value: Any) -> list[Any]:
-        return encode_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale)
+    def encode_chunk(self, value: Any, *, sealed: bool = True) -> list[Any]:
+        """``[header, payload...]``; ``sealed=False`` leaves the header's checksum to be filled in while the
+        parts are copied into place (a two-phase write: one pass over the tensor instead of two)."""
+        parts = prepare_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale)
+        return seal_parts(parts) if sealed else parts
 
     def _decode(self, key: bytes, value: Any) -> np.ndarray | None:
         try:
@@ -235,9 +259,18 @@ class _Filler(list):  # type: ignore[type-arg]
     """The chunk list of ``retrieve(out=)``: each appended chunk is copied at once into the next slot of ``out``
     along the token axis (the list keeps those filled slots)."""
 
-    def __init__(self, out: np.ndarray, axis: int) -> None:
+    def __init__(self, out: np.ndarray | None, axis: int, tokens: int = 0) -> None:
+        """``out=None``: ``out`` is made on the first chunk, ``tokens`` long on the token axis (np.empty: pages
+        never written cost nothing)."""
         super().__init__()
-        self.dest, self.axis, self.pos = out, axis, 0
+        self.dest: np.ndarray = out  # type: ignore[assignment]
+        self.axis, self.pos, self.tokens = axis, 0, tokens
+
+    def _make(self, shape: tuple[int, ...], dtype: Any) -> None:
+        if self.dest is None:
+            full = list(shape)
+            full[self.axis] = self.tokens
+            self.dest = np.empty(tuple(full), dtype)
 
     def _slot(self, start: int, end: int) -> np.ndarray:
         index: list[Any] = [slice(None)] * self.dest.ndim
@@ -245,7 +278,11 @@ class _Filler(list):  # type: ignore[type-arg]
         return self.dest[tuple(index)]
 
     def append(self, chunk: np.ndarray) -> None:
+        self._make(chunk.shape, chunk.dtype)
         end = self.pos + chunk.shape[self.axis]
+        if end > self.dest.shape[self.axis]:
+            raise ValueError(f"chunk of {chunk.shape[self.axis]} tokens does not fit at {self.pos} of "
+                             f"{self.dest.shape[self.axis]}")
         slot = self._slot(self.pos, end)
         _copy_bytes(slot, chunk.view(self.dest.dtype) if chunk.dtype != self.dest.dtype else chunk)
         self.pos = end
@@ -255,8 +292,37 @@ class _Filler(list):  # type: ignore[type-arg]
         for chunk in chunks:
             self.append(chunk)
 
+    def place(self, hdr: Any) -> np.ndarray | None:
+        """The next slot, for a scatter receive of a value with header ``hdr``; None when it does not fit there
+        byte for byte (then the value is decoded and ``append``-ed as usual)."""
+        shape = hdr.shape
+        if len(shape) <= self.axis:
+            return None
+        self._make(shape, np.dtype(DTYPES[hdr.dtype][1]))
+        if len(shape) != self.dest.ndim or any(
+                s != d for k, (s, d) in enumerate(zip(shape, self.dest.shape, strict=True)) if k != self.axis):
+            return None
+        end = self.pos + shape[self.axis]
+        if end > self.dest.shape[self.axis]:
+            return None
+        slot = self._slot(self.pos, end)
+        return slot if slot_fits(slot, hdr) else None
+
+    def commit(self, slot: np.ndarray) -> None:
+        """``slot`` (from ``place``) has been filled and verified: it is the next chunk."""
+        self.pos += slot.shape[self.axis]
+        super().append(slot)
+
     def filled(self) -> np.ndarray | None:
         return self._slot(0, self.pos) if self.pos else None
+
+    def compact(self) -> np.ndarray | None:
+        """The filled part as a C-contiguous array of its own size (a copy only when ``out`` is not all filled)."""
+        if not self.pos:
+            return None
+        if self.pos == self.dest.shape[self.axis]:
+            return self.dest
+        return np.ascontiguousarray(self.filled())
 
 
 def _copied(a: np.ndarray) -> np.ndarray:
@@ -282,16 +348,20 @@ class KVCacheClient(_Base):
     def __init__(self, url: str | None = "redis://127.0.0.1:6379", namespace: Namespace | str = "default",
                  *, max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
                  password: str | None = None, local_plane: bool = True, verify_local: bool = False,
-                 lease_ms: int = 10_000, **kw: Any) -> None:
+                 lease_ms: int = 10_000, stage_writes: bool = False, **kw: Any) -> None:
         """``url``: ``redis://host:port`` or ``unix:///path/to/socket``. ``local_plane``: read through the
         server's shared-memory arena when it is local (a ``unix://`` URL, or TCP to a loopback address of a
         server whose ``unixsocket`` this process can open): one copy from the server's memory, no socket
         transfer (docs/dataplane.md). ``verify_local``: check each arena read against the value's checksum
-        too (leased bytes cannot change, so this is off by default)."""
+        too (leased bytes cannot change, so this is off by default). ``stage_writes``: store through a staging
+        segment of a local server (two-phase writes) instead of the socket."""
         super().__init__(namespace, **kw)
         self.url = url
         self.redis = None
         self._arena_ok = url is not None and local_plane
+        # Stores through a staging segment (two-phase writes) when the server is local: same rule as reads.
+        self._stage_ok = url is not None and local_plane
+        self.stage_writes = stage_writes
         self.verify_local = verify_local
         self.lease_ms = lease_ms
         if url is not None:
@@ -537,6 +607,7 @@ class KVCacheClient(_Base):
             fc.close()  # another thread's FastClient, found closed, is replaced on its next use
         self._tls.fast = None
         self._tls.arena = None
+        self._tls.stage = None
         if self.redis is not None:
             self.redis.close()
             self.pool.disconnect()
@@ -639,17 +710,26 @@ class KVCacheClient(_Base):
         written = 0
         for b in range(0, len(todo), self.batch_size):
             cmds = []
+            staged: list[tuple[bytes, int, list[Any]]] = []
+            stager = self._stager() if self.redis is not None else None
             batch = todo[b:b + self.batch_size]
             for i in batch:
-                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
-                self._size_hint = max(self._size_hint, sum(nbytes(p) for p in parts))
-                self._local_put(keys[i], parts, ttl_ms)
-                if self.redis is not None:
+                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs), sealed=False)
+                size = sum(nbytes(p) for p in parts)
+                self._size_hint = max(self._size_hint, size)
+                stage = self.redis is not None and stager is not None and stager.fits(size)
+                if stage:
+                    staged.append((keys[i], ttl_ms, parts))  # its checksum is computed while it is copied
+                if self.local is not None or not stage:
+                    parts = seal_parts(parts)
+                    self._local_put(keys[i], parts, ttl_ms)
+                if self.redis is not None and not stage:
                     if self._is_plain():
-                        cmd = ["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else [])
+                        cmds.append(["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else []))
                     else:
-                        cmd = ["TAIR.KV.SETEX", keys[i], ttl_ms, parts]
-                    cmds.append(cmd)
+                        cmds.append(["TAIR.KV.SETEX", keys[i], ttl_ms, parts])
+            if staged:
+                self._put_staged(stager, staged)
             if cmds:
                 for reply in self._roundtrip(cmds):
                     if isinstance(reply, Exception):
@@ -657,6 +737,75 @@ class KVCacheClient(_Base):
             written += len(batch)
         self._count(stored_chunks=written)
         return written
+
+    # ---- two-phase writes through a staging segment (kvstrata.client.stage) ----
+    # stage_writes is off by default: on the 2-core VM staged writes did not win over the socket (0.73-0.99x in
+    # a quieter run) and they move the copy and the hash from the client to the shared server (BENCHMARKS.md,
+    # "Restore: two-phase writes").
+
+    def _stager(self) -> Any:
+        """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the
+        store path then copies each chunk once into it instead of sending it through the socket), else None."""
+        if not (self._stage_ok and self.stage_writes):
+            return None
+        sw = getattr(self._tls, "stage", None)
+        if sw is not None and sw.sock.fileno() < 0:  # closed by close() from another thread: a new one
+            sw = None
+        if sw is None:
+            from kvstrata.client.fast import RespError
+            from kvstrata.client.stage import StageUnavailable, StageWriter
+
+            path = self._arena_path()
+            kw = self.pool.connection_kwargs
+            try:
+                if path is None:
+                    raise StageUnavailable("no local Unix socket")
+                sw = StageWriter(path, password=kw.get("password"), username=kw.get("username"),
+                                 timeout=kw.get("socket_timeout"))
+            except (StageUnavailable, OSError, RespError) as exc:
+                log.info("kvstrata: storing over the socket (no staging segment: %s)", exc)
+                self._stage_ok = False
+                return None
+            self._tls.stage = sw
+            with self._lock:
+                self._fast_clients.append(sw)
+        return sw
+
+    def _put_staged(self, sw: Any, items: list[tuple[bytes, int, list[Any]]]) -> None:
+        """Store ``items`` (unsealed: ``encode_chunk(sealed=False)``) through the staging segment, each value's
+        codec checksum filled in as it is copied (``SUMAT``); a connection failure retries them over the socket."""
+        from kvstrata.client.fast import RespError
+
+        try:
+            replies = sw.put_many(items, CHECKSUM_OFFSET)
+        except RespError as exc:  # a reservation refused for another reason than memory: this batch by socket
+            log.info("kvstrata: staging refused (%s); storing this batch over the socket", exc)
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
+        except (OSError, ConnectionError) as exc:
+            log.warning("kvstrata: staged write failed (%s); storing over the socket", exc)
+            self._tls.stage = None
+            with self._lock:
+                if sw in self._fast_clients:
+                    self._fast_clients.remove(sw)
+            try:
+                sw.close()
+            except OSError:
+                pass
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise self._staged_error(reply)
+            if isinstance(reply, Exception):
+                raise reply
+        self._count(bytes_sent=sum(nbytes(p) for _, _, parts in items for p in parts))
+
+    @staticmethod
+    def _staged_error(exc: Exception) -> Exception:
+        """A refused commit as the redis-py error a refused TAIR.KV.SETEX would have raised."""
+        import redis
+
+        text = str(exc)
+        return redis.exceptions.OutOfMemoryError(text) if text.startswith("OOM") else redis.ResponseError(text)
 
     def _absent(self, keys: list[bytes], idx: list[int]) -> list[int]:
         out = []
@@ -731,14 +880,14 @@ class KVCacheClient(_Base):
     def _fetch_window(self, keys: list[bytes], ahead: list[bytes], plain: bool, bufs: list[bytearray] | None,
                       offset: int) -> list[Any]:
         """PREFETCH ``ahead``, then MGET ``keys`` (into ``bufs[offset ..]`` when given and possible), in one round
-        trip: replies on one connection come back in order, so the server has queued the prefetch first."""
-        prefetch = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
+        trip (``_window_commands``)."""
+        prefetch, mget = self._window_commands(keys, ahead, plain)
         values = self._mget_into(keys, bufs, offset, prefetch) if bufs is not None else None
         if values is None:
             pipe = self.redis.pipeline(transaction=False)
             if prefetch is not None:
                 pipe.execute_command(*prefetch)
-            pipe.execute_command("MGET" if plain else "TAIR.KV.MGET", *keys)
+            pipe.execute_command(*mget)
             values = pipe.execute()[-1]
         return values
 
@@ -748,8 +897,7 @@ class KVCacheClient(_Base):
         plain = self._is_plain()
         first = i
         while i < len(keys):
-            batch = keys[i:i + self.batch_size]
-            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            batch, ahead = self._plan_window(keys, i, self.batch_size)
             values = self._fetch_window(batch, ahead, plain, bufs, i - first)
             n = self._decode_window(batch, values, out)
             i += n
@@ -765,9 +913,7 @@ class KVCacheClient(_Base):
         first = i
 
         def fetch(start: int) -> list[Any]:
-            end = min(start + size, len(keys))
-            return self._fetch_window(keys[start:end], keys[end:end + self.prefetch_window], plain, bufs,
-                                      start - first)
+            return self._fetch_window(*self._plan_window(keys, start, size), plain, bufs, start - first)
 
         # The first window is fetched here: there is nothing to overlap it with yet, and a one-window prefix
         # then costs no thread hop.
@@ -828,15 +974,96 @@ class KVCacheClient(_Base):
                     return n * self.chunk_size, self._into(chunks, kv)
             finally:
                 self._arena_done()
-        # Into ``out``: received into this thread's reused buffers, each chunk copied out as soon as it is
-        # decoded (its bytes still in cache from the checksum, the next window being received meanwhile).
         if out is not None:
             layout = self._layout()
             filler = _Filler(out, layout.index("T") if "T" in layout else 0)
-            n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler)
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+            # Over a socket: each value received straight into its slot of ``out`` (scatter receive).
+            if self._scatter_reads():
+                done = self._retrieve_scatter(keys, filler)
+                if done is not None:
+                    return done * self.chunk_size, filler.filled()
+            # Otherwise received into this thread's reused buffers, each chunk copied out as soon as it is
+            # decoded (its bytes still in cache from the checksum).
+            n, _ = self.retrieve_chunks(tokens, max_tokens, reuse_buffers=True, _into=filler, keys=keys)
             return n, filler.filled()
+        layout = self._layout()
+        if self._scatter_reads() and "T" in layout:
+            # Over a socket, into one array made on the first chunk: each value received straight into its
+            # place, no concatenation afterwards.
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+            filler = _Filler(None, layout.index("T"), len(keys) * self.chunk_size)
+            try:
+                done = self._retrieve_scatter(keys, filler)
+            except ValueError:  # chunks of another length than chunk_size: read them the general way below
+                done = None
+            if done is not None:
+                return done * self.chunk_size, filler.compact()
         n, chunks = self.retrieve_chunks(tokens, max_tokens)
-        return n, self.concat(chunks, self._layout())
+        return n, self.concat(chunks, layout)
+
+    def _scatter_reads(self) -> bool:
+        """Whether ``retrieve`` receives values straight into place. Not with a local tier (it keeps the encoded
+        values), and not when this client writes compressed values: those are decoded, not placed, and the
+        windowed path overlaps their decoding with the next window's receive."""
+        return self.local is None and self.redis is not None and self.compression == "raw"
+
+    def _retrieve_scatter(self, keys: list[bytes], filler: _Filler) -> int | None:
+        """``retrieve(out=)`` over this thread's FastClient: windows of MGET (with the next window's PREFETCH),
+        each raw value received straight into its slot of ``out`` and verified on the way
+        (``kvstrata.client.scatter``). Returns the chunks restored, or None when that connection is unavailable.
+        A connection failing mid-value drops it, and the chunks not yet verified are read again the usual way
+        (redis-py reconnects, or raises): the slot being filled is never counted."""
+        try:
+            fc = self._fast()
+        except OSError:
+            return None  # cannot connect: the redis-py path below raises its usual error (or reconnects)
+        if fc is None:
+            return None
+        from kvstrata.client.fast import RespError
+
+        plain = self._is_plain()
+        size = self._window()
+        i = 0
+        misfit: list[BaseException] = []
+        while i < len(keys):
+            batch, ahead = self._plan_window(keys, i, size)
+            before, mget = self._window_commands(batch, ahead, plain)
+
+            def on_value(j: int, hdr: Any, arr: np.ndarray, placed: bool, nbytes: int,
+                         batch: list[bytes] = batch) -> bool:
+                if placed:
+                    filler.commit(arr)
+                else:
+                    try:
+                        filler.append(arr)
+                    except ValueError as exc:  # a chunk that does not fit ``out``: raised once the reply is read
+                        misfit.append(exc)
+                        return False
+                self._size_hint = max(self._size_hint, nbytes)
+                self._count(bytes_received=nbytes)
+                return True
+
+            def on_error(j: int, exc: CodecError, batch: list[bytes] = batch) -> None:
+                kind = "refused" if isinstance(exc, FormatVersionError) else "corrupt"
+                self._error(kind, f"{batch[j].decode()}: {exc}")
+
+            try:
+                n = mget_scatter(fc, batch, filler.place, before, mget[0], on_value, on_error)
+            except (OSError, RespError) as exc:
+                self._drop_fast(fc)
+                done = len(filler)  # chunks verified and in place, this window's first ones included
+                log.warning("kvstrata: socket read failed after %d chunks (%s); reading the rest again", done, exc)
+                n_tok, _ = self.retrieve_chunks([], skip_chunks=done, reuse_buffers=True, keys=keys,
+                                                _into=filler)
+                return n_tok // self.chunk_size
+            if misfit:
+                raise misfit[0]
+            i += n
+            if n < len(batch):
+                break
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
+        return i
 
     def _into(self, chunks: list[np.ndarray], out: np.ndarray) -> np.ndarray | None:
         """Copy ``chunks`` one after the other along the token axis into ``out``; returns the filled part."""
@@ -909,15 +1136,18 @@ class AsyncKVCacheClient(_Base):
 
     def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
                  max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
-                 password: str | None = None, local_plane: bool = True, **kw: Any) -> None:
+                 password: str | None = None, local_plane: bool = True, stage_writes: bool = False,
+                 **kw: Any) -> None:
         super().__init__(namespace, **kw)
         import redis.asyncio as aredis
 
         # Reads through a local server's arena (docs/dataplane.md) go through a synchronous client in a worker
         # thread: the copy out of the mapping is the work, and it must not run on the event loop.
-        self._local_kw = {"socket_timeout": socket_timeout, "username": username, "password": password, **kw}
+        self._local_kw = {"socket_timeout": socket_timeout, "username": username, "password": password,
+                          "stage_writes": stage_writes, **kw}
         self._local: KVCacheClient | None = None
         self._local_ok = local_plane
+        self._reader: KVCacheClient | None = None  # retrieve(out=) over the socket, in a worker thread
         self.url = url
         self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
                                                    socket_timeout=socket_timeout, **_auth(username, password))
@@ -925,9 +1155,10 @@ class AsyncKVCacheClient(_Base):
         self._plain_redis: bool | None = None
 
     async def aclose(self) -> None:
-        if self._local is not None:
-            self._local.close()
-            self._local = None
+        for sync in (self._local, self._reader):
+            if sync is not None:
+                sync.close()
+        self._local = self._reader = None
         await self.redis.aclose()
         await self.pool.disconnect()
 
@@ -990,6 +1221,13 @@ class AsyncKVCacheClient(_Base):
 
     async def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
                     ttl: float | None = None, start: int = 0, skip_existing: bool = True) -> int:
+        if self.local is None and await self._plane():
+            # A local server: the synchronous client's two-phase store (one copy into a staging segment), in a
+            # worker thread, as retrieve reads the arena.
+            assert self._local is not None
+            self._local.namespace = self.namespace
+            return await asyncio.to_thread(self._local.store, tokens, kv, ttl_class=ttl_class, ttl=ttl,
+                                           start=start, skip_existing=skip_existing)
         keys = self.keys(tokens)
         todo = list(range(start // self.chunk_size, len(keys)))
         if skip_existing and todo:
@@ -1030,29 +1268,29 @@ class AsyncKVCacheClient(_Base):
                 break
             out.append(arr)
             i += 1
+        self._count(local_hits=i)
         plain = await self._is_plain()
         if self.overlap:
             if i < len(keys):
                 i = await self._read_overlapped(keys, i, out, plain)
+            self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))  # as the sync client counts
             return i * self.chunk_size, out
         while i < len(keys):
-            batch = keys[i:i + self.batch_size]
-            ahead = keys[i + len(batch): i + len(batch) + self.prefetch_window]
+            batch, ahead = self._plan_window(keys, i, self.batch_size)
             values = await self._recv_and_release(*await self._send_window(batch, ahead, plain))
             n = self._decode_window(batch, values, out)
             i += n
             if n < len(batch):
                 break
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
         return i * self.chunk_size, out
 
     async def _send_window(self, keys: list[bytes], ahead: list[bytes], plain: bool) -> tuple[Any, int]:
         """Send PREFETCH ``ahead`` and MGET ``keys`` in one write on a pooled connection; returns it and the
         number of replies to read. Sending here, not in the reading task, puts the request on the wire before
         the caller goes on to decode, even when it decodes on the event loop."""
-        cmds: list[tuple[Any, ...]] = []
-        if ahead and not plain:
-            cmds.append(("TAIR.KV.PREFETCH", *ahead))
-        cmds.append(("MGET" if plain else "TAIR.KV.MGET", *keys))
+        before, mget = self._window_commands(keys, ahead, plain)
+        cmds = [mget] if before is None else [before, mget]
         conn = await self.pool.get_connection()
         try:
             await conn.send_packed_command(conn.pack_commands(cmds), check_health=False)
@@ -1101,8 +1339,7 @@ class AsyncKVCacheClient(_Base):
         size = self._window()
 
         async def send(start: int) -> tuple[Any, int]:
-            end = min(start + size, len(keys))
-            return await self._send_window(keys[start:end], keys[end:end + self.prefetch_window], plain)
+            return await self._send_window(*self._plan_window(keys, start, size), plain)
 
         values = await self._recv_and_release(*await send(i))
         pending: tuple[asyncio.Future[list[Any]], Any] | None = None  # the reading task and its connection
@@ -1138,14 +1375,29 @@ class AsyncKVCacheClient(_Base):
                 await asyncio.gather(task, return_exceptions=True)
                 await self._done_with(conn, False)
 
-    async def retrieve(self, tokens: Sequence[int],
-                       max_tokens: int | None = None) -> tuple[int, np.ndarray | None]:
+    async def retrieve(self, tokens: Sequence[int], max_tokens: int | None = None,
+                       out: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+        """As ``KVCacheClient.retrieve``. Through a local server's arena, and with ``out`` over the socket too,
+        a synchronous client does the work in a worker thread (the copy, or the scatter receive straight into
+        ``out``, must not run on the event loop); otherwise windows are read on the loop, overlapped."""
         if self.local is None and await self._plane():
             assert self._local is not None
             self._local.namespace = self.namespace
-            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens)
+            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens, out)
+        if out is not None:
+            reader = self._sync_reader()
+            reader.namespace = self.namespace
+            return await asyncio.to_thread(reader.retrieve, tokens, max_tokens, out)
         n, chunks = await self.retrieve_chunks(tokens, max_tokens)
         return n, self.concat(chunks, self._layout())
+
+    def _sync_reader(self) -> KVCacheClient:
+        """The synchronous client of ``retrieve(out=)`` over the socket (one set of counters with this one)."""
+        if self._reader is None:
+            c = KVCacheClient(self.url, self.namespace, local_plane=False, **self._local_kw)
+            c.stats, c._stats_lock = self.stats, self._stats_lock
+            self._reader = c
+        return self._reader
 
     async def _plane(self) -> bool:
         """Whether the server's arena can be mapped from here (decided once, in a worker thread)."""

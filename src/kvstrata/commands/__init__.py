@@ -7,6 +7,7 @@ from kvstrata.commands import (  # noqa: F401
     keyspace,
     observe,
     server_cmds,
+    staging,
     strings,
     tairkv,
 )

@@ -93,11 +93,9 @@ def acl_whoami(ctx: Context, args: list[bytes]) -> Any:
     return user.name if user is not None else "default"
 
 
-@command("cat", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("cat", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0", most=3,
          summary="Lists the ACL categories, or the commands inside a category.", syntax="ACL CAT [category]")
 def acl_cat(ctx: Context, args: list[bytes]) -> Any:
-    if len(args) > 3:
-        raise syntax_error()
     if len(args) == 2:
         return list(acl_mod.CATEGORIES)
     cat = _text(args[2]).lower().lstrip("@")
@@ -184,17 +182,19 @@ def acl_dryrun(ctx: Context, args: list[bytes]) -> Any:
     user = acl.users.get(name)
     if user is None:
         raise CommandError(f"User '{name}' not found")
+    cmd = list(args[3:])
     spec = REGISTRY.get(bytes(args[3]).lower())
+    if spec is not None and spec.subcommands and len(cmd) > 1:  # as the dispatcher: the subcommand is the command
+        spec = spec.subcommands.get(bytes(cmd[1]).lower())
     if spec is None:
         raise CommandError(f"Command '{_text(args[3])}' not found")
-    cmd = list(args[3:])
     if not spec.arity_ok(len(cmd)):
-        raise CommandError(f"wrong number of arguments for '{spec.name}' command")
+        raise CommandError(f"wrong number of arguments for '{spec.full_name}' command")
     probe = _Probe(user)
     denied = acl_mod.Acl.deny(_NoLog(), probe, spec, cmd)  # type: ignore[arg-type]
     if denied is None:
         return OK
-    return f"This user has no permissions to run the '{spec.name}' command" if "run the" in denied else \
+    return f"This user has no permissions to run the '{spec.full_name}' command" if "run the" in denied else \
         f"This user has no permissions to access the '{_text(_first_denied(user, spec, cmd))}' key"
 
 
@@ -217,7 +217,7 @@ def _first_denied(user: Any, spec: Any, args: list[bytes]) -> bytes:
     return next((k for k in acl_mod.command_keys(sub, args) if not user.key_ok(k)), b"")
 
 
-@command("genpass", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("genpass", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0", most=3,
          summary="Generates a pseudorandom, secure password that can be used to identify ACL users.",
          syntax="ACL GENPASS [bits]")
 def acl_genpass(ctx: Context, args: list[bytes]) -> Any:
@@ -227,8 +227,6 @@ def acl_genpass(ctx: Context, args: list[bytes]) -> Any:
         if not 0 < bits <= 4096:
             raise CommandError("ACL GENPASS argument must be the number of bits for the output password, a "
                                "positive number up to 4096")
-    elif len(args) > 3:
-        raise syntax_error()
     return os.urandom((bits + 7) // 8).hex()[: (bits + 3) // 4]
 
 

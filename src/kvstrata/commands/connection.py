@@ -131,7 +131,7 @@ def reset(ctx: Context, args: list[bytes]) -> Any:
 
 
 # ---- CLIENT ----
-container("client", "stale", group="connection", summary="A container for client connection commands.")
+container("client", "", group="connection", summary="A container for client connection commands.")
 
 
 def _cmd_name(spec: Any) -> str:

@@ -18,7 +18,7 @@ from kvstrata.commands.registry import command
 from kvstrata.engine.arena import ArenaPool, LeaseError
 from kvstrata.engine.entry import Entry
 from kvstrata.errors import CommandError, OutOfMemoryError
-from kvstrata.protocol.encoder import NO_REPLY, Status, encode_bytes
+from kvstrata.protocol.encoder import NO_REPLY
 
 _EMPTY_SUM = b"%016x" % xxhash.xxh3_64_intdigest(b"")
 
@@ -120,18 +120,12 @@ def kv_release(ctx: Context, args: list[bytes]) -> Any:
          summary="Sends a Unix-socket client a read-only descriptor of the shared-memory arena (SCM_RIGHTS).",
          syntax="TAIR.KV.ARENA")
 def kv_arena(ctx: Context, args: list[bytes]) -> Any:
-    from kvstrata.server.dataplane import send_with_fd, unix_transport
+    from kvstrata.server.dataplane import reply_with_fd
 
     arena = _arena(ctx)
-    server = ctx.server
-    conn = server.clients.get(ctx.client.id) if server is not None else None
-    if conn is None or unix_transport(conn) is None:
-        raise CommandError("the arena is shared only with clients on the Unix socket (unixsocket)")
-    if conn.out or conn.transport.get_write_buffer_size() or conn._stream:
-        raise CommandError("send TAIR.KV.ARENA on its own, after every earlier reply was read")
     fd = arena.region.reader_fd()
     try:
-        send_with_fd(conn, encode_bytes(Status(str(arena.region.size)), ctx.client.proto), fd)
+        reply_with_fd(ctx, str(arena.region.size), fd)
     finally:
         os.close(fd)
     return NO_REPLY

@@ -174,10 +174,10 @@ def _commandstats(ctx: Context) -> list[tuple[str, Any]]:
         return []
     rows = []
     for spec, st in sorted(ctx.server.command_counts.items(), key=lambda kv: kv[0].full_name):
-        if st.calls or st.failed:
+        if st.calls or st.failed or st.rejected:
             per_call = st.usec / st.calls if st.calls else 0.0
             rows.append((f"cmdstat_{spec.full_name}", f"calls={st.calls},usec={st.usec},usec_per_call={per_call:.2f},"
-                                                     f"rejected_calls=0,failed_calls={st.failed}"))
+                                                     f"rejected_calls={st.rejected},failed_calls={st.failed}"))
     return rows
 
 
@@ -237,13 +237,14 @@ _TITLES = {"cpu": "CPU"}
 
 def render(ctx: Context, names: list[str]) -> str:
     wanted: list[str] = []
+    tiers = {t.name for t in ctx.store.lower}  # every lower tier has its section (tier_<name>)
     for name in names or ["default"]:
         name = name.lower()
         if name == "default":
             wanted += DEFAULT
         elif name in ("all", "everything"):
-            wanted += list(SECTIONS)
-        elif name in SECTIONS:
+            wanted += list(SECTIONS) + [f"tier_{t.name}" for t in ctx.store.lower]
+        elif name in SECTIONS or (name.startswith("tier_") and name[5:] in tiers):
             wanted.append(name)
     parts: list[str] = []
     seen: set[str] = set()
@@ -253,7 +254,7 @@ def render(ctx: Context, names: list[str]) -> str:
         seen.add(name)
         if name in ("tier_ssd", "prefetch") and ctx.store.ssd is None:
             continue
-        rows = SECTIONS[name](ctx)
+        rows = SECTIONS[name](ctx) if name in SECTIONS else _tier(name[5:])(ctx)
         title = _TITLES.get(name) or (name.capitalize() if not name.startswith("tier_") else "Tier_" + name[5:])
         parts.append(f"# {title}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in rows))
     return "\r\n".join(parts)

@@ -17,27 +17,25 @@ from typing import Any
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, command, container
-from kvstrata.errors import CommandError, syntax_error, wrong_arity
+from kvstrata.errors import CommandError, syntax_error
 from kvstrata.observability.latency import cumulative_usec
 from kvstrata.observability.snapshot import count_keys, sample_dram, top_prefixes
 from kvstrata.protocol.encoder import OK, Status
 
 
-def _help(name: str, lines: list[str]) -> list[Status]:
+def help_reply(name: str, lines: list[str]) -> list[Status]:
     return [Status(f"{name} <subcommand> [<arg> [value] [opt] ...]. Subcommands are:"),
             *(Status(line) for line in lines)]
 
 
 # ---- SLOWLOG ----
-container("slowlog", "admin loading stale", group="server", since="2.2.12",
+container("slowlog", "", group="server", since="2.2.12",
           summary="A container for slow log commands.")
 
 
-@command("get", -2, "admin loading stale", parent="slowlog", group="server", since="2.2.12",
+@command("get", -2, "admin loading stale", parent="slowlog", group="server", since="2.2.12", most=3,
          summary="Returns the slow log's entries.", syntax="GET [count]")
 def slowlog_get(ctx: Context, args: list[bytes]) -> Any:
-    if len(args) > 3:
-        raise wrong_arity("slowlog|get")
     count = 10
     if len(args) == 3:
         count = parse_int(args[2], "count should be greater than or equal to -1")
@@ -68,7 +66,7 @@ def slowlog_reset(ctx: Context, args: list[bytes]) -> Any:
 @command("help", 2, "loading stale", parent="slowlog", group="server", since="6.2.0",
          summary="Shows helpful text about the different subcommands.")
 def slowlog_help(ctx: Context, args: list[bytes]) -> Any:
-    return _help("SLOWLOG", [
+    return help_reply("SLOWLOG", [
         "GET [<count>]",
         "    Return top <count> entries from the slowlog (default: 10, -1 mean all).",
         "    Entries are made of:",
@@ -84,7 +82,7 @@ def slowlog_help(ctx: Context, args: list[bytes]) -> Any:
 
 
 # ---- LATENCY ----
-container("latency", "admin loading stale", group="server", since="2.8.13",
+container("latency", "", group="server", since="2.8.13",
           summary="A container for latency diagnostics commands.")
 
 
@@ -155,7 +153,7 @@ def latency_histogram(ctx: Context, args: list[bytes]) -> Any:
 @command("help", 2, "loading stale", parent="latency", group="server", since="2.8.13",
          summary="Returns helpful text about the different subcommands.")
 def latency_help(ctx: Context, args: list[bytes]) -> Any:
-    return _help("LATENCY", [
+    return help_reply("LATENCY", [
         "HISTORY <event>",
         "    Return time-latency samples for the <event> class (a command name).",
         "LATEST",
@@ -266,7 +264,7 @@ def memory_doctor(ctx: Context, args: list[bytes]) -> Any:
 @command("help", 2, "loading stale", parent="memory", group="server", since="4.0.0",
          summary="Returns helpful text about the different subcommands.")
 def memory_help(ctx: Context, args: list[bytes]) -> Any:
-    return _help("MEMORY", [
+    return help_reply("MEMORY", [
         "DOCTOR",
         "    Return memory problems reports.",
         "STATS",

@@ -1,7 +1,10 @@
 """The declarative command table: name, arity, flags, key specs, waits, handler, docs.
 
 The server dispatches from it; COMMAND, COMMAND DOCS, arity errors, auth checks and docs/commands.md are all
-generated from it. Container commands (CLIENT, CONFIG, ...) keep their subcommands in the same form.
+generated from it. Container commands (CLIENT, CONFIG, ...) keep their subcommands in the same form: each
+subcommand is a first-class entry (``config|get``) with its own arity, flags, key spec and ACL categories, and the
+dispatcher (``server.connection``) resolves it before anything else runs, as Redis 7 does: arity errors, ACL
+rules (``+config|get``), statistics (``cmdstat_config|get``) and CLIENT LIST's ``cmd=`` all name the subcommand.
 
 Keys are declared the way Redis 7 does (``key_specs``): where the search begins (an argument index) and how keys
 are found from there (a range with a last key and a step). A command whose options follow its keys (TAIR.KV.MGET
@@ -73,6 +76,9 @@ class CommandSpec:
     # Waits: read the keys from lower tiers before running; drain the SSD writer before running.
     load: bool = True
     settle: bool = False
+    # Subcommands whose handler bounds a variadic arity (SLOWLOG GET [count]): the most arguments accepted, the
+    # container and subcommand names included; more get Redis's "unknown subcommand or wrong number" error.
+    most: int = 0
 
     @property
     def full_name(self) -> str:
@@ -95,6 +101,27 @@ class CommandSpec:
 
     def arity_ok(self, n: int) -> bool:
         return n == self.arity if self.arity >= 0 else n >= -self.arity
+
+    def too_many(self, args: list[Any]) -> CommandError | None:
+        """Redis's error for a subcommand given more arguments than its handler takes (``most``), else None."""
+        if self.most and len(args) > self.most and self.parent is not None:
+            return subcommand_syntax_error(args)
+        return None
+
+
+def subcommand_syntax_error(args: list[Any]) -> CommandError:
+    """``ERR unknown subcommand or wrong number of arguments for 'get'. Try SLOWLOG HELP.`` (Redis's
+    addReplySubcommandSyntaxError: what a subcommand's handler answers to arguments it cannot take; both names
+    as sent, the container's upper-cased)."""
+    sub = bytes(args[1]).split(b"\0", 1)[0][:128].decode("latin-1")
+    return CommandError(f"unknown subcommand or wrong number of arguments for '{sub}'. "
+                        f"Try {bytes(args[0]).decode('latin-1').upper()} HELP.")
+
+
+def unknown_subcommand(container: bytes, sub: bytes) -> CommandError:
+    """Redis's text for a container given a subcommand it lacks (the name cut at 128 bytes, as a C string)."""
+    shown = bytes(sub).split(b"\0", 1)[0][:128].decode("latin-1")
+    return CommandError(f"unknown subcommand '{shown}'. Try {bytes(container).decode('latin-1').upper()} HELP.")
 
 
 REGISTRY: dict[bytes, CommandSpec] = {}
@@ -124,6 +151,7 @@ def command(
     since: str = "1.0.0",
     syntax: str = "",
     parent: str | None = None,
+    most: int = 0,
 ) -> Callable[[Handler], Handler]:
     """Register a handler ``fn(ctx, args) -> reply``; ``args[0]`` is the command name as sent.
 
@@ -152,6 +180,7 @@ def command(
             getkeys=getkeys,
             load=load,
             settle=settle,
+            most=most,
         )
         if parent is None:
             REGISTRY[spec.name.encode()] = spec
@@ -173,7 +202,11 @@ def container(
     since: str = "2.0.0",
     bare: Handler | None = None,
 ) -> None:
-    """A command whose first argument picks a subcommand (CLIENT, CONFIG, ...); ``bare`` answers it alone."""
+    """A command whose first argument picks a subcommand (CLIENT, CONFIG, ...); ``bare`` answers it alone.
+
+    The connection's dispatcher resolves subcommands itself (arity, ACL, statistics per subcommand); this handler
+    only answers the container alone and serves callers that run a handler directly.
+    """
 
     def dispatch(ctx: Any, args: list[bytes]) -> Any:
         if len(args) == 1 and bare is not None:
@@ -181,14 +214,12 @@ def container(
         spec = REGISTRY[name.encode()]
         sub = spec.subcommands.get(args[1].lower())
         if sub is None:
-            raise CommandError(
-                f"unknown subcommand '{args[1].decode(errors='replace')}'. Try {name.upper()} HELP."
-            )
+            raise unknown_subcommand(args[0], args[1])
         if not sub.arity_ok(len(args)):
-            raise wrong_arity(f"{name}|{sub.name}")
-        ctx.client.last_cmd = sub
-        if ctx.server is not None:
-            ctx.server.command_counts[sub].calls += 1
+            raise wrong_arity(sub.full_name)
+        too_many = sub.too_many(args)
+        if too_many is not None:
+            raise too_many
         return sub.handler(ctx, args)
 
     command(name, -1 if bare is not None else -2, flags, group=group, summary=summary, since=since)(dispatch)
@@ -199,6 +230,15 @@ def lookup(name: bytes) -> CommandSpec | None:
     if spec is None:
         spec = REGISTRY.get(name.lower())
     return spec
+
+
+def lookup_full(name: bytes) -> CommandSpec | None:
+    """A command or subcommand by its full name, any case: ``get``, ``config|get`` (None when unknown)."""
+    parent, sep, sub = name.lower().partition(b"|")
+    spec = REGISTRY.get(parent)
+    if spec is None or not sep:
+        return spec
+    return spec.subcommands.get(sub)
 
 
 def resolve(spec: CommandSpec, args: list[bytes]) -> CommandSpec:

@@ -8,7 +8,8 @@ from typing import Any
 from kvstrata import acl as acl_mod
 from kvstrata.commands import info as info_report
 from kvstrata.commands.context import Context
-from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container
+from kvstrata.commands.observe import help_reply
+from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container, lookup_full
 from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
 from kvstrata.engine.keyspace import glob_match
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
@@ -63,52 +64,65 @@ container("command", "loading stale", group="server", since="2.8.13",
 @command("count", 2, "loading stale", parent="command", group="server", since="2.8.13",
          summary="Returns a count of commands.")
 def command_count(ctx: Context, args: list[bytes]) -> Any:
-    return len(REGISTRY)
+    return len(REGISTRY)  # as Redis: top-level commands; subcommands are inside their containers
 
 
 @command("info", -2, "loading stale", parent="command", group="server", since="2.8.13",
-         summary="Returns information about one, multiple or all commands.")
+         summary="Returns information about one, multiple or all commands.",
+         syntax="COMMAND INFO [command-name [command-name ...]]")
 def command_info(ctx: Context, args: list[bytes]) -> Any:
-    names = args[2:] or list(REGISTRY)
-    return [_spec_info(REGISTRY[n.lower()]) if n.lower() in REGISTRY else None for n in names]
+    """Every top-level command (each container with its subcommands), or the named ones: ``config|get`` names
+    a subcommand; an unknown name is a null."""
+    if len(args) == 2:
+        return [_spec_info(s) for s in REGISTRY.values()]
+    out = []
+    for name in args[2:]:
+        spec = lookup_full(bytes(name))
+        out.append(None if spec is None else _spec_info(spec))
+    return out
 
 
 @command("docs", -2, "loading stale", parent="command", group="server", since="7.0.0",
-         summary="Returns documentary information about one, multiple or all commands.")
+         summary="Returns documentary information about one, multiple or all commands.",
+         syntax="COMMAND DOCS [command-name [command-name ...]]")
 def command_docs(ctx: Context, args: list[bytes]) -> Any:
-    names = args[2:] or list(REGISTRY)
-    out: dict[str, Any] = {}
-    for n in names:
-        spec = REGISTRY.get(n.lower())
-        if spec is not None:
-            out[spec.name] = _spec_docs(spec)
-    return out
+    """As COMMAND INFO, but a map keyed by (full) name; unknown names are left out."""
+    specs = list(REGISTRY.values()) if len(args) == 2 else [lookup_full(bytes(n)) for n in args[2:]]
+    return {spec.full_name: _spec_docs(spec) for spec in specs if spec is not None}
+
+
+def _with_subcommands() -> list[CommandSpec]:
+    """Every command, each container followed by its subcommands (COMMAND LIST's order in Redis 7)."""
+    return [s for spec in REGISTRY.values() for s in (spec, *spec.subcommands.values())]
 
 
 @command("list", -2, "loading stale", parent="command", group="server", since="7.0.0",
          summary="Returns a list of command names.", syntax="COMMAND LIST [FILTERBY MODULE name | ACLCAT category "
                                                             "| PATTERN pattern]")
 def command_list(ctx: Context, args: list[bytes]) -> Any:
-    names = [s.name for s in REGISTRY.values()]
+    specs = _with_subcommands()
     if len(args) == 5 and args[2].upper() == b"FILTERBY":
         kind, value = args[3].upper(), args[4].decode(errors="replace")
         if kind == b"PATTERN":
-            names = [n for n in names if glob_match(args[4], n.encode(), nocase=True)]
+            specs = [s for s in specs if glob_match(args[4], s.full_name.encode(), nocase=True)]
         elif kind == b"ACLCAT":
-            names = [s.name for s in REGISTRY.values() if value.lower().lstrip("@") in acl_mod.categories(s)]
+            specs = [s for s in specs if value.lower().lstrip("@") in acl_mod.categories(s)]
         elif kind == b"MODULE":
-            names = []
+            specs = []
         else:
             raise syntax_error()
     elif len(args) != 2:
         raise syntax_error()
-    return names
+    return [s.full_name for s in specs]
 
 
-@command("getkeys", -3, "loading stale", parent="command", group="server", since="2.8.13",
-         summary="Extracts the key names from an arbitrary command.")
+@command("getkeys", -4, "loading stale", parent="command", group="server", since="2.8.13",
+         summary="Extracts the key names from an arbitrary command.",
+         syntax="COMMAND GETKEYS command [arg [arg ...]]")
 def command_getkeys(ctx: Context, args: list[bytes]) -> Any:
-    spec = REGISTRY.get(args[2].lower())
+    spec = REGISTRY.get(bytes(args[2]).lower())
+    if spec is not None and spec.subcommands and len(args) > 3:
+        spec = spec.subcommands.get(bytes(args[3]).lower())
     if spec is None:
         raise CommandError("Invalid command specified")
     if not spec.arity_ok(len(args) - 2):
@@ -221,6 +235,23 @@ def config_resetstat(ctx: Context, args: list[bytes]) -> Any:
          summary="Persists the effective configuration to file.")
 def config_rewrite(ctx: Context, args: list[bytes]) -> Any:
     raise CommandError("The server is running without a config file")
+
+
+@command("help", 2, "loading stale", parent="config", group="server", since="5.0.0",
+         summary="Returns helpful text about the different subcommands.")
+def config_help(ctx: Context, args: list[bytes]) -> Any:
+    return help_reply("CONFIG", [
+        "GET <pattern>",
+        "    Return parameters matching the glob-like <pattern> and their values.",
+        "SET <directive> <value>",
+        "    Set the configuration <directive> to <value>.",
+        "RESETSTAT",
+        "    Reset statistics reported by the INFO command.",
+        "REWRITE",
+        "    Rewrite the configuration file.",
+        "HELP",
+        "    Prints this help.",
+    ])
 
 
 @command("info", -1, "loading stale", group="server", summary="Returns information and statistics about the "

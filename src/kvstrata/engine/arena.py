@@ -92,7 +92,17 @@ class Region:
         self.mm = mm
         self.view = memoryview(mm)
         # The descriptor lives as long as the region (servers built and dropped in one process, as in tests).
-        weakref.finalize(self, os.close, fd)
+        self._close_fd = weakref.finalize(self, os.close, fd)
+
+    def close(self) -> None:
+        """Unmap and close now (a writer's staging segment when its client is gone). A view still exported
+        elsewhere keeps the mapping until the garbage collector drops it."""
+        try:
+            self.view.release()
+            self.mm.close()
+        except BufferError:
+            pass
+        self._close_fd()
 
     def reader_fd(self) -> int:
         """A new read-only descriptor of the region (the caller closes it): mappable only PROT_READ."""
@@ -181,6 +191,13 @@ class ArenaPool:
         self.quarantined = 0
         self.leases_granted = 0
         self.leases_expired = 0
+        # Two-phase writes (kvstrata.engine.staging.Staging), when enabled: its reserved bytes are charged to the
+        # DRAM budget and cannot be moved out to make room, like leased-but-dropped ones.
+        self.staging: Any = None
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.staging.reserved_bytes if self.staging is not None else 0
 
     # ---- allocation ----
     def _new_slot(self, n: int) -> Slot | None:
@@ -228,6 +245,15 @@ class ArenaPool:
             return None
         slot.view[:] = value
         self.copies += 1
+        return slot.view
+
+    def held_slot(self, n: int) -> memoryview | None:
+        """A new slot for ``n`` bytes holding one hold (as ``acquire``'s, given back with ``release``), or None
+        when the arena has no room. A committed two-phase write is copied into it."""
+        slot = self._new_slot(n) if n > 0 else None
+        if slot is None:
+            return None
+        slot.holds = 1
         return slot.view
 
     def discard(self, view: Any) -> None:
@@ -485,4 +511,5 @@ class ArenaPool:
             "arena_leased_dropped_bytes": self.deferred_bytes,
             "arena_leases_granted": self.leases_granted,
             "arena_leases_expired": self.leases_expired,
+            **(self.staging.info() if self.staging is not None else {}),
         }

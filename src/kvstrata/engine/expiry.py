@@ -1,5 +1,5 @@
-"""Expiry: lazy in every tier, active in DRAM (a heap of expiry times, bounded work per tick) and on the SSD
-(the writer's sweep of the ``exp`` index).
+"""Expiry: lazy in every tier, active in DRAM (a heap of expiry times, bounded work per tick) and in each lower
+tier that reclaims its own (``sweep_expired``: the SSD writer's sweep of the ``exp`` index).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ class ExpiryMixin:
         if entry is None:
             return
         self.stats.expired_keys += 1
-        if entry.on_ssd and self.ssd is not None:
-            self.ssd.delete(key)
+        if entry.on_ssd and self.keeper is not None:
+            self.keeper.delete(key)
 
     def active_expire(self, max_keys: int = 20) -> int:
         """Expire up to ``max_keys`` due DRAM keys (bounded work per call); returns how many expired."""
@@ -40,6 +40,10 @@ class ExpiryMixin:
             self._expire_hot(now)
         return done
 
-    def sweep_ssd(self, limit: int = 1000) -> None:
-        if self.ssd is not None:
-            self.ssd.sweep_expired(self.clock.now_ms(), limit)
+    def sweep_lower(self, limit: int = 1000) -> None:
+        """Let each lower tier reclaim its expired records (bounded work per tier per call)."""
+        now = self.clock.now_ms()
+        for tier in self.lower:
+            tier.sweep_expired(now, limit)
+
+    sweep_ssd = sweep_lower  # the name the server and tests used first

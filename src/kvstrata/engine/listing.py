@@ -1,5 +1,7 @@
-"""Listing the keyspace across tiers: DBSIZE, SCAN (a cursor over the 4096 CRC-32 buckets both tiers share),
-KEYS and RANDOMKEY.
+"""Listing the keyspace across tiers: DBSIZE, SCAN (a cursor over the 4096 CRC-32 buckets DRAM and the
+authoritative tiers share), KEYS and RANDOMKEY. Tiers that hold copies are not listed: their keys are listed where
+the key lives (DRAM, the authoritative tier), or, with only copies below DRAM, not at all (as other nodes' pool
+records are not).
 """
 
 from __future__ import annotations
@@ -14,15 +16,15 @@ class ListingMixin:
 
     def dbsize(self) -> int:
         n = len(self.dram)
-        if self.ssd is not None:
-            n -= sum(1 for e in self.dram.entries.values() if e.on_ssd)
-            n += len(self.ssd)
+        for tier in self._listed:
+            n -= sum(1 for e in self.dram.entries.values() if e.on_ssd)  # counted in DRAM already
+            n += len(tier)
         return n
 
     def _bucket_keys(self, bucket: int) -> set[bytes]:
         keys = set(self.dram.buckets.get(bucket, ()))
-        if self.ssd is not None:
-            keys.update(self.ssd.bucket_keys(bucket))
+        for tier in self._listed:
+            keys.update(tier.bucket_keys(bucket))
         return keys
 
     def _live(self, key: bytes) -> bool:
@@ -58,10 +60,10 @@ class ListingMixin:
                 key = random.choice(tuple(keys))
                 if self._live(key):
                     return key
-        if self.ssd is not None:
+        for tier in self._listed:
             start = random.randrange(SCAN_BUCKETS)
             for i in range(SCAN_BUCKETS):
-                for key in self.ssd.bucket_keys((start + i) % SCAN_BUCKETS):
+                for key in tier.bucket_keys((start + i) % SCAN_BUCKETS):
                     if self._live(key):
                         return key
         for key in list(self.dram.entries):

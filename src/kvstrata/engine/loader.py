@@ -14,113 +14,113 @@ from kvstrata.engine.tiers.markers import Corrupt
 from kvstrata.engine.tiers.watch import Ticket
 
 log = logging.getLogger("kvstrata.engine")
+_UNREAD = object()  # a key the loader did not read
 
 
-class PoolHit:
-    """A loader result that came from the pool (so the engine counts it there and promotes it)."""
+class CopyHit:
+    """A loader result from a tier that holds copies (the pool...), so the engine counts it there and adopts it."""
 
-    __slots__ = ("entry",)
+    __slots__ = ("entry", "tier")
 
-    def __init__(self, entry: Entry) -> None:
+    def __init__(self, entry: Entry, tier: str = "pool") -> None:
         self.entry = entry
+        self.tier = tier
+
+
+PoolHit = CopyHit  # the name the pool's loads had first
 
 
 class LoadTicket:
-    """What ``begin_load`` hands to the loader thread and ``finish_load`` checks afterwards."""
+    """What ``begin_load`` hands to the loader thread and ``finish_load`` checks afterwards: a watch ticket per
+    tier read, and the plan: per tier in order, the keys read there first (None: every key not found yet)."""
 
-    __slots__ = ("pool_first", "pool_ticket", "rest", "ssd_ticket")
+    __slots__ = ("keys", "plan", "tickets")
 
-    def __init__(self, ssd_ticket: Ticket | None, pool_ticket: Ticket | None, pool_first: list[bytes],
-                 rest: list[bytes]) -> None:
-        self.ssd_ticket = ssd_ticket
-        self.pool_ticket = pool_ticket
-        self.pool_first = pool_first
-        self.rest = rest
+    def __init__(self, keys: list[bytes], plan: list[tuple[Any, list[bytes] | None]],
+                 tickets: list[tuple[Any, Ticket]]) -> None:
+        self.keys = keys
+        self.plan = plan
+        self.tickets = tickets
 
     @property
     def stale(self) -> bool:
-        return (self.ssd_ticket is not None and self.ssd_ticket.stale) or (
-            self.pool_ticket is not None and self.pool_ticket.stale)
+        return any(t.stale for _, t in self.tickets)
 
 
 class LoaderMixin:
-    """Store's loads (state: ``_overlay``, ``_origin``, ``sync_reads``)."""
+    """Store's loads (state: ``_overlay``, ``sync_reads``)."""
 
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """Keys whose state is unknown without reading a lower tier (not in DRAM nor in pending writes)."""
-        ssd = self.ssd
-        if ssd is None:
-            # DRAM + pool (a diskless node): a key not in DRAM is looked up in the pool, off the loop.
-            pool = self.pool
-            if pool is None or not pool.active:
-                return []
-            entries = self.dram.entries
-            return [k for k in keys if k not in entries and k not in pool.pending]
+        loads = [t for t in self._loaded_tiers if t.active]
+        if not loads:
+            return []  # DRAM only, in-process tiers only, or a degraded pool alone: nothing to read off the loop
         entries = self.dram.entries
-        pending = ssd.pending
-        if ssd.flush_pending:
-            return []
-        refetch = self.refetch if self.pool is not None and self.pool.active else ()
-        return [k for k in keys if k not in entries and (k not in pending or k in refetch)]
+        keeper = self.keeper
+        if keeper is not None and not keeper.in_process:
+            if getattr(keeper, "flush_pending", False):
+                return []
+            look = keeper.lookup_pending
+            refetch = self.refetch if self.pool is not None and self.pool.active else ()
+            return [k for k in keys if k not in entries and (k in refetch or not look(k)[0])]
+        # Only copies below DRAM (a diskless node): a key not in DRAM nor pending is looked up, off the loop.
+        return [k for k in keys if k not in entries and not any(t.lookup_pending(k)[0] for t in loads)]
 
     def begin_load(self, keys: list[bytes]) -> LoadTicket:
-        """Watch ``keys`` and plan their load: which are read from the pool first, which from LMDB first."""
-        ssd = self.ssd
-        pool = self.pool
-        if pool is None or not pool.active:
-            assert ssd is not None
-            return LoadTicket(ssd.watch(keys), None, [], list(keys))
-        if ssd is None:
-            return LoadTicket(None, pool.watch(keys), [], list(keys))
-        first: list[bytes] = []
-        rest: list[bytes] = []
-        if self.pool_first:
-            # Keys this node put in the pool (their newest local version) are read there first.
-            index = pool.index
+        """Watch ``keys`` and plan their load: tiers in order; a tier holding copies above the authoritative one
+        is read first only for the keys it is likely to hold (the pool: this node's records), and after the
+        tiers below for the rest."""
+        keeper = self.keeper
+        plan: list[tuple[Any, list[bytes] | None]] = []
+        tickets: list[tuple[Any, Ticket]] = []
+        below = False
+        for tier in self._loaded_tiers:
+            if not tier.active:
+                continue
+            tickets.append((tier, tier.watch(keys)))
+            if tier is keeper:
+                below = True
+            if keeper is None or tier.authoritative or below:
+                plan.append((tier, None))
+                continue
             refetch = self.refetch
-            for k in keys:
-                (first if (k in index or k in refetch) and k not in pool.pending else rest).append(k)
-        else:
-            rest = list(keys)
-        return LoadTicket(ssd.watch(keys), pool.watch(keys), first, rest)
+            look = tier.lookup_pending
+            plan.append((tier, [k for k in keys if (k in refetch or tier.likely(k)) and not look(k)[0]]))
+        return LoadTicket(list(keys), plan, tickets)
 
     def read_lower(self, ticket: LoadTicket) -> dict[bytes, Any]:
-        """The loader (a worker thread): LMDB records and pool records of a planned load, in tier order.
+        """The loader (a worker thread): the records of a planned load, tier by tier in order.
 
-        Results are Entry/Corrupt/None from the SSD tier, or PoolHit for a record found in the pool. The SSD is
-        read for every key the pool did not answer; the pool for every key LMDB does not hold.
+        Results are Entry/Corrupt/None from the authoritative tier, or CopyHit for a record found in a tier that
+        holds copies. A tier is read for every key the tiers before it did not answer; one read first for some
+        keys (``plan``) is read again at the end for the keys the others did not hold.
         """
-        ssd = self.ssd
-        pool = self.pool
         found: dict[bytes, Any] = {}
-        rest = ticket.rest
-        if ticket.pool_first and pool is not None:
-            got = pool.read_many(ticket.pool_first)
-            rest = list(rest)
-            for k in ticket.pool_first:
-                rec = got.get(k)
-                if rec is not None and not isinstance(rec, Corrupt):
-                    found[k] = PoolHit(rec)
-                else:
-                    rest.append(k)
-        if ssd is not None:
-            found.update(ssd.read_many(rest))
-        if ticket.pool_ticket is not None and pool is not None:
-            # Keys not read in the pool yet: begin_load put each key in exactly one of pool_first and rest.
-            ask = [k for k in ticket.rest if found.get(k) is None]
-            if ask:
-                got = pool.read_many(ask)
-                for k in ask:
-                    rec = got.get(k)
-                    if rec is not None and not isinstance(rec, Corrupt):
-                        found[k] = PoolHit(rec)
+        for tier, first in ticket.plan:
+            self._read_tier(tier, first if first is not None else
+                            [k for k in ticket.keys if found.get(k) is None], found)
+        for tier, first in ticket.plan:
+            if first is not None:
+                done = set(first)
+                self._read_tier(tier, [k for k in ticket.keys if k not in done and found.get(k) is None], found)
         return found
 
+    @staticmethod
+    def _read_tier(tier: Any, keys: list[bytes], found: dict[bytes, Any]) -> None:
+        if not keys:
+            return
+        got = tier.read_many(keys)
+        if tier.authoritative:
+            found.update(got)
+            return
+        for k in keys:
+            rec = got.get(k)
+            if rec is not None and not isinstance(rec, Corrupt):
+                found[k] = CopyHit(rec, tier.name)
+
     def cancel_load(self, ticket: LoadTicket) -> None:
-        if ticket.ssd_ticket is not None and self.ssd is not None:
-            self.ssd.unwatch(ticket.ssd_ticket)
-        if ticket.pool_ticket is not None and self.pool is not None:
-            self.pool.unwatch(ticket.pool_ticket)
+        for tier, watch in ticket.tickets:
+            tier.unwatch(watch)
 
     def finish_load(self, ticket: LoadTicket, found: dict[bytes, Any]) -> bool:
         """Install loaded records as the overlay for the next command; False if a write raced the load."""
@@ -131,37 +131,32 @@ class LoaderMixin:
         return True
 
     def loaded(self, key: bytes) -> bool:
-        """Whether a key's lower-tier state is known without reading LMDB (DRAM, pending writes, the overlay)."""
-        if key in self.dram.entries:
-            return True
-        if self.refetch and key in self.refetch and self.pool is not None and self.pool.active:
-            return self._overlay is not None and key in self._overlay
-        if self.ssd is None:
-            pool = self.pool
-            if pool is None or not pool.active or key in pool.pending:
-                return True
-        elif self.ssd.lookup_pending(key)[0]:
+        """Whether a key's lower-tier state is known without reading a tier (DRAM, pending writes, the overlay)."""
+        if not self.missing((key,)):
             return True
         return self._overlay is not None and key in self._overlay
 
     def end_command(self) -> None:
         self._overlay = None
 
+    def _overlay_tier(self) -> Any:
+        """The tier whose changes invalidate a kept overlay: the authoritative one, else the first read."""
+        return self.keeper if self.keeper is not None else next(iter(self._loaded_tiers), None)
+
     def keep_overlay(self, keys: list[bytes]) -> tuple[dict[bytes, Any], Ticket] | None:
         """Keep the current overlay for a later run of the same command (a STRONG read suspended for the pool),
-        watched so that an SSD change of these keys in between invalidates it."""
+        watched so that a change of these keys below DRAM in between invalidates it."""
         if self._overlay is None:
             return None
-        # Diskless (DRAM + pool): the overlay holds the pool records the loader read, watched on the pool.
-        tier = self.ssd if self.ssd is not None else self.pool
+        tier = self._overlay_tier()
         if tier is None:
             return None
         return dict(self._overlay), tier.watch(keys)
 
     def restore_overlay(self, kept: tuple[dict[bytes, Any], Ticket], *, install: bool = True) -> bool:
-        """Reinstall a kept overlay if nothing changed its keys on the SSD since; False when it went stale."""
+        """Reinstall a kept overlay if nothing changed its keys below DRAM since; False when it went stale."""
         overlay, ticket = kept
-        tier = self.ssd if self.ssd is not None else self.pool
+        tier = self._overlay_tier()
         assert tier is not None
         tier.unwatch(ticket)
         if ticket.stale or not install:
@@ -170,63 +165,79 @@ class LoaderMixin:
         return True
 
     def _below(self, key: bytes) -> Entry | None:
-        """The lower tiers' entry for a key that is not in DRAM, unexpired, or None.
+        """The lower tiers' entry for a key that is not in DRAM (``lookup_below`` without the tier's name)."""
+        return self.lookup_below(key)[0]
 
-        ``self._origin`` says where it came from: "ssd" (pending writes, the loader's overlay or a synchronous
-        LMDB read) or "pool" (only ever from the loader's overlay: the pool is never read on the event loop).
+    def lookup_below(self, key: bytes) -> tuple[Entry | None, str]:
+        """(entry, the name of the tier it came from) for a key that is not in DRAM, unexpired; (None, "").
+
+        The tiers in order. The authoritative tier's pending writes come first (they
+        are newer than anything read); then, in order, an in-process tier is looked up directly, a tier read
+        off the loop only through the loader's overlay (the pool is never read on the event loop), and the
+        authoritative tier through the overlay or, for a key nobody loaded, a synchronous read.
         """
-        ssd = self.ssd
-        self._origin = "ssd"
-        if ssd is None:
-            # DRAM + pool: only what the loader read from the pool (the pool is never read on the loop).
-            overlay = self._overlay
-            if overlay is not None:
-                hit = overlay.get(key)
-                if hit.__class__ is PoolHit:
-                    return self._pool_found(key, hit.entry)
-            return None
-        if self.refetch and key in self.refetch and self._overlay is not None:
+        overlay = self._overlay
+        if self.refetch and key in self.refetch and overlay is not None:
             # Invalidated by another node's write: the pool's record, as the loader read it, comes first.
-            hit = self._overlay.get(key)
-            if hit.__class__ is PoolHit:
-                return self._pool_found(key, hit.entry)
-        known, found = ssd.lookup_pending(key)
-        if not known:
-            overlay = self._overlay
-            if overlay is not None and key in overlay:
-                found = overlay[key]
-                if found.__class__ is PoolHit:
-                    return self._pool_found(key, found.entry)
-            else:
-                self.sync_reads += 1
-                found = ssd.read(key)
-            if isinstance(found, Corrupt):
-                self.tier_stats["ssd"].corrupt_reads += 1
-                log.error("corrupt SSD record for key %r (%s): dropped", key[:64], found.reason)
-                ssd.delete(key)
-                if overlay is not None:
-                    overlay[key] = None
-                return None
+            hit = overlay.get(key)
+            if hit.__class__ is CopyHit:
+                return self._copy_found(key, hit)
+        keeper = self.keeper
+        if keeper is not None:
+            known, found = keeper.lookup_pending(key)
+            if known:
+                return self._live_below(key, keeper, found), keeper.name
+        hit = overlay.get(key, _UNREAD) if overlay is not None else _UNREAD
+        for tier in self.lower:
+            if tier is keeper:
+                if hit.__class__ is CopyHit:
+                    continue  # the loader found nothing here
+                if hit is _UNREAD:
+                    if tier.in_process:
+                        continue
+                    self.sync_reads += 1
+                    hit = tier.read(key)
+                if isinstance(hit, Corrupt):
+                    self.tier_stats[tier.name].corrupt_reads += 1
+                    log.error("corrupt %s record for key %r (%s): dropped", tier.name.upper(), key[:64], hit.reason)
+                    tier.delete(key)
+                    if overlay is not None:
+                        overlay[key] = None
+                    return None, ""
+                if hit is not None:
+                    return self._live_below(key, tier, hit), tier.name
+            elif tier.in_process:
+                found = tier.lookup_pending(key)[1]
+                if found is not None and not found.expired(self.clock.now_ms()):
+                    self.observe_version(found.version)
+                    return found, tier.name
+            elif hit.__class__ is CopyHit and hit.tier == tier.name:
+                return self._copy_found(key, hit)
+        return None, ""
+
+    def _live_below(self, key: bytes, tier: Any, found: Entry | None) -> Entry | None:
         if found is not None and found.expired(self.clock.now_ms()):
-            ssd.delete(key)
+            tier.delete(key)
             self.stats.expired_keys += 1
             return None
         return found
 
-    def _pool_found(self, key: bytes, entry: Entry) -> Entry | None:
-        pool = self.pool
-        if pool is not None:
-            known, pending = pool.lookup_pending(key)
+    def _copy_found(self, key: bytes, hit: CopyHit) -> tuple[Entry | None, str]:
+        """A record the loader read from a tier holding copies, unless a write or delete left here since."""
+        tier = self._by_name.get(hit.tier)
+        entry: Entry | None = hit.entry
+        if tier is not None:
+            known, pending = tier.lookup_pending(key)
             if known:
-                # A write or delete of this key left here after the loader read the pool: it is newer.
-                entry = pending  # type: ignore[assignment]
+                # A write or delete of this key left here after the loader read the tier: it is newer.
+                entry = pending
                 if entry is None:
-                    return None
+                    return None, ""
+        assert entry is not None
         if entry.expired(self.clock.now_ms()):
-            return None
-        self._origin = "pool"
+            return None, ""
         self.observe_version(entry.version)
-        return entry
+        return entry, hit.tier
 
     def local_versions(self, keys: Iterable[bytes]) -> dict[bytes, int]:
         """The version of each key in the local tiers (0 when absent), for a STRONG pool check."""
@@ -234,10 +245,10 @@ class LoaderMixin:
         for key in keys:
             entry = self.dram.entries.get(key)
             if entry is None:
-                entry = self._below(key)
-                if entry is not None and self._origin == "pool":
-                    self.tier_stats["pool"].hits += 1
-                    if not self.adopt(key, entry):
+                entry, origin = self.lookup_below(key)
+                if entry is not None and not self._by_name[origin].authoritative:
+                    self.tier_stats[origin].hits += 1
+                    if not self.adopt(key, entry, origin):
                         entry = None  # only in the loader's overlay: not a local copy
             if entry is not None and entry.expired(self.clock.now_ms()):
                 entry = None

@@ -38,9 +38,9 @@ class PinsMixin:
             if not entry.pinned and matches(key) and self._pin(key, entry):
                 pinned += 1
         below: list[bytes] = []
-        if self.ssd is not None:
+        for tier in self._listed:
             for bucket in range(SCAN_BUCKETS):
-                below.extend(k for k in self.ssd.bucket_keys(bucket)
+                below.extend(k for k in tier.bucket_keys(bucket)
                              if k not in self.dram.entries and matches(k))
         return pinned, below
 

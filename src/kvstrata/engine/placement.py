@@ -1,5 +1,6 @@
 """Placement: making room in DRAM (the policy ranks, the engine moves), demotion to the tiers below, promotion
-from the SSD and adoption of pool records: every way into and out of DRAM.
+from the authoritative tier (the SSD) and adoption of copies (the pool's, any copy tier's): every way into and
+out of DRAM.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class PlacementMixin:
         dram = self.dram
         if dram.used + nbytes <= dram.budget:
             return
-        if self.ssd is None and self.noeviction:
+        if self.keeper is None and self.noeviction:
             raise OutOfMemoryError()
         kept = dram.pinned_bytes + dram.held_bytes  # leased-but-dropped arena bytes cannot move
         current = dram.entries.get(exclude) if exclude is not None else None
@@ -122,32 +123,39 @@ class PlacementMixin:
                 raise OutOfMemoryError("command not allowed: the SSD tier is full and maxmemory-policy is noeviction.")
 
     def _demote(self, key: bytes) -> None:
+        """Move a DRAM entry down: a copy to each tier holding copies above the authoritative tier (or to all
+        of them when there is none: best effort, each has its own budget), the entry itself to the
+        authoritative tier. With neither taking it, it is evicted."""
         entry = self._drop_dram(key)
         if entry is None:
             return
-        pool = self.pool
-        if self.ssd is None:
-            if pool is not None and not entry.expired(self.clock.now_ms()) and (
-                    pool.holds(key, entry.version) or pool.put(key, entry)):
-                # DRAM + pool: the pool's copy is the one left (best effort: it has its own TTL and budget).
-                self.tier_stats["dram"].demotions += 1
-                self.tier_stats["pool"].demotions += 1
-                return
-            self.tier_stats["dram"].evictions += 1
+        keeper = self.keeper
+        stats = self.tier_stats
+        kept = False
+        if self._copies_above and not entry.expired(self.clock.now_ms()):
+            for tier in self._copies_above:
+                if tier.holds(key, entry.version):
+                    kept = True
+                    if keeper is None:
+                        stats[tier.name].demotions += 1
+                elif tier.put(key, entry):
+                    kept = True
+                    stats[tier.name].demotions += 1
+        if keeper is not None:
+            stats["dram"].demotions += 1
+            if not entry.on_ssd:
+                keeper.put(key, entry)
+        elif kept:
+            stats["dram"].demotions += 1
+        else:
+            stats["dram"].evictions += 1
             self.stats.evicted_keys += 1
-            return
-        self.tier_stats["dram"].demotions += 1
-        if pool is not None and self.pool_first and not pool.holds(key, entry.version) \
-                and not entry.expired(self.clock.now_ms()):
-            # DRAM -> pool: the shared copy, read first by this node and found by the others.
-            if pool.put(key, entry):
-                self.tier_stats["pool"].demotions += 1
-        if not entry.on_ssd:
-            self.ssd.put(key, entry)
 
     def _promote(self, key: bytes, entry: Entry) -> bool:
+        """Bring a record of the authoritative tier up into DRAM (under write-back it leaves that tier)."""
+        keeper = self.keeper
         size = self.dram.size(key, entry.value)
-        if size > self.dram.budget or self.ssd is None:
+        if size > self.dram.budget or keeper is None:
             return False
         try:
             self.make_room(size)
@@ -157,19 +165,20 @@ class PlacementMixin:
         if self.write_through:
             fresh.on_ssd = True
         else:
-            self.ssd.delete(key)
-        self.tier_stats["ssd"].promotions += 1
+            keeper.delete(key)
+        self.tier_stats[keeper.name].promotions += 1
         self.admission.forget(key)
         return True
 
-    def adopt(self, key: bytes, entry: Entry) -> bool:
-        """Install a record read from the pool in DRAM, keeping its version (a pool hit or a STRONG refresh).
+    def adopt(self, key: bytes, entry: Entry, origin: str = "pool") -> bool:
+        """Install a copy read from tier ``origin`` in DRAM, keeping its version (a pool or copy-tier hit, a
+        STRONG refresh). The copy stays in ``origin``.
 
-        It replaces any local copy, which is older (the caller checked). The SSD tier keeps its role: under
-        write-back the local record is now stale and is deleted (DRAM is authoritative); under write-through the
-        SSD gets the adopted value unless it is this node's own write (which the SSD already holds).
+        It replaces any local copy, which is older (the caller checked). The authoritative tier keeps its role:
+        under write-back its local record is now stale and is deleted (DRAM is authoritative); under
+        write-through the SSD gets the adopted value unless it is this node's own write (which it already holds).
         """
-        ssd = self.ssd
+        ssd = self.keeper
         size = self.dram.size(key, entry.value)
         old = self.dram.entries.get(key)
         if size > self.dram.budget - self.dram.pinned_bytes:
@@ -183,19 +192,19 @@ class PlacementMixin:
         if old is not None:
             self._drop_dram(key)
         fresh = self._install(key, entry, size)
-        pool = self.pool
+        pool = self.pool if origin == "pool" else None
         ours = pool is not None and pool.wrote(key, entry.version)
         if pool is not None and not ours:
             pool.note(key, entry.version)
         if ssd is None:
-            pass  # DRAM + pool: nothing local below DRAM
+            pass  # only copies below DRAM: nothing local to keep in step
         elif self.write_through:
             if not ours:
                 ssd.put(key, fresh)
             fresh.on_ssd = True
         else:
             ssd.delete(key)
-        self.tier_stats["pool"].promotions += 1
+        self.tier_stats[origin].promotions += 1
         return True
 
     def _install(self, key: bytes, entry: Entry, size: int) -> Entry:

@@ -25,19 +25,19 @@ class PrefetchMixin:
             return False
         if not sync and not self.loaded(key):
             return False
-        entry = self._below(key)
+        entry, origin = self.lookup_below(key)
         if entry is None:
             self.stats.prefetch_absent += 1
             return False
-        from_pool = self._origin == "pool"
+        copy = not self._by_name[origin].authoritative
         size = self.dram.size(key, entry.value)
-        if not from_pool and size > self.dram.budget:
+        if not copy and size > self.dram.budget:
             return False
         if not self._prefetch_room(key, size):
             self.stats.prefetch_rejected += 1
             return False
         # Room is made: the usual paths up only install the entry.
-        done = self.adopt(key, entry) if from_pool else self._promote(key, entry)
+        done = self.adopt(key, entry, origin) if copy else self._promote(key, entry)
         if done:
             self.prefetched[key] = self.clock.monotonic()
             self.stats.prefetch_issued += 1
@@ -88,7 +88,7 @@ class PrefetchMixin:
     def prefetch_ratios(self) -> tuple[float | None, float | None]:
         """(accuracy, coverage), each None while there is nothing to measure (docs/prefetch.md)."""
         st = self.stats
-        lower = st.prefetch_used + self.tier_stats["ssd"].hits + self.tier_stats["pool"].hits
+        lower = st.prefetch_used + sum(t.hits for name, t in self.tier_stats.items() if name != "dram")
         accuracy = round(st.prefetch_used / st.prefetch_issued, 4) if st.prefetch_issued else None
         coverage = round((st.prefetch_used - st.prefetch_late) / lower, 4) if lower else None
         return accuracy, coverage

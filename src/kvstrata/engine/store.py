@@ -1,5 +1,5 @@
-"""The engine facade: one keyspace over stacked tiers (DRAM, SSD, optionally a shared pool), with TTL, versions,
-pins and policy.
+"""The engine facade: one keyspace over stacked tiers (DRAM, then an ordered list of lower tiers: the SSD, the
+shared pool, any registered tier), with TTL, versions, pins and policy.
 
 Everything here is synchronous. The server runs it on its event loop and keeps disk reads off that loop by
 loading the keys a command needs beforehand (``missing``/``begin_load``/``finish_load``); any key it did not
@@ -13,40 +13,54 @@ Invariants:
 - an expired entry is never returned, whichever tier holds it;
 - the pool (``kvstrata.engine.tiers.pool``) only ever holds copies: it is read off the loop by the loader, and a
   pool hit is promoted into DRAM (replacing an older local copy: the highest version wins).
+
+The lower tiers are ``self.lower``, in ``tier-order``; lookups, demotion, deletes, listing, expiry and INFO walk
+that list by each tier's declared role (``tiers/base.py``). ``self.ssd`` and ``self.pool`` name the two built-in
+tiers only where a duty is theirs alone (write-through and checkpoints; versions and invalidation in the pool).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import Any
 
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.admission import Admission
+from kvstrata.engine.command_state import CommandState, CommandStateMixin
 from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value
 from kvstrata.engine.expiry import ExpiryMixin
+from kvstrata.engine.invalidation import InvalidationMixin
 from kvstrata.engine.listing import ListingMixin
-from kvstrata.engine.loader import LoaderMixin, LoadTicket, PoolHit
+from kvstrata.engine.loader import CopyHit, LoaderMixin, LoadTicket, PoolHit
 from kvstrata.engine.pins import PinsMixin
 from kvstrata.engine.placement import PlacementMixin
 from kvstrata.engine.policy import EvictionPolicy, create_policy
 from kvstrata.engine.predict import Predictor
 from kvstrata.engine.prefetching import LATE, PrefetchMixin
 from kvstrata.engine.stats import EngineStats, TierStats
+from kvstrata.engine.tiers.base import LowerTier
 from kvstrata.engine.tiers.dram import DramTier
 from kvstrata.engine.tiers.pool import PoolTier, PoolUnavailableError
 from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.engine.versions import HLC_LOGICAL_BITS, NODE_BITS, VERSION_BLOCK, VersionsMixin
 from kvstrata.errors import OutOfMemoryError, VersionMismatchError
 
-REFETCH_MAX = 100_000
-
 # Re-exported: the server and the tests import these from here.
-__all__ = ["HLC_LOGICAL_BITS", "LATE", "NODE_BITS", "VERSION_BLOCK", "LoadTicket", "PoolHit", "Store"]
+__all__ = ["HLC_LOGICAL_BITS", "LATE", "NODE_BITS", "VERSION_BLOCK", "CopyHit", "LoadTicket", "PoolHit", "Store"]
 
 
-class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMixin, ListingMixin, PinsMixin):
+def _ordered(ssd: SsdTier | None, pool: PoolTier | None, tier_order: str) -> list[LowerTier]:
+    """The stack from the two built-in tiers and a tier-order (callers that pass tiers one by one)."""
+    given: dict[str, LowerTier] = {t.name: t for t in (ssd, pool) if t is not None}
+    names = [n.strip() for n in tier_order.split(",")[1:]]
+    return [given[n] for n in names if n in given] + [t for n, t in given.items() if n not in names]
+
+
+class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMixin, ListingMixin, PinsMixin,
+            InvalidationMixin, CommandStateMixin):
     """The engine: DRAM and the tiers below it, one keyspace. Each concern lives in its own module (versions,
-    loader, placement, prefetching, expiry, listing, pins); this class holds the state they share and the
+    loader, placement, prefetching, expiry, listing, pins, invalidation); this class holds the state they share and the
     command-facing reads and writes."""
 
     def __init__(
@@ -64,6 +78,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         entry_overhead: int = ENTRY_OVERHEAD,
         pool: PoolTier | None = None,
         tier_order: str = "dram,pool,ssd",
+        lower: Sequence[LowerTier] | None = None,
         node_id: int = 0,
         predictor: Predictor | None = None,
         chain_evict: bool = False,
@@ -74,6 +89,19 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.clock = clock or SystemClock()
         self.dram = DramTier(dram_budget, entry_overhead)
         self.policy = policy if policy is not None else create_policy("lru", clock=self.clock)
+        # The tiers below DRAM, fastest first (tier-order); built by the registry or from ssd=/pool=.
+        self.lower: list[LowerTier] = list(lower) if lower is not None else _ordered(ssd, pool, tier_order)
+        self._by_name: dict[str, LowerTier] = {t.name: t for t in self.lower}
+        # The one tier that may hold a key's only copy (the SSD), if any; the tiers holding copies above it (or
+        # all of them without it) get a copy on demotion; unshared ones drop theirs when a client writes.
+        self.keeper: LowerTier | None = next((t for t in self.lower if t.authoritative), None)
+        above = self.lower.index(self.keeper) if self.keeper is not None else len(self.lower)
+        self._copies_above = [t for t in self.lower[:above] if not t.authoritative]
+        self._private = [t for t in self.lower if not t.authoritative and not t.shared]
+        self._loaded_tiers = [t for t in self.lower if not t.in_process]
+        self._listed = [t for t in self.lower if t.authoritative]
+        ssd = next((t for t in self.lower if isinstance(t, SsdTier)), None)
+        pool = next((t for t in self.lower if isinstance(t, PoolTier)), None)
         self.ssd = ssd
         self.write_through = durability == "write-through" and ssd is not None
         self.noeviction = noeviction
@@ -81,40 +109,32 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.hot_max_fraction = hot_max_fraction
         self.hot: dict[bytes, int] = {}
         self.stats = EngineStats()
-        self.tier_stats = {"dram": TierStats(), "ssd": TierStats(), "pool": TierStats()}
+        self.tier_stats = {name: TierStats() for name in ("dram", "ssd", "pool", *self._by_name)}
         self._dram_stats = self.tier_stats["dram"]
         # The DRAM dict is never replaced (only cleared), so the hot path may hold it directly.
         self._entries = self.dram.entries
         self._ttl_heap: list[tuple[int, bytes]] = []
         self._overlay: dict[bytes, Any] | None = None
-        # The SSD writer sequence number the current command's reply must wait for (0: none). Set by writes
-        # under write-through and by checkpoints; the server resets it before each command.
-        self.ack_seq = 0
+        # The current command's stream and the completions its reply waits for (engine/command_state.py).
+        self.command = CommandState()
         self.sync_reads = 0
         self.version = ssd.version_high_water if ssd is not None else 0
         if ssd is not None:
             ssd.on_commit = self._ssd_committed
-        # The shared pool (None without --pool). It needs the SSD tier: the loader that keeps pool reads off
-        # the event loop is the SSD tier's (see docs/pool.md).
+        # The shared pool (None without --pool): versions are decided there and invalidations come from it.
         self.pool = pool
         # Keys another node wrote since this node's copy (dropped): read from the pool next, not from LMDB.
         self.refetch: dict[bytes, int] = {}
         if pool is not None:
             pool.on_invalidate = self._invalidated_by_pool
             pool.on_refused = self.pool_refused
-        self.pool_first = tier_order.startswith("dram,pool")
         self.node_id = node_id & ((1 << NODE_BITS) - 1)
-        # The pool write the current command's reply should wait for (0: none); set by put().
-        self.pool_ack = 0
-        self._origin = "ssd"
         # Access profiles and prediction (docs/prefetch.md); None: no profiling (a DRAM-only server).
         self.predictor = predictor
         if predictor is not None:
             predictor.attach(self.dram.entries)  # what DRAM holds, read only (the walk's DRAM bound)
         # Smaller values are not profiled: a KV chunk is large, and profiling costs ~3 us per access.
         self.profile_min_bytes = profile_min_bytes
-        # The client stream the current command comes from (the server sets it per command).
-        self.stream = 0
         # Chain-aware demotion (needs the predictor's profiles): chain heads stay head_keep times longer.
         self.chain_evict = chain_evict and predictor is not None
         self.head_keep = head_keep
@@ -136,41 +156,38 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
                 if self.prefetched and key in self.prefetched:
                     self._prefetch_used(key)
                 if self.predictor is not None and len(entry.value) >= self.profile_min_bytes:
-                    self.predictor.read(key, self.stream)
+                    self.predictor.read(key, self.command.stream)
             return entry
         if touch:
             self._dram_stats.misses += 1
-        entry = self._below(key)
+        entry, origin = self.lookup_below(key)
         if entry is None:
             if touch:
-                if self.ssd is not None:
-                    self.tier_stats["ssd"].misses += 1
-                if self.pool is not None:
-                    self.tier_stats["pool"].misses += 1
+                for tier in self.lower:
+                    self.tier_stats[tier.name].misses += 1
             return None
+        copy = not self._by_name[origin].authoritative
         if touch:
             if self.predictor is not None and len(entry.value) >= self.profile_min_bytes:
-                self.predictor.read(key, self.stream)
-            if self._origin == "pool":
-                # Fetched over the network: keep it (no admission rule), replacing any older local copy.
-                self.tier_stats["pool"].hits += 1
-                self.adopt(key, entry)
-            else:
-                self.tier_stats["ssd"].hits += 1
-                if self.admission.should_promote(key, self.clock.now_ms()) or self._hot_match(key):
-                    self._promote(key, entry)
-        elif self._origin == "pool":
-            # EXISTS, TYPE, a CAS check...: the record crossed the network already, so it is kept here too.
-            self.tier_stats["pool"].hits += 1
-            self.adopt(key, entry)
+                self.predictor.read(key, self.command.stream)
+            self.tier_stats[origin].hits += 1
+            if copy:
+                # A copy (fetched over the network, or from a cache tier): kept (no admission rule), replacing
+                # any older local copy.
+                self.adopt(key, entry, origin)
+            elif self.admission.should_promote(key, self.clock.now_ms()) or self._hot_match(key):
+                self._promote(key, entry)
+        elif copy:
+            # EXISTS, TYPE, a CAS check...: the record was read already, so it is kept here too.
+            self.tier_stats[origin].hits += 1
+            self.adopt(key, entry, origin)
         return entry
 
     def tier_of(self, key: bytes) -> str | None:
         if key in self.dram.entries:
             return "dram" if self.get(key, touch=False) is not None else None
-        if self._below(key) is None:
-            return None
-        return self._origin
+        entry, origin = self.lookup_below(key)
+        return origin if entry is not None else None
 
     def put(
         self,
@@ -183,7 +200,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
     ) -> Entry:
         """Store a new value (replacing any old one in any tier) and give it a fresh version."""
         if self.predictor is not None and len(value) >= self.profile_min_bytes:
-            self.predictor.write(key, self.stream)
+            self.predictor.write(key, self.command.stream)
         pool = self.pool
         cas_fallback = 0
         if self.refetch:
@@ -218,7 +235,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
                 self._drop_dram(key)
                 self._ack(ssd.put(key, entry))
                 if pool is not None:
-                    self.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
+                    self.command.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
+                self._drop_copies(key)
                 return entry
             stale_below = not self.write_through and (
                 (old is not None and old.on_ssd) or (old is None and self._below(key) is not None)
@@ -236,8 +254,15 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if expire_at:
             heapq.heappush(self._ttl_heap, (expire_at, key))
         if pool is not None:
-            self.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
+            self.command.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
+        if self._private:
+            self._drop_copies(key)
         return entry
+
+    def _drop_copies(self, key: bytes) -> None:
+        """A client changed ``key``: the copies held by unshared tiers are stale (a shared one is written)."""
+        for tier in self._private:
+            tier.delete(key)
 
     def _pool_put(self, key: bytes, entry: Entry, expected: int | None, fallback: int) -> int:
         """Publish a write to the pool; tracked (its outcome kept for the reply) unless acks are local."""
@@ -248,7 +273,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
 
     def _ack(self, seq: int) -> None:
         if self.write_through:
-            self.ack_seq = seq
+            self.command.ack_seq = seq
 
     def delete(self, key: bytes) -> bool:
         pool = self.pool
@@ -261,18 +286,17 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # Whether the key exists below DRAM is decided before the pool's pending delete hides a pool-only copy.
         below = self._below(key) if entry is None else None
         if pool is not None:
-            self.pool_ack = pool.delete(key, self.next_version())
+            self.command.pool_ack = pool.delete(key, self.next_version())
+        for tier in self.lower:
+            if tier is pool:
+                continue
+            if not tier.authoritative or (entry.on_ssd if entry is not None else below is not None):
+                tier.delete(key)
+                if tier is self.ssd:
+                    self._ack(self.ssd.enqueued_seq)
         if entry is not None:
-            if entry.on_ssd and self.ssd is not None:
-                self.ssd.delete(key)
-                self._ack(self.ssd.enqueued_seq)
             return not entry.expired(self.clock.now_ms())
-        if below is None:
-            return False
-        if self.ssd is not None:
-            self.ssd.delete(key)
-            self._ack(self.ssd.enqueued_seq)
-        return True
+        return below is not None
 
     def set_expire(self, key: bytes, expire_at: int) -> bool:
         """Set (or with 0, remove) the absolute expiry of an existing key; False if the key is missing."""
@@ -285,22 +309,27 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
                 self._ack(self.ssd.put(key, entry))
             if self.pool is not None:
                 self.pool.put(key, entry)
+            self._drop_copies(key)
             return True
         if entry is not None:
             self._expire_dram(key)
             return False
-        below = self._below(key)
+        below, origin = self.lookup_below(key)
         if below is None:
             return False
-        if self.ssd is None:
-            # DRAM + pool: the record came from the pool; it comes up (as any pool hit) and changes here.
-            if self._origin == "pool" and self.adopt(key, below):
+        keeper = self.keeper
+        if keeper is None:
+            # Only copies below DRAM (DRAM + pool): the record comes up (as any copy hit) and changes here.
+            if self.adopt(key, below, origin):
                 return self.set_expire(key, expire_at)
             return False
         moved = Entry(below.value, below.version, expire_at)
-        self._ack(self.ssd.put(key, moved))
+        seq = keeper.put(key, moved)
+        if keeper is self.ssd:
+            self._ack(seq)
         if self.pool is not None:
             self.pool.put(key, moved)
+        self._drop_copies(key)
         return True
 
     def replace_value(self, key: bytes, value: Value, *, keep_ttl: bool = True) -> Entry:
@@ -318,8 +347,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             if not entry.on_ssd and not entry.expired(now):
                 self.ssd.put(key, entry)
                 entry.on_ssd = True
-        self.ack_seq = self.ssd.barrier(sync=True)
-        return self.ack_seq
+        self.command.ack_seq = self.ssd.barrier(sync=True)
+        return self.command.ack_seq
 
     def flush(self) -> None:
         self.stats.prefetch_wasted += len(self.prefetched)
@@ -330,52 +359,12 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.policy.clear()
         self._ttl_heap.clear()
         if self.pool is not None:
-            self.pool.flush(self.next_version())
-        if self.ssd is not None:
-            self._ack(self.ssd.flush())
-
-    def _invalidated_by_pool(self, key: bytes, version: int, deleted: bool) -> None:
-        """An invalidation message from the pool's channel. This node's own writes come back on it too: their
-        local copy is that version or newer, so they are skipped - otherwise a key demoted to the SSD before its
-        own message arrived would be dropped there and read back from the pool. (Node ids are only 8 bits and
-        may collide between nodes, so the pool's index of this node's writes decides, not the version's node
-        bits.)"""
-        pool = self.pool
-        if not deleted and pool is not None and pool.wrote(key, version):
-            return
-        self.invalidate(key, version, deleted)
-
-    def invalidate(self, key: bytes, version: int, deleted: bool = True) -> None:
-        """The pool now holds ``version`` of ``key`` (another node's write, or a delete): drop local copies that
-        are older, so every read finds the pool's (docs/pool.md, "Invalidation"). After a write, the key is read
-        from the pool next (``refetch``); after a delete it is gone here too."""
-        entry = self.dram.entries.get(key)
-        if entry is not None:
-            if entry.version >= version:
-                return
-            self._drop_dram(key)
-        elif self.ssd is not None:
-            found, pending = self.ssd.lookup_pending(key)
-            if found and pending is not None and pending.version >= version:
-                return
-        if self.ssd is not None:
-            self.ssd.delete(key)
-            if not deleted:
-                self.refetch[key] = version
-                if len(self.refetch) > REFETCH_MAX:  # bounded: the oldest fall back to "not here" (a miss)
-                    del self.refetch[next(iter(self.refetch))]
-        pool = self.pool
-        if pool is not None:
-            pool._watchers.touched(key)  # a load of the old copy in flight is not installed
-            pool.dropped_copies += 1
-
-    def pool_refused(self, key: bytes, version: int) -> None:
-        """The pool refused this node's write of ``version`` (a higher version is there, or a CAS mismatch): the
-        local copy of it is not kept, so reads find the pool's."""
-        entry = self.dram.entries.get(key)
-        if entry is not None and entry.version != version:
-            return
-        self.invalidate(key, version + 1, deleted=False)
+            self.pool.flush(self.next_version())  # tombstones at one version: the pool decides
+        for tier in self.lower:
+            if tier is self.ssd:
+                self._ack(self.ssd.flush())
+            elif tier is not self.pool:
+                tier.flush()
 
     def _ssd_committed(self, committed_seq: int, evicted: list[bytes]) -> None:
         if not evicted:
@@ -387,22 +376,12 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
                 entry.on_ssd = False
 
     def tier_info(self) -> list[dict[str, Any]]:
+        """One row per tier, DRAM first then the lower tiers in order: INFO tier_<name> and the metrics."""
         rows: list[dict[str, Any]] = [
             {"name": "dram", "used": self.dram.used, "budget": self.dram.budget, "keys": len(self.dram),
              "pinned_bytes": self.dram.pinned_bytes, **self.tier_stats["dram"].as_dict()}
         ]
-        if self.ssd is not None:
-            rows.append({"name": "ssd", "used": self.ssd.used, "budget": self.ssd.budget, "keys": len(self.ssd),
-                         **self.ssd.info(),
-                         **self.tier_stats["ssd"].as_dict(),
-                         "evictions": self.ssd.evictions})
-        pool = self.pool
-        if pool is not None:
-            degraded = int(pool.degraded is not None)
-            rows.append({"name": "pool", "used": pool.used, "budget": pool.budget, "keys": len(pool),
-                         **self.tier_stats["pool"].as_dict(),
-                         "evictions": pool.evictions, "corrupt_reads": pool.corrupt_reads,
-                         "pool_degraded": degraded, "pool_masters_degraded": len(pool.masters_down),
-                         **pool.info()})
+        for tier in self.lower:
+            rows.append({"name": tier.name, "used": tier.used, "budget": tier.budget, "keys": len(tier),
+                         **tier.info_row(self.tier_stats[tier.name].as_dict())})
         return rows
-

@@ -26,9 +26,10 @@ A page is restored all together or not at all: ``batch_exists`` counts a page on
 exists with the length the registered pool needs (another length is a miss, rewritten by the next set), and a read reports a page as loaded only if every object arrived with the expected length. A page with one
 object missing (evicted, deleted) is a miss, so SGLang sees a shorter hit, never half a page.
 
-The client speaks RESP itself over one socket per backend instance: writes go out with ``socket.sendmsg`` straight
-from the host pool's memory (no copy into a request buffer) and values are received with ``recv_into`` straight
-into their page in the host pool. Small commands are pipelined: one round trip per batch.
+The client speaks RESP over one socket per thread through ``kvstrata.client.fast.FastClient`` (the transport the
+SDK reads with): writes go out with ``socket.sendmsg`` straight from the host pool's memory (no copy into a
+request buffer) and values are received with ``recvmsg_into`` straight into their page's segments in the host
+pool. Small commands are pipelined: one round trip per batch.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -50,7 +50,7 @@ from urllib.parse import unquote, urlparse
 
 import torch
 
-from kvstrata.client.fast import sendmsg_all
+from kvstrata.client.fast import FastClient, RespError, pack, sendmsg_all
 from kvstrata.engine.stats import Counters
 
 try:  # The real abstract class, when SGLang is installed (always the case inside SGLang).
@@ -67,10 +67,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "redis://127.0.0.1:6379"
 DEFAULT_KEY_PREFIX = "hicache:"
-_RECV_CHUNK = 256 * 1024
 
 
-class KvstrataError(Exception):
+class KvstrataError(RespError):
     """An error reply from the server (``-ERR ...``, ``-OOM ...``)."""
 
 
@@ -91,17 +90,14 @@ def _view(address: int, length: int) -> memoryview:
     return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
 
 
-class RespConnection:
-    """A minimal RESP2 client on one socket: pipelined small commands, zero-copy large values."""
+class RespConnection(FastClient):
+    """The backend's connection: ``kvstrata.client.fast.FastClient`` (the transport the SDK reads with too), plus
+    the backend's conventions: error replies returned as ``KvstrataError`` instances by ``read_reply`` and
+    ``pipeline`` (raised by ``call``), values received straight into host-pool segments (``read_bulk_into``)."""
 
     def __init__(self, host: str, port: int, *, username: str | None = None, password: str | None = None,
                  db: int = 0, timeout: float | None = 30.0, connect_timeout: float = 5.0) -> None:
-        self.host, self.port = host, port
-        self.sock = socket.create_connection((host, port), timeout=connect_timeout)
-        self.sock.settimeout(timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = bytearray()
-        self.pos = 0
+        super().__init__(host, port, timeout=timeout, connect_timeout=connect_timeout)
         if password is not None:
             args = [b"AUTH", username.encode(), password.encode()] if username else [b"AUTH", password.encode()]
             self.call(*args)
@@ -121,109 +117,47 @@ class RespConnection:
     # -- sending ----------------------------------------------------------------------------------------------
     @staticmethod
     def encode(args: Sequence[bytes | str | int]) -> bytes:
-        out = [b"*%d\r\n" % len(args)]
-        for arg in args:
-            if isinstance(arg, str):
-                arg = arg.encode()
-            elif isinstance(arg, int):
-                arg = str(arg).encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
-        return b"".join(out)
+        parts: list[Any] = []
+        pack(args, parts)
+        return b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)
 
     def sendv(self, parts: list[bytes | memoryview]) -> None:
         """Send every byte of ``parts`` with vectored writes (``sendmsg``): large values are never joined."""
         sendmsg_all(self.sock, parts)
 
     # -- receiving --------------------------------------------------------------------------------------------
-    def _fill(self) -> None:
-        if self.pos and self.pos == len(self.buf):
-            self.buf.clear()
-            self.pos = 0
-        elif self.pos > _RECV_CHUNK:
-            del self.buf[:self.pos]
-            self.pos = 0
-        chunk = self.sock.recv(_RECV_CHUNK)
-        if not chunk:
-            raise ConnectionError(f"kvstrata at {self.host}:{self.port} closed the connection")
-        self.buf += chunk
-
-    def _line(self) -> bytes:
-        while True:
-            end = self.buf.find(b"\r\n", self.pos)
-            if end >= 0:
-                line = bytes(self.buf[self.pos:end])
-                self.pos = end + 2
-                return line
-            self._fill()
-
-    def _take(self, n: int) -> bytes:
-        while len(self.buf) - self.pos < n:
-            self._fill()
-        data = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return data
-
-    def read_reply(self) -> Any:
+    def read_reply(self, into: Any = None) -> Any:
         """The next reply; an error reply is returned as a ``KvstrataError`` instance (not raised)."""
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            return KvstrataError(rest.decode(errors="replace"))
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            return self._take(n + 2)[:-2]
-        if kind == b"*":
-            n = int(rest)
-            if n < 0:
-                return None
-            return [self.read_reply() for _ in range(n)]
-        raise ConnectionError(f"unexpected reply from kvstrata: {line[:80]!r}")
+        try:
+            return super().read_reply(into)
+        except KvstrataError as exc:
+            return exc
+        except RespError as exc:
+            if str(exc).startswith("unexpected reply type"):
+                raise ConnectionError(f"unexpected reply from kvstrata: {exc}") from None
+            return KvstrataError(str(exc))
 
     def read_bulk_into(self, segments: list[tuple[int, int]], expected: int) -> bool:
         """Read one bulk reply straight into ``segments``. False (and nothing kept) for nil, an error reply or a
         value whose length is not ``expected``."""
-        line = self._line()
-        if line[:1] == b"-":
-            logger.warning("kvstrata: %s", line[1:].decode(errors="replace"))
+        try:
+            n = self.read_bulk_len()
+        except RespError as exc:
+            if str(exc).startswith("expected a bulk string"):
+                raise ConnectionError(f"expected a bulk reply from kvstrata: {exc}") from None
+            logger.warning("kvstrata: %s", exc)
             return False
-        if line[:1] != b"$":
-            raise ConnectionError(f"expected a bulk reply from kvstrata, got {line[:80]!r}")
-        n = int(line[1:])
-        if n < 0:
+        if n is None:
             return False
         if n != expected:
-            self._discard(n + 2)
+            self.skip(n)
+            self.end_bulk()
             logger.warning("kvstrata: stored object has %d bytes, the host pool page needs %d: treated as a miss",
                            n, expected)
             return False
-        for address, length in segments:
-            view = _view(address, length)
-            have = min(len(self.buf) - self.pos, length)
-            if have:
-                view[:have] = self.buf[self.pos:self.pos + have]
-                self.pos += have
-            got = have
-            while got < length:
-                r = self.sock.recv_into(view[got:], length - got)
-                if not r:
-                    raise ConnectionError(f"kvstrata at {self.host}:{self.port} closed the connection")
-                got += r
-        self._take(2)
+        self.recv_scatter([_view(address, length) for address, length in segments])
+        self.end_bulk()
         return True
-
-    def _discard(self, n: int) -> None:
-        while n:
-            have = min(len(self.buf) - self.pos, n)
-            self.pos += have
-            n -= have
-            if n:
-                self._fill()
 
     # -- commands ---------------------------------------------------------------------------------------------
     def call(self, *args: bytes | str | int) -> Any:
@@ -233,7 +167,7 @@ class RespConnection:
             raise reply
         return reply
 
-    def pipeline(self, commands: Iterable[Sequence[bytes | str | int]]) -> list[Any]:
+    def pipeline(self, commands: Iterable[Sequence[bytes | str | int]]) -> list[Any]:  # type: ignore[override]
         """Send every command, then read every reply (error replies come back as ``KvstrataError``)."""
         encoded = [self.encode(c) for c in commands]
         if not encoded:
@@ -478,7 +412,7 @@ class KvstrataHiCacheStorage(_Base):
         reconnects on next use) and answer ``default``: to SGLang a failed storage call is a miss."""
         try:
             return fn(self._connection())
-        except (OSError, ConnectionError, ValueError, KvstrataError) as exc:
+        except (OSError, ConnectionError, ValueError, RespError) as exc:  # KvstrataError is a RespError
             self._count(errors=1)
             logger.warning("kvstrata HiCache backend: %s: %s", type(exc).__name__, exc)
             self._drop_connection()

@@ -31,6 +31,13 @@ TIER_COUNTERS = (
     ("evictions", "Entries dropped by this tier (the last tier) to stay within its budget."),
     ("corrupt_reads", "Records that failed their checksum on read (answered as misses and dropped)."),
 )
+# Counters only some tiers keep (INFO tier_<name> has them): a family each, with a sample per tier reporting it.
+TIER_OPTIONAL_COUNTERS = (
+    ("reads", "Records looked up in the tier below DRAM (SSD: LMDB lookups; pool: keys read), found or not: "
+              "loads, prefetches and synchronous reads."),
+    ("unreadable_pages", "Damaged LMDB pages met by reads and listings (skipped; run `kvstrata check`)."),
+    ("expired", "Records the tier dropped because their TTL passed (SSD: the reclaim sweep; pool: its index)."),
+)
 
 
 def _le(usec: int) -> str:
@@ -92,6 +99,12 @@ class KvstrataCollector:
             for t in tiers:
                 c.add_metric([t["name"]], t[field])
             yield c
+        for field, help_text in TIER_OPTIONAL_COUNTERS:
+            c = CounterMetricFamily(f"kvstrata_tier_{field}", help_text, labels=["tier"])
+            for t in tiers:
+                if field in t:
+                    c.add_metric([t["name"]], t[field])
+            yield c
         pinned = GaugeMetricFamily("kvstrata_tier_pinned_bytes", "Bytes of pinned (hot) entries.", labels=["tier"])
         for t in tiers:
             if "pinned_bytes" in t:
@@ -152,12 +165,17 @@ class KvstrataCollector:
                                        "breakdown of the container's kvstrata_commands_total.", labels=["cmd"])
         failed = CounterMetricFamily("kvstrata_command_errors", "Calls per command that replied with an error.",
                                      labels=["cmd"])
+        rejected = CounterMetricFamily("kvstrata_command_rejected", "Calls per (sub)command refused before they "
+                                       "ran: wrong arity, NOAUTH, ACL (INFO commandstats rejected_calls).",
+                                       labels=["cmd"])
         duration = HistogramMetricFamily("kvstrata_command_duration_seconds",
                                          "Time spent in the command handler, per command.", labels=["cmd"])
         for row in snap["commands"]:
+            if row.get("rejected"):
+                rejected.add_metric([row["name"]], row["rejected"])
             if row.get("subcommand"):
                 subcalls.add_metric([row["name"]], row["calls"])
-                continue
+        for row in _per_command(snap["commands"]):
             calls.add_metric([row["name"]], row["calls"])
             failed.add_metric([row["name"]], row["failed"])
             hist = row.get("_hist")
@@ -170,6 +188,7 @@ class KvstrataCollector:
         yield calls
         yield subcalls
         yield failed
+        yield rejected
         yield duration
 
         # ---- prefetch ----
@@ -228,6 +247,27 @@ class KvstrataCollector:
         yield GaugeMetricFamily("kvstrata_slowlog_length", "Entries in the slow log now.", value=sl["length"])
         yield CounterMetricFamily("kvstrata_slow_commands", "Commands logged as slow (slowlog-log-slower-than).",
                                   value=sl["total"])
+
+
+def _per_command(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The command rows with each container's subcommand rows folded into it (calls, failures, time and
+    histogram): the dispatcher counts ``config|get`` only on the subcommand, kvstrata_commands_total counts the
+    container once per call."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("rejected") and not (row["calls"] or row["failed"]):
+            continue  # only refused: not a call
+        name = row["name"].partition("|")[0]
+        agg = out.get(name)
+        if agg is None:
+            out[name] = {**row, "name": name, "_hist": list(row["_hist"]) if row.get("_hist") else None}
+            continue
+        for field in ("calls", "failed", "usec", "timed"):
+            agg[field] += row[field]
+        hist = row.get("_hist")
+        if hist:
+            agg["_hist"] = hist if agg["_hist"] is None else [a + b for a, b in zip(agg["_hist"], hist, strict=True)]
+    return list(out.values())
 
 
 def render(snapshot_fn: Callable[[], dict[str, Any]], accept: str = "", accept_encoding: str = "",

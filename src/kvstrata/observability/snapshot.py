@@ -107,7 +107,7 @@ def command_rows(command_counts: dict[Any, Any]) -> list[dict[str, Any]]:
     """Every command that ran, busiest first: calls, failures, total µs, quantiles and the histogram."""
     rows = []
     for spec, st in command_counts.items():
-        if not (st.calls or st.failed):
+        if not (st.calls or st.failed or st.rejected):
             continue
         hist = list(st.hist)
         timed = sum(hist)
@@ -115,6 +115,7 @@ def command_rows(command_counts: dict[Any, Any]) -> list[dict[str, Any]]:
             "name": spec.full_name,
             "calls": st.calls,
             "failed": st.failed,
+            "rejected": st.rejected,
             "usec": st.usec,
             "usec_per_call": round(st.usec / timed, 3) if timed else 0.0,
             "timed": timed,
@@ -151,7 +152,8 @@ def tier_rows(store: Any) -> list[dict[str, Any]]:
         }
         for field in ("hits", "misses", "promotions", "demotions", "evictions", "corrupt_reads"):
             row[field] = int(info.get(field, 0))
-        for field in ("pinned_bytes", "pending", "queued_bytes", "write_errors", "expired"):
+        for field in ("pinned_bytes", "pending", "queued_bytes", "write_errors", "expired", "reads",
+                      "unreadable_pages"):
             if field in info:
                 row[field] = int(info[field])
         rows.append(row)

@@ -20,8 +20,8 @@ from kvstrata.config import Config
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.predict import Predictor
 from kvstrata.engine.store import LoadTicket, Store
+from kvstrata.engine.tiers import registry as tier_registry
 from kvstrata.engine.tiers.pool import PoolTier
-from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.observability.service import Observability
 from kvstrata.server import dataplane
 from kvstrata.server.cmdstats import CommandStats, SlowLog
@@ -36,42 +36,12 @@ log = logging.getLogger("kvstrata.server")
 
 def build_store(config: Config, clock: Clock | None = None) -> Store:
     clock = clock or SystemClock()
-    ssd = None
-    if config.get("essd-path"):
-        ssd = SsdTier(config.get("essd-path"), int(config.get("essd-size")), fsync=config.get("fsync"))
     policy = create_policy(config.get("eviction-policy"), clock=clock, k=int(config.get("lru-k")),
                            crp=float(config.get("lru-k-crp")))
-    pool = None
-    node_id = 0
-    if config.get("pool"):
-        try:
-            import redis  # noqa: F401  (the pool is reached with redis-py)
-        except ImportError:
-            raise ValueError("--pool needs redis-py: pip install 'kvstrata[sdk]'") from None
-        pool = PoolTier(
-            config.get("pool"), int(config.get("pool-size")),
-            ttl_ms=max(1, int(float(config.get("pool-ttl")) * 1000)),
-            timeout_ms=int(config.get("pool-timeout")),
-            connect_timeout_ms=int(config.get("pool-connect-timeout")),
-            backoff_max_ms=int(config.get("pool-backoff-max")),
-            prefix=str(config.get("pool-key-prefix")).encode(),
-            tombstone_ttl_ms=int(float(config.get("pool-tombstone-ttl")) * 1000),
-            ack=str(config.get("pool-ack")),
-            ack_replicas=int(config.get("pool-replicas")),
-            wall_ms=clock.now_ms,
-            monotonic=clock.monotonic,
-        )
-        try:
-            pool.check_connect()
-        except ValueError as exc:
-            if not config.get("pool-start-degraded"):
-                pool.close()
-                raise ValueError(f"{exc} (pool-start-degraded yes starts without it)") from None
-            pool._failed("startup", exc)
-            log.warning("starting with the pool degraded (pool-start-degraded): %s", exc)
-        node_id = int(config.get("pool-node-id"))
-        if node_id < 0:
-            node_id = int.from_bytes(os.urandom(1), "little")
+    # The lower tiers in tier-order, each built by its registered factory (engine/tiers/registry.py).
+    lower = tier_registry.build(config, clock)
+    ssd = next((t for t in lower if t.name == "ssd"), None)
+    node_id = tier_registry.pool_node_id(config) if any(t.shared for t in lower) else 0
     predictor = None
     if ssd is not None and config.get("prefetch-predict"):
         predictor = Predictor(clock, max_keys=int(config.get("profile-max-keys")),
@@ -89,14 +59,12 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
         profile_min_bytes=int(config.get("prefetch-min-value")),
         policy=policy,
         clock=clock,
-        ssd=ssd,
+        lower=lower,
         durability=config.get("durability"),
         noeviction=config.get("maxmemory-policy") == "noeviction",
         promote_hits=int(config.get("promote-hits")),
         promote_window=float(config.get("promote-window")),
         hot_max_fraction=float(config.get("hot-max-fraction")),
-        pool=pool,
-        tier_order=config.get("tier-order"),
         node_id=node_id,
     )
 
@@ -106,8 +74,8 @@ class Server:
         self.config = config
         self.config_file = config_file
         self.store = store or build_store(config)
-        # Tiered: a lower tier below DRAM (SSD, pool or both), so commands may load keys and wait for writers.
-        self.tiered = self.store.ssd is not None or self.store.pool is not None
+        # Tiered: a tier below DRAM (SSD, pool, any registered one), so commands may load keys and wait for writers.
+        self.tiered = bool(self.store.lower)
         # The shared-memory arena (docs/dataplane.md): before any connection exists, as they receive into it.
         self.arena = dataplane.setup_arena(self)
         self._unix: asyncio.base_events.Server | None = None
@@ -276,7 +244,8 @@ class Server:
 
     @property
     def commands_processed(self) -> int:
-        return self.stats.unknown + sum(c.calls for spec, c in self.command_counts.items() if spec.parent is None)
+        # Containers count no calls of their own for their subcommands: every (sub)command row is summed.
+        return self.stats.unknown + sum(c.calls for c in self.command_counts.values())
 
     # ---- background work ----
     async def _cron(self) -> None:
@@ -302,8 +271,8 @@ class Server:
             pool.expire_index()
             if pool.probe_due():
                 self._probe_pool(pool)
+        store.sweep_lower()
         if store.ssd is not None:
-            store.sweep_ssd()
             if store.ssd.stuck:
                 store.ssd.retry_stuck()
             if store.ssd.fsync == "everysec":
@@ -335,23 +304,23 @@ class Server:
     # ---- lifecycle ----
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        loop = self.loop
         ssd = self.store.ssd
-        if ssd is not None:
-            loop = self.loop
-            ssd.set_delivery(lambda fn: loop.call_soon_threadsafe(fn))
-            ssd.on_commit = self._on_ssd_commit
         pool = self.store.pool
+
+        def deliver_pool(fn: Any) -> None:
+            def run() -> None:
+                fn()
+                self._on_pool_commit()
+
+            loop.call_soon_threadsafe(run)
+
+        # Every tier's writer thread hands its completions to the loop; the pool's also wake its waiters.
+        for tier in self.store.lower:
+            tier.set_delivery(deliver_pool if tier is pool else (lambda fn: loop.call_soon_threadsafe(fn)))
+        if ssd is not None:
+            ssd.on_commit = self._on_ssd_commit
         if pool is not None:
-            loop = self.loop
-
-            def deliver(fn: Any) -> None:
-                def run() -> None:
-                    fn()
-                    self._on_pool_commit()
-
-                loop.call_soon_threadsafe(run)
-
-            pool.set_delivery(deliver)
             pool.start_invalidation()
         hosts = [h for h in str(self.config.get("bind")).split() if h]
         # The HTTP endpoint first: once the RESP port answers, /metrics does too.
@@ -409,6 +378,8 @@ class Server:
             # Write-back data that lives only in DRAM goes down to SSD, so a clean restart finds every key.
             store.checkpoint()
             await self.wait_commit(store.ssd.barrier())
-            store.ssd.close()
+        for tier in store.lower:
+            if tier is not store.pool:
+                tier.close()
         self._io.shutdown(wait=False)
         log.info("bye")

@@ -18,16 +18,18 @@ HIST_BUCKETS = 64
 
 
 class CommandStats:
-    __slots__ = ("calls", "failed", "hist", "usec")
+    __slots__ = ("calls", "failed", "hist", "rejected", "usec")
 
     def __init__(self) -> None:
         self.calls = 0
         self.failed = 0
+        # Refused before running (wrong arity, NOAUTH, ACL): not in calls, as Redis's rejected_calls.
+        self.rejected = 0
         self.usec = 0
         self.hist = [0] * HIST_BUCKETS
 
     def reset(self) -> None:
-        self.calls = self.failed = self.usec = 0
+        self.calls = self.failed = self.rejected = self.usec = 0
         self.hist = [0] * HIST_BUCKETS
 
 

@@ -16,10 +16,10 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
-from kvstrata.commands.registry import CommandSpec, resolve
+from kvstrata.commands.registry import CommandSpec, subcommand_syntax_error, unknown_subcommand
 from kvstrata.commands.waits import Suspend
 from kvstrata.engine.bufpool import BufferPool, tune_malloc
-from kvstrata.errors import CommandError, NoAuthError, ProtocolError, wrong_arity
+from kvstrata.errors import CommandError, NoAuthError, OutOfMemoryError, ProtocolError, wrong_arity
 from kvstrata.protocol.alloc import untouched
 from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import RequestParser
@@ -52,7 +52,7 @@ def server_pool(server: Server) -> BufferPool | None:
     """
     pool = getattr(server, "bufpool", None)
     store = server.store
-    if pool is None and store.ssd is None and getattr(store, "pool", None) is None:
+    if pool is None and not getattr(store, "lower", None):
         dram = store.dram
         pool = BufferPool(min(1024**3, max(dram.budget // 4, 0)), room=lambda: dram.budget - dram.used)
         dram.bufpool = pool
@@ -473,20 +473,35 @@ class Connection(asyncio.BufferedProtocol):
         n = len(args)
         arity = spec.arity
         if arity != n and (arity >= 0 or n < -arity):
-            self._error(wrong_arity(spec.name).message)
+            self._reject(spec, wrong_arity(spec.name).message)
             return None
+        if spec.subcommands and n > 1:
+            # A container: from here on the subcommand is the command (arity, ACL, stats, CLIENT LIST's cmd=).
+            name = args[1] if args[1].__class__ is bytes else bytes(args[1])
+            sub = spec.subcommands.get(name) or spec.subcommands.get(name.lower())
+            if sub is None:  # as Redis: an error, but no command ran (no stats row)
+                self._error(unknown_subcommand(args[0], name).message)
+                return None
+            if not sub.arity_ok(n):
+                self._reject(sub, wrong_arity(sub.full_name).message)
+                return None
+            spec = sub
         client = self.client
         if not client.authenticated and not spec.noauth:
-            self._error(NoAuthError().message)
+            self._reject(spec, NoAuthError().message)
             return None
         if client.user is not None and not client.user.unrestricted:  # ACL: commands and key patterns
             denied = self.server.acl.deny(client, spec, args)
             if denied is not None:
-                self._error(denied)
+                self._reject(spec, denied)
                 return None
         counts = self.counts[spec]
-        counts.calls += 1
         client.last_cmd = spec
+        if spec.most and n > spec.most:  # more arguments than the subcommand's handler takes: it fails
+            counts.calls += 1
+            counts.failed += 1
+            self._error(subcommand_syntax_error(args).message)
+            return None
         if self.tiered:
             return self._tiered(spec, args, counts)
         t0 = perf_counter_ns()
@@ -496,6 +511,8 @@ class Connection(asyncio.BufferedProtocol):
             self._fail(spec, counts, exc)
             return None
         finally:
+            # Counted after it ran, as Redis: INFO does not count itself, CONFIG RESETSTAT counts itself.
+            counts.calls += 1
             usec = (perf_counter_ns() - t0) // 1000
             counts.usec += usec
             counts.hist[usec.bit_length()] += 1
@@ -510,8 +527,22 @@ class Connection(asyncio.BufferedProtocol):
         self.server.stats.errors += 1
         encode(ErrorReply(message), self.client.proto, self.out)
 
-    def _fail(self, spec: CommandSpec, counts: CommandStats, exc: Exception) -> None:
-        """A handler raised: its error reply (a CommandError's text, or an internal error, logged)."""
+    def _reject(self, spec: CommandSpec, message: str) -> None:
+        """Refused before it ran (arity, NOAUTH, ACL): Redis's ``rejected_calls`` of that (sub)command."""
+        self.counts[spec].rejected += 1
+        self._error(message)
+
+    def _fail(self, spec: CommandSpec, counts: CommandStats, exc: Exception, first: bool = True) -> None:
+        """A handler raised: its error reply (a CommandError's text, or an internal error, logged).
+
+        An OOM refusal of a write is a rejected call, as Redis counts it (it refuses before running the command);
+        the call the caller counts after this (``first``: not a continuation) is taken back here.
+        """
+        if first and exc.__class__ is OutOfMemoryError:
+            counts.rejected += 1
+            counts.calls -= 1
+            self._error(exc.message)
+            return
         counts.failed += 1
         if isinstance(exc, CommandError):
             self._error(exc.message)
@@ -524,13 +555,12 @@ class Connection(asyncio.BufferedProtocol):
         store = self.store
         ssd = store.ssd
         store.stream = self.client.id
-        sub = resolve(spec, args) if spec.subcommands else spec
-        keys = sub.load_keys(args)
+        keys = spec.load_keys(args)
         needs_io = bool(keys and store.missing(keys))
         if ssd is not None:
             if spec.write and ssd.queued_bytes > self.server.ssd_write_queue:
                 needs_io = True
-            if sub.settle and not ssd.settled:
+            if spec.settle and not ssd.settled:
                 needs_io = True
         if needs_io:
             return self._slow(spec, args, keys, counts)
@@ -545,20 +575,22 @@ class Connection(asyncio.BufferedProtocol):
         """
         store = self.store
         ssd = store.ssd
-        store.ack_seq = 0
-        # Set again here: a command resumed after a load must not run as the stream of
-        # whichever connection ran last meanwhile (the predictor follows each connection's reads).
-        store.stream = self.client.id
+        # A fresh state per run (also a command resumed after a load must not run as the stream of whichever
+        # connection ran last meanwhile: the predictor follows each connection's reads).
+        state = store.begin_command(self.client.id)
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
         except Exception as exc:
-            self._fail(spec, counts, exc)
+            self._fail(spec, counts, exc, step is None)
             return None
         finally:
-            store.end_command()
             if store.predictor is not None and store.predictor.pending:
+                # Before the overlay goes: predicted keys this command loaded come up from what it read.
                 self.server.prefetcher.submit_predicted()
+            store.end_command()
+            if step is None:  # a continuation is the same call
+                counts.calls += 1
             usec = (perf_counter_ns() - t0) // 1000
             counts.usec += usec
             counts.hist[usec.bit_length()] += 1
@@ -568,7 +600,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.parser.refresh()
         if reply.__class__ is Suspend:
             return self._continue(spec, args, counts, reply)
-        seq = store.ack_seq
+        seq = state.ack_seq
         if seq and ssd is not None and seq > ssd.committed_seq:
             return self._ack_after(seq, reply)
         encode(reply, self.client.proto, self.out)
@@ -580,7 +612,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             result = await srv.wait(sus.wait)
             if sus.reload:
-                await self._load(resolve(spec, args).load_keys(args))
+                await self._load(spec.load_keys(args))
         except BaseException:
             sus.release()
             raise
@@ -619,7 +651,7 @@ class Connection(asyncio.BufferedProtocol):
         if ssd is not None:
             if spec.write and ssd.queued_bytes > srv.ssd_write_queue:
                 await srv.wait_commit(ssd.enqueued_seq)
-            if resolve(spec, args).settle and not ssd.settled:
+            if spec.settle and not ssd.settled:
                 await srv.wait_commit(ssd.enqueued_seq)
         srv.prefetcher.expect(spec, keys, self.client.id)  # [prefetch hook, issue 19] what follows a chunk read
         await self._load(keys)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstrata.engine.arena import ArenaPool
 from kvstrata.engine.bufpool import tune_malloc
+from kvstrata.engine.staging import Staging
 
 if TYPE_CHECKING:
     from kvstrata.server.app import Server
@@ -35,7 +36,7 @@ def setup_arena(server: Server) -> ArenaPool | None:
         # The budget, room for size-class slack and slots waiting for a lease or a reply, and the demoted values
         # still queued to the SSD writer (their slots are reused only once it has written them).
         size = dram.budget + dram.budget // 4
-        if store.ssd is not None or store.pool is not None:
+        if store.lower:
             size += int(config.get("ssd-write-queue"))
     try:
         arena = ArenaPool(size, min_size=int(config.get("large-value-threshold")),
@@ -47,12 +48,28 @@ def setup_arena(server: Server) -> ArenaPool | None:
         log.warning("shared-memory arena not available (%s); large values stay in the heap", exc)
         return None
     dram.attach_arena(arena)
+    setup_staging(server, arena)
     # Values handed to these writer threads are not reused before they committed (see the arena's gates).
-    arena.gates = [t for t in (store.ssd, store.pool) if t is not None]
+    arena.gates = [t for t in store.lower if hasattr(t, "enqueued_seq")]
     # connection.server_pool() hands this to every connection's parser: large values land in arena slots.
     server.bufpool = arena  # type: ignore[attr-defined]
     tune_malloc()
     return arena
+
+
+def setup_staging(server: Server, arena: ArenaPool) -> None:
+    """Two-phase writes (kvstrata.engine.staging): reserved bytes are charged to the DRAM budget."""
+    config = server.config
+    dram = server.store.dram
+
+    def charge(n: int) -> None:
+        dram.used += n
+
+    arena.staging = Staging(int(config.get("stage-size")),
+                            max_reservations=int(config.get("stage-max-reservations")),
+                            reserve_ms=int(config.get("stage-reserve-ms")),
+                            hugepages=bool(config.get("arena-hugepages")),
+                            charge_of=arena.charge, charge=charge, uncharge=dram._uncharge)
 
 
 def apply_config(server: Server) -> None:
@@ -60,17 +77,25 @@ def apply_config(server: Server) -> None:
     if arena is not None:
         arena.max_lease_ms = int(server.config.get("lease-max-ms"))
         arena.max_leases = int(server.config.get("lease-max-per-client"))
+        if arena.staging is not None:
+            arena.staging.max_reservations = int(server.config.get("stage-max-reservations"))
+            arena.staging.reserve_ms = int(server.config.get("stage-reserve-ms"))
 
 
 def tick(server: Server) -> None:
-    """Each background cycle: expire leases, drop those of clients that are gone, free what became free."""
+    """Each background cycle: expire leases and reservations, drop those of clients that are gone (and their
+    staging segments), free what became free."""
     arena = server.store.dram.arena
     if arena is None:
         return
+    clients = server.clients
     if arena.lease_table:
         arena.expire(server.now_ms)
-        clients = server.clients
         arena.drop_clients(lambda c: c in clients)
+    staging = arena.staging
+    if staging is not None and staging.segments:
+        staging.expire(server.now_ms)
+        staging.drop_clients(lambda c: c in clients)
     arena.collect()
 
 
@@ -128,3 +153,18 @@ def send_with_fd(conn: Any, data: bytes, fd: int) -> None:
             conn.transport.write(data[sent:])
     finally:
         dup.close()
+
+
+def reply_with_fd(ctx: Any, status: str, fd: int) -> None:
+    """Answer the current command with ``+status`` carrying ``fd`` (SCM_RIGHTS): only to a Unix-socket client,
+    and only when no earlier reply is still waiting to go out (CommandError otherwise)."""
+    from kvstrata.errors import CommandError
+    from kvstrata.protocol.encoder import Status, encode_bytes
+
+    server = ctx.server
+    conn = server.clients.get(ctx.client.id) if server is not None else None
+    if conn is None or unix_transport(conn) is None:
+        raise CommandError("descriptors are shared only with clients on the Unix socket (unixsocket)")
+    if conn.out or conn.transport.get_write_buffer_size() or conn._stream:
+        raise CommandError("send this command on its own, after every earlier reply was read")
+    send_with_fd(conn, encode_bytes(Status(status), ctx.client.proto), fd)

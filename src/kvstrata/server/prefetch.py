@@ -55,7 +55,7 @@ class Prefetcher:
         """Queue keys that are not already in DRAM or queued; higher priority goes first, then the earlier
         ``due`` (the access number a key is expected to be read at), then the order of submission. Returns how
         many."""
-        if self.store.ssd is None and self.store.pool is None:
+        if not self.store.lower:
             return 0
         queued = 0
         entries = self.store.dram.entries
@@ -74,14 +74,35 @@ class Prefetcher:
         return queued
 
     def submit_predicted(self) -> None:
-        """Queue what the predictor expects the clients to read next (called after every command that gave the
-        predictor something to process: the predictor processes its logged accesses here, in one batch)."""
-        predictor = self.store.predictor
-        if predictor is None:
+        """Queue what the predictor expects the clients to read next.
+
+        Called while the command that made the prediction still holds what its load read (the overlay): keys whose
+        state is known without a lower-tier read (an EXISTS batch of SSD-resident chunks announces exactly the
+        keys it loaded) are promoted now from that, not queued to be read a second time. The others are queued.
+        """
+        store = self.store
+        predictor = store.predictor
+        keys = predictor.take() if predictor is not None else []
+        if not keys or predictor is None:
             return
-        keys = predictor.take()
-        if keys:
-            self.store.stats.prefetch_predicted += self.submit(keys, PREDICTED_PRIORITY, predictor.due_at)
+        later: list[bytes] = []
+        now = 0
+        entries = store.dram.entries
+        for key in keys:
+            if key in entries:
+                continue
+            if key in self._queued or key in self._loading or not store.loaded(key):
+                later.append(key)
+                continue
+            now += 1
+            try:
+                if store.promote(key, sync=False):  # from the overlay or pending writes: never LMDB on the loop
+                    store.stats.prefetch_done += 1
+            except Exception:  # a failed prefetch must never fail the command that predicted it
+                log.exception("prefetch of %r failed", key[:64])
+        if now:
+            store.stats.prefetch_queued += now  # accepted and served at once
+        store.stats.prefetch_predicted += now + (self.submit(later, PREDICTED_PRIORITY, predictor.due_at) if later else 0)
 
     def expect(self, spec: CommandSpec, keys: list[bytes], sid: int) -> None:
         """A command of stream ``sid`` may have to load ``keys`` before it runs. For a GET of a chunk below DRAM

@@ -44,8 +44,9 @@ class DramTier:
 
     @property
     def held_bytes(self) -> int:
-        """Charged bytes no entry holds (leased-but-dropped arena slots): nothing can be demoted to free them."""
-        return self.arena.deferred_bytes if self.arena is not None else 0
+        """Charged bytes no entry holds (leased-but-dropped arena slots, two-phase write reservations): nothing
+        can be demoted to free them."""
+        return self.arena.deferred_bytes + self.arena.reserved_bytes if self.arena is not None else 0
 
     def _uncharge(self, nbytes: int) -> None:
         self.used -= nbytes
@@ -147,8 +148,8 @@ class DramTier:
                 self._let_go(key, entry.value)
         self.entries.clear()
         self.buckets.clear()
-        # Leased slots of the dropped entries stay charged until the arena frees them.
-        self.used = self.arena.deferred_bytes if self.arena is not None else 0
+        # Leased slots of the dropped entries stay charged until the arena frees them, reservations until they end.
+        self.used = self.held_bytes
         self.pinned_bytes = 0
 
     def __len__(self) -> int:

@@ -1,6 +1,6 @@
 """The pool's Lua scripts: every decision about a key's version is taken inside Redis, atomically, per key.
 
-A record's header (``kvstrata.engine.tiers.pool``) keeps the flags at byte 3 (bit 0: tombstone) and the
+A record's header (``kvstrata.engine.tiers.pool_record``) keeps the flags at byte 3 (bit 0: tombstone) and the
 big-endian version at bytes 4..11, so ``GETRANGE key 0 11`` is all a script reads. Versions are compared byte by
 byte (equal-length big-endian strings), never with Lua's locale-dependent string order.
 

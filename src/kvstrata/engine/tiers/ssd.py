@@ -11,6 +11,9 @@ commit) and forces it to disk according to ``fsync``. Until a write is committed
 newest state of each key, or None for a delete) so readers on the event loop never see a half-moved entry and
 never block on the disk for a key that is on its way down. Reads are LMDB read transactions, safe from any
 thread; the server runs them off the event loop.
+
+The record format is ``ssd_record``'s, the writer thread's work ``ssd_writer``'s; this module is the tier itself
+(state, reads, queuing writes, ``INFO``) and re-exports the names other modules import from here.
 """
 
 from __future__ import annotations
@@ -22,86 +25,41 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import lmdb
-import xxhash
 
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.keyspace import bucket_of
+from kvstrata.engine.tiers.base import TierRoles
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
+from kvstrata.engine.tiers.ssd_record import (
+    _BUCKET,
+    _U64,
+    FORMAT,
+    HEADER_SIZE,
+    MAGIC,
+    MAX_INLINE_KEY,
+    RECORD_OVERHEAD,
+    _record_key,
+    data_key,
+    decode_record,
+    encode_record,
+)
+from kvstrata.engine.tiers.ssd_writer import _DEL, _FLUSH, _META, _PUT, _SWEEP, _SYNC, SsdWriter
 from kvstrata.engine.tiers.watch import Ticket, Watchers
-from kvstrata.engine.tiers.writer import BatchWriter
 
 log = logging.getLogger("kvstrata.ssd")
 
-MAGIC = b"KS"
-FORMAT = 1
-# magic, format, flags, version, expire_at, seq, checksum, full-key length
-_HEADER = struct.Struct("<2sBBQqQQI")
-_CHECKED = struct.Struct("<2sBBQqQ")
-HEADER_SIZE = _HEADER.size
-_U64 = struct.Struct(">Q")
-_BUCKET = struct.Struct(">H")
-RECORD_OVERHEAD = 64
-# Free space kept on the SSD tier's filesystem for LMDB's own pages and metadata.
-_DISK_MARGIN = 8 * 1024 * 1024
-MAX_INLINE_KEY = 400  # LMDB keys are limited to 511 bytes; longer keys are stored under their hash.
-
-_PUT, _DEL, _FLUSH, _SWEEP, _META, _SYNC = range(6)
+# Names other modules import from here (ssd_check, commands/observe.py, tests).
+__all__ = [
+    "FORMAT", "HEADER_SIZE", "MAGIC", "MAX_INLINE_KEY", "RECORD_OVERHEAD", "Corrupt", "SsdTier", "_BUCKET", "_U64",
+    "_record_key", "data_key", "decode_record", "encode_record",
+]
 
 
-def data_key(key: bytes) -> bytes:
-    prefix = _BUCKET.pack(bucket_of(key))
-    if len(key) <= MAX_INLINE_KEY:
-        return prefix + b"k" + key
-    return prefix + b"h" + xxhash.xxh3_128_digest(key)
-
-
-def _checksum(prefix: bytes, full_key: bytes, value: Any) -> int:
-    h = xxhash.xxh3_64(prefix)
-    if full_key:
-        h.update(full_key)
-    h.update(value)
-    return h.intdigest()
-
-
-def encode_record(key: bytes, value: Any, version: int, expire_at: int, seq: int) -> list[Any]:
-    full_key = key if len(key) > MAX_INLINE_KEY else b""
-    checked = _CHECKED.pack(MAGIC, FORMAT, 0, version, expire_at, seq)
-    header = _HEADER.pack(MAGIC, FORMAT, 0, version, expire_at, seq, _checksum(checked, full_key, value),
-                          len(full_key))
-    return [header, full_key, value]
-
-
-def decode_record(key: bytes, rec: Any) -> Entry | Corrupt | None:
-    """Parse and verify a record (bytes or a memoryview into the map); None when it belongs to another key."""
-    if len(rec) < HEADER_SIZE:
-        return Corrupt(key, "short record")
-    magic, fmt, _flags, version, expire_at, seq, checksum, klen = _HEADER.unpack_from(rec)
-    if magic != MAGIC:
-        return Corrupt(key, "bad magic")
-    if fmt != FORMAT:
-        return Corrupt(key, f"unknown record format {fmt}")
-    mv = memoryview(rec)
-    full_key = bytes(mv[HEADER_SIZE : HEADER_SIZE + klen])
-    value_view = mv[HEADER_SIZE + klen :]
-    checked = _CHECKED.pack(MAGIC, fmt, _flags, version, expire_at, seq)
-    if _checksum(checked, full_key, value_view) != checksum:
-        return Corrupt(key, "checksum mismatch")
-    if klen and full_key != key:
-        return None
-    return Entry(bytes(value_view), version, expire_at)
-
-
-def _record_key(lkey: bytes, rec: Any) -> bytes:
-    if lkey[2:3] == b"k":
-        return bytes(lkey[3:])
-    klen = _HEADER.unpack_from(rec)[7]
-    return bytes(memoryview(rec)[HEADER_SIZE : HEADER_SIZE + klen])
-
-
-class SsdTier(BatchWriter):
+class SsdTier(SsdWriter, TierRoles):
     """LMDB-backed last tier with a byte budget; evicts oldest-demoted first when over it."""
 
     name = "ssd"
+    authoritative = True  # holds a key's only copy once demoted (write-back); see tiers/base.py
 
     def __init__(
         self,
@@ -314,209 +272,6 @@ class SsdTier(BatchWriter):
         """A no-op that commits after everything queued before it; with ``sync``, fsynced whatever ``fsync`` says."""
         return self._enqueue((_SYNC if sync else _META, None, None))
 
-    # ---- the writer ----
-    def _process(self, batch: list[tuple[Any, ...]]) -> None:
-        error: str | None = None
-        evicted: list[bytes] = []
-        try:
-            evicted = self._apply_with_room(batch)
-            if self.fsync != "always" and any(op[2] == _SYNC for op in batch):
-                self.env.sync(True)  # under "always" the commit itself was synchronous
-        except Exception as exc:  # disk errors must not kill the writer; the batch is reported as failed
-            error = f"{type(exc).__name__}: {exc}"
-            self.write_errors += 1
-            log.error("SSD write of %d operations failed: %s", len(batch), error)
-        self._deliver(lambda: self._committed(batch, error, evicted))
-
-    def _disk_room(self, batch: list[tuple[Any, ...]], evicted: list[bytes]) -> None:
-        """Evict oldest records first when the filesystem could not take this batch.
-
-        LMDB reuses pages freed by earlier transactions, so freeing happens in a transaction of its own; the
-        margin leaves room for that transaction and LMDB's metadata. Running into ENOSPC inside a commit would
-        leave the environment unusable, so it is avoided here rather than handled afterwards.
-        """
-        need = sum(len(op[3]) + len(op[4].value) + HEADER_SIZE + RECORD_OVERHEAD for op in batch if op[2] == _PUT)
-        if not need:
-            return
-        st = os.statvfs(self.path)
-        free = st.f_bavail * st.f_frsize
-        shortfall = need + _DISK_MARGIN - free
-        if shortfall <= 0:
-            return
-        target = max(0, self.used - shortfall)
-        if self.used <= 0:
-            raise OSError(28, f"no space left on the SSD tier's filesystem for {need} bytes")
-        log.warning("SSD filesystem nearly full (%d bytes free, %d needed): evicting oldest records", free, need)
-        used0, count0 = self.used, self.count
-        budget = self.budget
-        try:
-            self.budget = target
-            with self.env.begin(write=True) as txn:
-                self._evict(txn, None, evicted)
-                self._save_meta(txn)
-        except BaseException:
-            self.used, self.count = used0, count0
-            raise
-        finally:
-            self.budget = budget
-
-    def _apply_with_room(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
-        evicted: list[bytes] = []
-        self._disk_room(batch, evicted)
-        for attempt in range(4):
-            try:
-                with self.env.begin(write=True) as txn:
-                    return evicted + self._apply(txn, batch)
-            except lmdb.MapFullError:
-                # The map filled before our own budget did (page overhead): free the oldest tenth and retry.
-                log.warning("SSD map full (attempt %d); evicting the oldest records", attempt + 1)
-                freed: list[bytes] = []
-                used0, count0 = self.used, self.count
-                try:
-                    with self.env.begin(write=True) as txn:
-                        self._evict(txn, max(1, self.count // 10 * (attempt + 1)), freed)
-                        self._save_meta(txn)
-                except BaseException:
-                    self.used, self.count = used0, count0
-                    raise
-                evicted += freed
-        # Still no room: apply one by one and drop what cannot fit (this is the last tier).
-        for op in batch:
-            try:
-                with self.env.begin(write=True) as txn:
-                    evicted += self._apply(txn, [op])
-            except lmdb.MapFullError:
-                if op[2] == _PUT:
-                    evicted.append(op[3])
-                    self.evictions += 1
-        return evicted
-
-    def _remove(self, txn: lmdb.Transaction, lkey: bytes, old: bytes | None = None) -> bool:
-        """Delete a record and its index entries (``old``: the record, when the caller has just read it)."""
-        if old is None:
-            old = txn.get(lkey, db=self._data)
-        if old is None:
-            return False
-        try:
-            _, _, _, _, expire_at, seq, _, _ = _HEADER.unpack_from(old)
-            # A damaged header may name another record's index entries: only delete ones that point here.
-            if txn.get(_U64.pack(seq), db=self._order) == lkey:
-                txn.delete(_U64.pack(seq), db=self._order)
-            if expire_at > 0:
-                txn.delete(_U64.pack(expire_at) + lkey, db=self._exp)
-        except struct.error:
-            pass
-        txn.delete(lkey, db=self._data)
-        self.used -= len(lkey) + len(old) + RECORD_OVERHEAD
-        self.count -= 1
-        return True
-
-    def _apply(self, txn: lmdb.Transaction, batch: list[tuple[Any, ...]]) -> list[bytes]:
-        evicted: list[bytes] = []
-        used0, count0, seq0 = self.used, self.count, self._seq
-        try:
-            for _seq, _nbytes, kind, a, b in batch:
-                if kind == _PUT:
-                    self._put(txn, a, b)
-                elif kind == _DEL:
-                    self._remove(txn, data_key(a))
-                elif kind == _FLUSH:
-                    for db in (self._data, self._order, self._exp):
-                        txn.drop(db, delete=False)
-                    self.used = 0
-                    self.count = 0
-                elif kind == _SWEEP:
-                    self._sweep(txn, a, b)
-                elif kind == _META and a is not None:
-                    txn.put(a, _U64.pack(b), db=self._meta)
-            if self.used > self.budget:
-                self._evict(txn, None, evicted)
-            self._save_meta(txn)
-        except BaseException:
-            self.used, self.count, self._seq = used0, count0, seq0
-            raise
-        return evicted
-
-    def _put(self, txn: lmdb.Transaction, key: bytes, entry: Entry) -> None:
-        lkey = data_key(key)
-        self._remove(txn, lkey)
-        seq = self._seq
-        self._seq += 1
-        parts = encode_record(key, entry.value, entry.version, entry.expire_at, seq)
-        size = sum(len(p) for p in parts)
-        txn.put(lkey, b"".join(parts), db=self._data)
-        txn.put(_U64.pack(seq), lkey, db=self._order)
-        if entry.expire_at > 0:
-            txn.put(_U64.pack(entry.expire_at) + lkey, b"", db=self._exp)
-        self.used += len(lkey) + size + RECORD_OVERHEAD
-        self.count += 1
-
-    def _evict(self, txn: lmdb.Transaction, n: int | None, evicted: list[bytes]) -> None:
-        """Remove the oldest records until under budget (``n`` None) or ``n`` of them; their keys go to ``evicted``."""
-        with txn.cursor(db=self._order) as cur:
-            while ((n is None and self.used > self.budget) or (n is not None and n > 0)) and cur.first():
-                seq_key = bytes(cur.key())
-                lkey = bytes(cur.value())
-                rec = txn.get(lkey, db=self._data)
-                if rec is None or len(rec) < HEADER_SIZE or _U64.pack(_HEADER.unpack_from(rec)[5]) != seq_key:
-                    # A stale index entry (the key was rewritten since), or a record whose header is damaged.
-                    cur.delete()
-                    if rec is not None and isinstance(decode_record(b"", rec), Corrupt):
-                        self._remove(txn, lkey)
-                    continue
-                key = _record_key(lkey, rec)
-                self._remove(txn, lkey, rec)
-                evicted.append(key)
-                self.evictions += 1
-                if n is not None:
-                    n -= 1
-
-    def _sweep(self, txn: lmdb.Transaction, now_ms: int, limit: int) -> None:
-        with txn.cursor(db=self._exp) as cur:
-            done = 0
-            while done < limit and cur.first():
-                k = bytes(cur.key())
-                expire_at = _U64.unpack(k[:8])[0]
-                if expire_at > now_ms:
-                    break
-                lkey = k[8:]
-                cur.delete()
-                done += 1
-                # The index entry may be stale (the key was rewritten, or its header was damaged): only a
-                # record that itself says it expired then is removed.
-                rec = txn.get(lkey, db=self._data)
-                if rec is not None and len(rec) >= HEADER_SIZE and _HEADER.unpack_from(rec)[4] == expire_at:
-                    if self._remove(txn, lkey):
-                        self.expired += 1
-
-    def _save_meta(self, txn: lmdb.Transaction) -> None:
-        txn.put(b"used", _U64.pack(max(0, self.used)), db=self._meta)
-        txn.put(b"count", _U64.pack(max(0, self.count)), db=self._meta)
-
-    def _committed(self, batch: list[tuple[Any, ...]], error: str | None, evicted: list[bytes]) -> None:
-        for op in batch:
-            seq, nbytes, kind, key, snap = op
-            self.queued_bytes -= nbytes
-            if kind == _PUT and self.retrying.get(key, 0) is snap:
-                del self.retrying[key]  # committed, or back in ``stuck`` just below
-            if error is not None and kind == _PUT and self.pending.get(key, 0) is snap:
-                # Not on disk: the value stays readable from memory and is written again later.
-                self.stuck[key] = snap
-                self.stuck_bytes += nbytes
-            elif kind in (_PUT, _DEL) and self.pending.get(key, 0) is snap:
-                del self.pending[key]
-            elif kind == _FLUSH and seq == self._flush_seq:
-                self.flush_pending = False
-            if error is not None:
-                self.failed[seq] = error
-        self.degraded = error
-        if len(self.failed) > 10000:
-            for seq in sorted(self.failed)[:5000]:
-                del self.failed[seq]
-        self.committed_seq = batch[-1][0]
-        if self.on_commit is not None:
-            self.on_commit(self.committed_seq, evicted)
-
     def retry_stuck(self) -> int:
         """Queue again the writes that failed (e.g. disk full); those overwritten or deleted since are dropped."""
         stuck, self.stuck = self.stuck, {}
@@ -540,6 +295,9 @@ class SsdTier(BatchWriter):
     def __len__(self) -> int:
         """Committed records; exact once ``settled`` (DBSIZE waits for the writer first)."""
         return self.count
+
+    def info_row(self, stats: dict[str, int]) -> dict[str, Any]:
+        return {**self.info(), **stats, "evictions": self.evictions}
 
     def info(self) -> dict[str, Any]:
         return {"pending": len(self.pending), "queued_bytes": self.queued_bytes, "write_errors": self.write_errors,

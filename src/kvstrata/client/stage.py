@@ -1,0 +1,174 @@
+"""The client side of two-phase writes: write values into this client's own staging segment, then commit.
+
+``StageWriter`` is a ``FastClient`` on the server's Unix socket. On connect (after AUTH) it sends
+``TAIR.KV.STAGE``; the reply carries a writable descriptor of a segment the server made for this client alone
+(SCM_RIGHTS), which it maps. ``put_many`` then stores values without sending their bytes through the socket:
+``TAIR.KV.RESERVE`` (one round trip per wave of values that fits the segment), one copy of each value's parts
+into its reservation (each piece hashed right after it is copied, while it is in cache), and a pipelined
+``TAIR.KV.COMMIT key ttl reservation xxh3`` per value, sent as soon as that value is written, so the server
+verifies and stores one value while this client writes the next. Design and security model:
+docs/dataplane.md.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+from kvstrata.client.fast import FastClient, RespError, nbytes
+
+PAGE = 4096
+PIECE = 256 * 1024  # copied then hashed at once: the hash reads the piece from (L2) cache
+
+
+class StageUnavailable(Exception):
+    """The server gives this client no staging segment (not kvstrata, arena or staging off, not Unix)."""
+
+
+def _span(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+def _byte_view(p: Any) -> memoryview:
+    mv = p if isinstance(p, memoryview) else memoryview(p)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+class StageWriter(FastClient):
+    """A Unix-socket client with its own staging segment mapped writable (module docstring)."""
+
+    def __init__(self, unix_path: str, *, password: str | None = None, username: str | None = None,
+                 timeout: float | None = 60.0) -> None:
+        super().__init__(unix_path=unix_path, timeout=timeout, password=password, username=username)
+        try:
+            self.mm, self.size = self._attach()
+        except BaseException:
+            self.sock.close()
+            raise
+        self.view = memoryview(self.mm)
+        # Values reserved at once; halved when the server's DRAM budget cannot hold a whole wave.
+        self.max_wave = 16
+
+    def _attach(self) -> tuple[mmap.mmap, int]:
+        self.send(b"TAIR.KV.STAGE")
+        data, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 4)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        try:
+            self._rbuf[:len(data)] = data
+            self._start, self._end = 0, len(data)
+            try:
+                size = int(self.read_reply())
+            except RespError as exc:
+                raise StageUnavailable(str(exc)) from None
+            if not fds:
+                raise StageUnavailable("the server sent no staging descriptor")
+            return mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE), size
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def fits(self, n: int) -> bool:
+        """Whether a value of ``n`` bytes can be staged at all (it must fit the segment)."""
+        return 0 < n and _span(n) <= self.size
+
+    def reserve(self, lengths: Sequence[int]) -> list[tuple[int, int]]:
+        """(reservation id, offset in the segment) per length, all or none (RespError when refused)."""
+        return [(int(r), int(o)) for r, o in self.call(b"TAIR.KV.RESERVE", *lengths)]
+
+    def write(self, offset: int, parts: Sequence[Any], sum_at: int | None = None) -> int:
+        """Copy ``parts`` one after another into the segment at ``offset``, hashing each piece right after
+        copying it; returns the xxh3-64 of the bytes. ``sum_at``: the bytes carry their own checksum there
+        (8 bytes, zero in ``parts``, as in ``codec.prepare_parts``' header), which is filled in afterwards."""
+        view = self.view
+        h = xxhash.xxh3_64()
+        pos = offset
+        for p in parts:
+            src = _byte_view(p)
+            n = src.nbytes
+            for o in range(0, n, PIECE):
+                e = min(o + PIECE, n)
+                dst = view[pos + o:pos + e]
+                dst[:] = src[o:e]
+                h.update(dst)
+            pos += n
+        digest = h.intdigest()
+        if sum_at is not None:
+            view[offset + sum_at:offset + sum_at + 8] = digest.to_bytes(8, "little")
+        return digest
+
+    def put_many(self, items: Sequence[tuple[Any, int, Sequence[Any]]], sum_at: int | None = None) -> list[Any]:
+        """Store each (key, ttl_ms, parts) through the segment; one reply per item (the new version, or a
+        RespError). Every value must ``fit``. ``sum_at``: each value carries its own checksum there (see
+        ``write``; the SDK codec's header, ``codec.prepare_parts``): the client then hashes each value once."""
+        sizes = [sum(nbytes(p) for p in parts) for _, _, parts in items]
+        out: list[Any] = []
+        i = 0
+        while i < len(items):
+            # A wave: as many values as the segment holds at once (at most ``max_wave``).
+            j, room = i, self.size
+            while j < len(items) and j - i < self.max_wave and _span(sizes[j]) <= room:
+                room -= _span(sizes[j])
+                j += 1
+            if j == i:
+                raise ValueError(f"a value of {sizes[i]} bytes does not fit the staging segment ({self.size})")
+            try:
+                slots = self.reserve(sizes[i:j])
+            except RespError as exc:
+                # Reserved bytes are charged to the server's DRAM budget, and their number is bounded per client:
+                # a wave refused whole is halved; a single value the budget cannot hold gets the refusal as its
+                # answer (as SETEX would); any other refusal of a single value is raised.
+                if j - i > 1:
+                    self.max_wave = max(1, (j - i) // 2)
+                elif str(exc).startswith("OOM"):
+                    out.append(exc)
+                    i = j
+                else:
+                    raise
+                continue
+            out += self._write_wave(items[i:j], slots, sum_at)
+            i = j
+        return out
+
+    def _write_wave(self, items: Sequence[tuple[Any, int, Sequence[Any]]], slots: list[tuple[int, int]],
+                    sum_at: int | None) -> list[Any]:
+        """Write each value into its reservation and send its COMMIT at once (the server verifies and stores
+        it while the next one is written); then read the replies."""
+        out: list[Any] = []
+        sent = 0
+        failed: list[int] = []
+        try:
+            for (key, ttl_ms, parts), (rid, off) in zip(items, slots, strict=True):
+                digest = self.write(off, parts, sum_at)
+                opts = () if sum_at is None else (b"SUMAT", sum_at)
+                self.send(b"TAIR.KV.COMMIT", key, ttl_ms, rid, b"%016x" % digest, *opts)
+                sent += 1
+        finally:
+            if sent < len(slots):  # a write failed: give the rest back
+                self.send(b"TAIR.KV.UNRESERVE", *[rid for rid, _ in slots[sent:]])
+            for rid, _ in slots[:sent]:
+                try:
+                    out.append(self.read_reply())
+                except RespError as exc:
+                    out.append(exc)
+                    failed.append(rid)
+            if sent < len(slots):
+                self.read_reply()
+        if failed:
+            # A commit refused before it ran (ACL, a full pipeline of errors) left its reservation: give it back
+            # (a commit that ran ended it already; UNRESERVE then counts nothing).
+            self.call(b"TAIR.KV.UNRESERVE", *failed)
+        return out
+
+    def close(self) -> None:
+        self.view.release()
+        try:
+            self.mm.close()
+        except BufferError:  # a caller still holds a view of the mapping: the GC unmaps it later
+            pass
+        super().close()

@@ -1,0 +1,142 @@
+"""Two-phase write commands: a writer's own staging segment, reservations in it, and verified commits.
+
+``TAIR.KV.STAGE`` hands a Unix-socket client a *writable* descriptor of its own staging segment;
+``TAIR.KV.RESERVE`` reserves room there; the client writes a value into its reservation and
+``TAIR.KV.COMMIT`` stores it under a key once the server's copy of it matches the client's xxh3-64 (the
+checksum ``TAIR.KV.MGETREF`` reports; with ``SUMAT offset``, of a value that carries its own xxh3-64 at that
+offset, computed with the field zeroed: the SDK codec's header, so the client hashes the tensor only once). The engine part is ``kvstrata.engine.staging``; the design and the
+security model are in docs/dataplane.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstrata.commands.args import parse_int
+from kvstrata.commands.context import Context
+from kvstrata.commands.dataplane import _arena
+from kvstrata.commands.registry import command
+from kvstrata.commands.tairkv import _setex
+from kvstrata.engine.staging import StageError, Staging
+from kvstrata.errors import CommandError, OutOfMemoryError, syntax_error
+from kvstrata.protocol.encoder import NO_REPLY
+
+
+def _staging(ctx: Context) -> Staging:
+    staging = _arena(ctx).staging
+    if staging is None:
+        raise CommandError("two-phase writes are not available")
+    return staging
+
+
+def _checksum(raw: bytes) -> int:
+    text = bytes(raw)
+    if not 0 < len(text) <= 16:
+        raise CommandError("invalid checksum: 16 hex digits of the value's xxh3-64 expected")
+    try:
+        return int(text, 16)
+    except ValueError:
+        raise CommandError("invalid checksum: 16 hex digits of the value's xxh3-64 expected") from None
+
+
+@command("tair.kv.stage", 1, "", group="tairkv", since="0.2.0",
+         summary="Sends a Unix-socket client a writable descriptor of its own staging segment (SCM_RIGHTS).",
+         syntax="TAIR.KV.STAGE")
+def kv_stage(ctx: Context, args: list[bytes]) -> Any:
+    from kvstrata.server.dataplane import reply_with_fd
+
+    staging = _staging(ctx)
+    client = ctx.client.id
+    existed = client in staging.segments
+    try:
+        seg = staging.segment(client)
+    except StageError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    try:
+        reply_with_fd(ctx, str(seg.size), seg.region.fd)
+    except CommandError:
+        if not existed:
+            staging.close_segment(client)
+        raise
+    return NO_REPLY
+
+
+@command("tair.kv.reserve", -2, "denyoom", group="tairkv", since="0.2.0",
+         summary="Reserves room for values in this client's staging segment; answers [id, offset] per length.",
+         syntax="TAIR.KV.RESERVE length [length ...]")
+def kv_reserve(ctx: Context, args: list[bytes]) -> Any:
+    staging = _staging(ctx)
+    lengths = [parse_int(bytes(a)) for a in args[1:]]
+    store = ctx.store
+    dram = store.dram
+    try:
+        staging.check(ctx.client.id, lengths)
+    except StageError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    need = staging.demand(lengths)
+    # Reserved bytes are charged to the DRAM budget from now on: make room first (demoting or evicting as a
+    # write would), and refuse rather than exceed it.
+    if dram.used + need > dram.budget:
+        store.make_room(need)
+        if dram.used + need > dram.budget:
+            raise OutOfMemoryError()
+    try:
+        made = staging.reserve(ctx.client.id, lengths, store.clock.now_ms())
+    except StageError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    return [[r.id, r.off] for r in made]
+
+
+@command("tair.kv.unreserve", -2, "fast", group="tairkv", since="0.2.0",
+         summary="Gives back reservations of this client; answers how many it held.",
+         syntax="TAIR.KV.UNRESERVE id [id ...]")
+def kv_unreserve(ctx: Context, args: list[bytes]) -> Any:
+    staging = _staging(ctx)
+    return staging.unreserve(ctx.client.id, [parse_int(bytes(a)) for a in args[1:]])
+
+
+@command("tair.kv.commit", -5, "write denyoom", keys=(1, 1, 1), group="tairkv", since="0.2.0",
+         summary="Stores a reservation's bytes under a key once they match the checksum; replies with the version.",
+         syntax="TAIR.KV.COMMIT key ttl_ms reservation checksum [SUMAT offset] [VER expected_version]")
+def kv_commit(ctx: Context, args: list[bytes]) -> Any:
+    staging = _staging(ctx)
+    arena = _arena(ctx)
+    store = ctx.store
+    ttl_ms = parse_int(bytes(args[2]))
+    if ttl_ms < 0:
+        raise CommandError("invalid expire time in 'tair.kv.commit' command")
+    rid = parse_int(bytes(args[3]))
+    checksum = _checksum(args[4])
+    expected: int | None = None
+    sum_at: int | None = None
+    i = 5
+    while i < len(args):
+        opt = bytes(args[i]).upper()
+        if opt == b"VER" and i + 1 < len(args):
+            expected = parse_int(bytes(args[i + 1]))
+        elif opt == b"SUMAT" and i + 1 < len(args):
+            sum_at = parse_int(bytes(args[i + 1]))
+        else:
+            raise syntax_error()
+        i += 2
+    # The reservation ends here whatever the outcome (a writer whose bytes were wrong reserves again).
+    try:
+        seg, res = staging.take(ctx.client.id, rid)
+    except StageError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    # The server's own copy is what gets verified and stored: the writer may still change its segment.
+    view: Any = arena.held_slot(res.length) if res.length >= arena.min_size else None
+    if view is None:
+        view = bytearray(res.length)
+    try:
+        try:
+            digest = staging.copy_verified(seg, res, view, checksum, sum_at)
+        except StageError as exc:
+            raise CommandError(str(exc), raw=True) from None
+        slot = arena.slot(view)
+        if slot is not None and sum_at is None:
+            slot.checksum = digest  # TAIR.KV.MGETREF answers it without hashing again
+        expire_at = store.clock.now_ms() + ttl_ms if ttl_ms else 0
+        return _setex(ctx, args[1], view, expire_at, False, expected, 0)
+    finally:
+        arena.release(view)  # the stored entry holds the slot now; a refused one goes back to the arena

@@ -1,0 +1,56 @@
+"""What one command's run through the engine carries and leaves behind: the client stream it comes from (the
+predictor follows each stream's reads) and the completions its reply must wait for (the SSD writer's sequence
+number under write-through or a checkpoint, the pool write under ``pool-ack``).
+
+The server starts each command with ``Store.begin_command(stream)`` and reads the returned object after the
+handler ran; a fresh object per command, so no command's state is left for the next one to trip over.
+"""
+
+from __future__ import annotations
+
+
+class CommandState:
+    __slots__ = ("ack_seq", "pool_ack", "stream")
+
+    def __init__(self, stream: int = 0) -> None:
+        self.stream = stream
+        # The SSD writer sequence number the reply must wait for (0: none).
+        self.ack_seq = 0
+        # The pool write the reply should wait for (0: none); set by put() and delete().
+        self.pool_ack = 0
+
+
+class CommandStateMixin:
+    """Store's per-command state (``command``): started by the server for each command."""
+
+    command: CommandState
+
+    def begin_command(self, stream: int) -> CommandState:
+        """Start one command from client ``stream``: its fresh state, which the caller reads after it ran."""
+        self.command = state = CommandState(stream)
+        return state
+
+    # The current command's fields, by their first names (command handlers and benchmarks use them).
+    @property
+    def stream(self) -> int:
+        return self.command.stream
+
+    @stream.setter
+    def stream(self, value: int) -> None:
+        self.command.stream = value
+
+    @property
+    def ack_seq(self) -> int:
+        return self.command.ack_seq
+
+    @ack_seq.setter
+    def ack_seq(self, value: int) -> None:
+        self.command.ack_seq = value
+
+    @property
+    def pool_ack(self) -> int:
+        return self.command.pool_ack
+
+    @pool_ack.setter
+    def pool_ack(self, value: int) -> None:
+        self.command.pool_ack = value

@@ -1,0 +1,101 @@
+"""Reads from the pool, done by the caller's worker thread: ``read_many`` (loads) and ``check_versions``
+(STRONG reads). They only touch the redis-py client, which is thread-safe, and never run on the event loop.
+
+``PoolReads`` is a mixin of ``PoolTier`` (pool.py), which owns the counters it updates.
+"""
+
+from __future__ import annotations
+
+from kvstrata.engine.entry import Entry
+from kvstrata.engine.tiers.markers import Corrupt
+from kvstrata.engine.tiers.pool_health import PoolUnavailableError
+from kvstrata.engine.tiers.pool_record import (
+    FLAG_TOMBSTONE,
+    HEADER_SIZE,
+    PoolDeleted,
+    decode_head,
+    decode_record,
+)
+
+
+class PoolReads:
+    """The read side of a ``PoolTier`` (worker threads)."""
+
+    def read_many(self, keys: list[bytes]) -> dict[bytes, Entry | Corrupt | None]:
+        """The pool's records for ``keys``; {} (nothing known) when degraded or on error."""
+        if not keys or not self.active:
+            if keys:
+                self.skipped_reads += len(keys)
+            return {}
+        try:
+            raws, failed = self._run(keys, "read", lambda pipe, i: pipe.get(self.pool_key(keys[i])))
+        except Exception as exc:
+            if self.degraded is None:
+                self._failed("read", exc)
+            return {}
+        self.skipped_reads += len(failed)
+        out: dict[bytes, Entry | Corrupt | None] = {}
+        for key, raw in zip(keys, raws, strict=True):
+            if isinstance(raw, BaseException):
+                continue  # its master is degraded: nothing known about this key
+            self.reads += 1
+            if raw is None:
+                out[key] = None
+                continue
+            self.read_bytes += len(raw)
+            rec = decode_record(key, raw)
+            if isinstance(rec, Corrupt):
+                self.corrupt_reads += 1
+            elif isinstance(rec, PoolDeleted):
+                out[key] = None  # deleted: a miss (the tombstone only keeps older copies from coming back)
+                continue
+            out[key] = rec
+        return out
+
+    def check_versions(self, local: dict[bytes, int]) -> dict[bytes, Entry | PoolDeleted | None]:
+        """For STRONG reads: the pool's state of each key whose pool version is higher than ``local[key]``: its
+        record (Entry) or, for a delete, PoolDeleted; None when the pool holds nothing newer.
+
+        First only the headers (``GETRANGE``), then the full records that are newer. Raises
+        PoolUnavailableError when the pool cannot be asked: a STRONG read never guesses.
+        """
+        if not local:
+            return {}
+        if not self.active:
+            raise PoolUnavailableError(f"the pool is unavailable ({self.degraded}); STRONG reads need it")
+        keys = list(local)
+        down = next((r for k in keys if (r := self.down_reason(k)) is not None), None)
+        if down is not None:
+            raise PoolUnavailableError(f"the pool is unavailable ({down}); STRONG reads need it")
+        try:
+            heads, failed = self._run(keys, "version check",
+                                      lambda pipe, i: pipe.getrange(self.pool_key(keys[i]), 0, HEADER_SIZE - 1))
+            bad = next((r for r in heads if isinstance(r, BaseException)), None)
+            if bad is not None:
+                raise bad
+            out: dict[bytes, Entry | PoolDeleted | None] = dict.fromkeys(keys)
+            newer = []
+            for key, head in zip(keys, heads, strict=True):
+                hdr = decode_head(head or b"")
+                if hdr is None or hdr[0] <= local[key]:
+                    continue
+                if hdr[2] & FLAG_TOMBSTONE:
+                    out[key] = PoolDeleted(hdr[0])
+                else:
+                    newer.append(key)
+            if newer:
+                raws, failed = self._run(newer, "version check", lambda pipe, i: pipe.get(self.pool_key(newer[i])))
+                bad = next((r for r in raws if isinstance(r, BaseException)), None)
+                if bad is not None:
+                    raise bad
+                for key, raw in zip(newer, raws, strict=True):
+                    rec = decode_record(key, raw) if raw is not None else None
+                    if isinstance(rec, Entry | PoolDeleted) and rec.version > local[key]:
+                        out[key] = rec
+                    elif isinstance(rec, Corrupt):
+                        self.corrupt_reads += 1
+            return out
+        except Exception as exc:
+            if self.degraded is None and not self.masters_down:
+                self._failed("version check", exc)
+            raise PoolUnavailableError(f"the pool could not be asked: {type(exc).__name__}: {exc}") from None

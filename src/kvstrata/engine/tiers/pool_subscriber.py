@@ -1,0 +1,74 @@
+"""The pool's invalidation subscriber: a thread subscribed to the invalidation channel that hands each
+``(key, version, deleted)`` to ``on_invalidate`` on the owner's thread, so this node drops older local copies
+(docs/pool.md). It reconnects on its own; invalidations missed meanwhile are counted in ``invalidation_gaps``.
+
+``PoolSubscriber`` is a mixin of ``PoolTier`` (pool.py), which owns the state.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+
+log = logging.getLogger("kvstrata.pool")
+
+
+class PoolSubscriber:
+    """The invalidation subscription of a ``PoolTier``."""
+
+    _subscriber: threading.Thread | None
+    _stop: threading.Event
+
+    def start_invalidation(self) -> None:
+        """Subscribe to the invalidation channel in a thread; messages reach ``on_invalidate`` on the owner's
+        thread. While the subscription is down, invalidations are missed (counted in invalidation_gaps)."""
+        if self._subscriber is None:
+            self._subscriber = threading.Thread(target=self._subscribe_loop, name="kvstrata-pool-inval",
+                                                daemon=True)
+            self._subscriber.start()
+
+    def _subscribe_loop(self) -> None:
+        import redis
+
+        n = 0
+        kwargs = {k: v for k, v in self._url.kwargs.items() if k != "db"}
+        while not self._stop.is_set():
+            host, port = self.nodes[n % len(self.nodes)] if self.nodes else (None, None)
+            n += 1
+            conn = None
+            try:
+                conn = redis.Redis(host=host, port=port, socket_timeout=self.timeout_ms / 1000,
+                                   socket_connect_timeout=self.connect_timeout_ms / 1000, **kwargs) \
+                    if host else redis.Redis(socket_timeout=self.timeout_ms / 1000, **kwargs)
+                ps = conn.pubsub(ignore_subscribe_messages=True)
+                ps.subscribe(self.channel)
+                plen = len(self.prefix)
+                while not self._stop.is_set():
+                    msg = ps.get_message(timeout=min(0.2, self.timeout_ms / 2000))
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    data = msg["data"]
+                    if len(data) < 9 + plen:
+                        continue
+                    version = struct.unpack_from(">Q", data)[0]
+                    deleted = data[8] == 1
+                    key = bytes(data[9 + plen:])
+                    self._deliver(lambda key=key, version=version, deleted=deleted:
+                                  self._invalidated(key, version, deleted))
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                self.invalidation_gaps += 1
+                log.warning("pool invalidation subscription lost (%s: %s); reconnecting", type(exc).__name__, exc)
+                self._stop.wait(min(1.0, self.backoff_max_ms / 1000))
+            finally:
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # closing a broken connection must not raise
+                        pass
+
+    def _invalidated(self, key: bytes, version: int, deleted: bool) -> None:
+        self.invalidations += 1
+        self.on_invalidate(key, version, deleted)
