@@ -30,9 +30,15 @@ def test_live_runs_each_rate_fraction_and_mode_through_concurrent_clients() -> N
         assert r["prefetch_used"] <= r["prefetch_issued"]
         if r["mode"] == "off":
             assert r["prefetch_issued"] == 0 and r["coverage_vs_off"] is None
-    slow = [r for r in rows if r["rate"] == "slow"]
-    fast = [r for r in rows if r["rate"] == "fast"]
-    assert max(r["reads_per_s"] for r in slow) < min(r["reads_per_s"] for r in fast)
+    # The slow rate is set from the fast runs (at most slow_rate and a sixth of what the fast runs reached without
+    # the predictor) and enforced by pacing, so each slow run lasts at least its paced schedule. (Comparing
+    # measured reads/s between runs is not deterministic on a loaded machine.)
+    slow_rate = result["traces"]["multi_turn"]["slow_rate"]
+    fast_off = [r["reads_per_s"] for r in rows if r["rate"] == "fast" and r["mode"] == "off"]
+    assert 0 < slow_rate <= min(400.0, *(x / 6 for x in fast_off)) + 0.1
+    for r in rows:
+        if r["rate"] == "slow":
+            assert r["elapsed_s"] >= 0.98 * reads / slow_rate - 0.01
     assert set(result["targets"]) >= {"accuracy_ge_95pct_at_5pct", "predictor_cost_le_3us", "missed"}
     assert "| multi_turn | slow | 5% | on |" in write_markdown(result)
     assert "predictor cost" in format_table(result)
@@ -63,4 +69,5 @@ def test_the_untuned_trace_adds_one_off_scans() -> None:
 def test_predictor_cost_is_measured_against_no_predictor() -> None:
     cost = predictor_cost(chains=20, chain_len=8, rounds=3)
     assert cost["get_us_without"] > 0 and cost["get_us_with"] > 0
-    assert cost["cost_us"] == pytest.approx(cost["get_us_with"] - cost["get_us_without"], abs=1e-3)
+    # Each figure is rounded to 0.001 on its own, so their difference may be off by one in the last digit.
+    assert cost["cost_us"] == pytest.approx(cost["get_us_with"] - cost["get_us_without"], abs=2.5e-3)
