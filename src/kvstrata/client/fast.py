@@ -21,6 +21,7 @@ after the reply has been consumed, so the connection stays usable.
 
 from __future__ import annotations
 
+import select
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -166,10 +167,30 @@ class FastClient:
         self._start = 0
         self._end = 0
         if password is not None:
-            self.call(b"AUTH", *([username] if username else []), password)
+            try:
+                self.call(b"AUTH", *([username] if username else []), password)
+            except BaseException:
+                self.sock.close()  # a refused AUTH must not leak the socket
+                raise
 
     def close(self) -> None:
         self.sock.close()
+
+    def broken(self) -> bool:
+        """Whether this connection, idle between commands, must not be used again: the peer closed it (a
+        restart, CLIENT KILL, an idle timeout), it has failed, or bytes arrived that no command asked for. A
+        pool checks the same before handing out a connection; one ``poll``, no wait."""
+        if self._start != self._end:
+            return True
+        try:
+            fd = self.sock.fileno()
+            if fd < 0:
+                return True
+            p = select.poll()
+            p.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+            return bool(p.poll(0))
+        except (OSError, ValueError):
+            return True
 
     def __enter__(self) -> FastClient:
         return self
