@@ -4,12 +4,10 @@ The SDK sends on ``FastClient`` (kvstrata.client.fast), which raises ``RespError
 ``OSError`` for a socket failure. Callers of ``KVCacheClient`` have always seen redis-py's classes (``except
 redis.exceptions.OutOfMemoryError``, ``NoPermissionError``...), whichever transport carried the command, so the
 replies are mapped the way redis-py's own parser maps them: by the error code, which is then dropped from the
-message (redis-py's ``OutOfMemoryError("command not allowed ...")``).
+message (redis-py's ``OutOfMemoryError("command not allowed ...")``, ``ResponseError("unknown command ...")``).
 """
 
 from __future__ import annotations
-
-import socket
 
 import redis.exceptions as rx
 
@@ -25,7 +23,7 @@ _BY_CODE: dict[str, type[rx.ResponseError] | type[rx.RedisError]] = {
     "EXECABORT": rx.ExecAbortError,
     "MASTERDOWN": rx.MasterDownError,
 }
-_ERR_TEXT = {
+_ERR_TEXT: dict[str, type[rx.RedisError]] = {
     "invalid password": rx.AuthenticationError,
     "max number of clients reached": rx.ConnectionError,
 }
@@ -36,14 +34,14 @@ def reply_error(text: str) -> rx.RedisError:
     code, _, rest = text.partition(" ")
     cls = _BY_CODE.get(code)
     if cls is not None:
-        return cls(rest)
-    if code == "ERR" and rest in _ERR_TEXT:
-        return _ERR_TEXT[rest](rest)
+        return cls(rest, status_code=code)
+    if code == "ERR":
+        return _ERR_TEXT.get(rest, rx.ResponseError)(rest, status_code=code)
     return rx.ResponseError(text)
 
 
 def socket_error(exc: OSError, doing: str) -> rx.RedisError:
     """A socket failure while ``doing`` something, as redis-py's TimeoutError or ConnectionError."""
-    if isinstance(exc, (socket.timeout, TimeoutError)):
+    if isinstance(exc, TimeoutError):  # socket.timeout too
         return rx.TimeoutError(f"timeout {doing}")
     return rx.ConnectionError(f"error {doing}: {exc}")
