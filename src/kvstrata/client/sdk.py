@@ -166,10 +166,16 @@ class _Base:
         keys = self.keys(tokens) if keys is None else keys
         return keys, list(range(start // self.chunk_size, len(keys)))
 
-    def _store_batches(self, todo: list[int]) -> Iterator[list[int]]:
-        """``todo`` in batches of ``batch_size``: one pipelined EXISTS, then one pipelined write, per batch."""
-        for b in range(0, len(todo), self.batch_size):
-            yield todo[b:b + self.batch_size]
+    def _batches(self, items: list[Any]) -> Iterator[list[Any]]:
+        """``items`` (chunk indexes or keys) in batches of ``batch_size``: one pipelined EXISTS, or one
+        pipelined write, per batch."""
+        for b in range(0, len(items), self.batch_size):
+            yield items[b:b + self.batch_size]
+
+    @staticmethod
+    def _leading(found: Sequence[Any]) -> int:
+        """How many of one EXISTS batch's answers, from the first, said yes (a prefix ends at its first miss)."""
+        return next((j for j, f in enumerate(found) if not f), len(found))
 
     @staticmethod
     def _absent_of(batch: list[int], found: Sequence[Any]) -> list[int]:
@@ -740,15 +746,14 @@ class KVCacheClient(_Base):
     def _server_leading(self, keys: list[bytes]) -> int:
         """How many leading keys exist on the server (pipelined EXISTS, batch by batch, stops at a miss)."""
         n = 0
-        for i in range(0, len(keys), self.batch_size):
-            batch = keys[i:i + self.batch_size]
+        for batch in self._batches(keys):
             pipe = self.redis.pipeline(transaction=False)
             for k in batch:
                 pipe.exists(k)
-            for found in pipe.execute():
-                if not found:
-                    return n
-                n += 1
+            hit = self._leading(pipe.execute())
+            n += hit
+            if hit < len(batch):
+                break
         return n
 
     # ---- operations ----
@@ -777,7 +782,7 @@ class KVCacheClient(_Base):
         ttl_ms = self.ttl_ms(ttl_class, ttl)
         plain = self.redis is not None and self._is_plain()
         written = 0
-        for batch in self._store_batches(todo):
+        for batch in self._batches(todo):
             cmds = []
             staged: list[tuple[bytes, int, list[Any]]] = []
             stager = self._stager() if self.redis is not None else None
@@ -863,7 +868,7 @@ class KVCacheClient(_Base):
         if self.redis is None:
             return [i for i in idx if self._local_get(keys[i]) is None]
         out = []
-        for batch in self._store_batches(idx):
+        for batch in self._batches(idx):
             pipe = self.redis.pipeline(transaction=False)
             for i in batch:
                 pipe.exists(keys[i])
@@ -1256,11 +1261,10 @@ class AsyncKVCacheClient(_Base):
     async def lookup(self, tokens: Sequence[int]) -> int:
         keys = self.keys(tokens)
         n = self._local_leading(keys)
-        for i in range(n, len(keys), self.batch_size):
-            found = await self._exists_each(keys[i:i + self.batch_size])
-            hit = next((j for j, f in enumerate(found) if not f), len(found))
+        for batch in self._batches(keys[n:]):
+            hit = self._leading(await self._exists_each(batch))
             n += hit
-            if hit < len(found):
+            if hit < len(batch):
                 break
         self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
         return n * self.chunk_size
@@ -1278,7 +1282,7 @@ class AsyncKVCacheClient(_Base):
         keys, todo = self._store_todo(tokens, start, keys)
         if skip_existing and todo:
             absent: list[int] = []
-            for batch in self._store_batches(todo):
+            for batch in self._batches(todo):
                 absent += self._absent_of(batch, await self._exists_each([keys[i] for i in batch]))
             todo = absent
         self._count_skipped(keys, start, todo)
@@ -1286,7 +1290,7 @@ class AsyncKVCacheClient(_Base):
             return 0
         ttl_ms = self.ttl_ms(ttl_class, ttl)
         plain = await self._is_plain()
-        for batch in self._store_batches(todo):
+        for batch in self._batches(todo):
             cmds = [self._store_command(keys[i], ttl_ms, self._sealed(keys[i], self._chunk_parts(kv, i), ttl_ms),
                                         plain) for i in batch]
             self._raise_first(await self._roundtrip(cmds))
