@@ -210,3 +210,23 @@ def test_async_store_keys_through_a_local_server(make_server, sockdir) -> None:
 
     assert asyncio.run(run()) == 3
     assert _stored(srv, keys) == [True] * 3
+
+
+def test_forked_child_stores_on_its_own_connection(make_server) -> None:
+    """A child forked after the parent stored never writes on the parent's inherited socket."""
+    srv = make_server()
+    kv = make_kv(2 * CS)
+    with KVCacheClient(f"redis://{srv.host}:{srv.port}", Namespace("fork"), chunk_size=CS) as c:
+        assert c.store(list(range(2 * CS)), kv) == 2
+        parent_fc = c._tls.fast
+        pid = os.fork()
+        if pid == 0:  # the child: store, report through the exit status only
+            ok = False
+            try:
+                ok = c.store(list(range(100, 100 + 2 * CS)), kv) == 2 and c._tls.fast is not parent_fc
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert c.store(list(range(200, 200 + 2 * CS)), kv) == 2 and c._tls.fast is parent_fc
+        assert c.lookup(list(range(100, 100 + 2 * CS))) == 2 * CS

@@ -21,6 +21,7 @@ after the reply has been consumed, so the connection stays usable.
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 from collections.abc import Callable, Iterable, Sequence
@@ -162,6 +163,7 @@ class FastClient:
                 (host, port), timeout=timeout if connect_timeout is None else connect_timeout)
             self.sock.settimeout(timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._pid = os.getpid()  # a connection inherited by a forked child is the parent's: never used there
         self._rbuf = bytearray(_RECV)
         self._rview = memoryview(self._rbuf)
         self._start = 0
@@ -178,9 +180,10 @@ class FastClient:
 
     def broken(self) -> bool:
         """Whether this connection, idle between commands, must not be used again: the peer closed it (a
-        restart, CLIENT KILL, an idle timeout), it has failed, or bytes arrived that no command asked for. A
-        pool checks the same before handing out a connection; one ``poll``, no wait."""
-        if self._start != self._end:
+        restart, CLIENT KILL, an idle timeout), it has failed, bytes arrived that no command asked for, or this
+        process is a fork of the one that connected (the socket is shared with the parent). A pool checks the
+        same before handing out a connection; one ``poll``, no wait."""
+        if self._start != self._end or os.getpid() != self._pid:
             return True
         try:
             fd = self.sock.fileno()
