@@ -21,6 +21,8 @@ after the reply has been consumed, so the connection stays usable.
 
 from __future__ import annotations
 
+import os
+import select
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -161,15 +163,37 @@ class FastClient:
                 (host, port), timeout=timeout if connect_timeout is None else connect_timeout)
             self.sock.settimeout(timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._pid = os.getpid()  # a connection inherited by a forked child is the parent's: never used there
         self._rbuf = bytearray(_RECV)
         self._rview = memoryview(self._rbuf)
         self._start = 0
         self._end = 0
         if password is not None:
-            self.call(b"AUTH", *([username] if username else []), password)
+            try:
+                self.call(b"AUTH", *([username] if username else []), password)
+            except BaseException:
+                self.sock.close()  # a refused AUTH must not leak the socket
+                raise
 
     def close(self) -> None:
         self.sock.close()
+
+    def broken(self) -> bool:
+        """Whether this connection, idle between commands, must not be used again: the peer closed it (a
+        restart, CLIENT KILL, an idle timeout), it has failed, bytes arrived that no command asked for, or this
+        process is a fork of the one that connected (the socket is shared with the parent). A pool checks the
+        same before handing out a connection; one ``poll``, no wait."""
+        if self._start != self._end or os.getpid() != self._pid:
+            return True
+        try:
+            fd = self.sock.fileno()
+            if fd < 0:
+                return True
+            p = select.poll()
+            p.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+            return bool(p.poll(0))
+        except (OSError, ValueError):
+            return True
 
     def __enter__(self) -> FastClient:
         return self

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,9 +39,10 @@ from kvstrata.client.codec import (
     prepare_parts,
     seal_parts,
 )
-from kvstrata.client.fast import nbytes, pack, sendmsg_all, widen_unix_send_buffer
+from kvstrata.client.fast import nbytes, pack, sendmsg_all
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
+from kvstrata.client.rediserrors import reply_error, socket_error
 from kvstrata.client.scatter import mget_scatter, slot_fits
 from kvstrata.engine.entry import Entry
 
@@ -156,6 +157,59 @@ class _Base:
         Plain Redis gets no PREFETCH and a plain MGET."""
         before = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
         return before, [b"MGET" if plain else b"TAIR.KV.MGET", *keys]
+
+    # ---- store planning (shared by the sync and the asyncio client) ----
+    def _store_todo(self, tokens: Sequence[int], start: int,
+                    keys: list[bytes] | None) -> tuple[list[bytes], list[int]]:
+        """The keys of ``tokens`` (``keys`` when the caller has them) and the indexes of the chunks a store from
+        token ``start`` covers, before the existence check."""
+        keys = self.keys(tokens) if keys is None else keys
+        return keys, list(range(start // self.chunk_size, len(keys)))
+
+    def _batches(self, items: list[Any]) -> Iterator[list[Any]]:
+        """``items`` (chunk indexes or keys) in batches of ``batch_size``: one pipelined EXISTS, or one
+        pipelined write, per batch."""
+        for b in range(0, len(items), self.batch_size):
+            yield items[b:b + self.batch_size]
+
+    @staticmethod
+    def _leading(found: Sequence[Any]) -> int:
+        """How many of one EXISTS batch's answers, from the first, said yes (a prefix ends at its first miss)."""
+        return next((j for j, f in enumerate(found) if not f), len(found))
+
+    @staticmethod
+    def _absent_of(batch: list[int], found: Sequence[Any]) -> list[int]:
+        """The chunks of ``batch`` whose EXISTS said no."""
+        return [i for i, f in zip(batch, found, strict=True) if not f]
+
+    def _count_skipped(self, keys: list[bytes], start: int, todo: list[int]) -> None:
+        self._count(skipped_chunks=max(0, len(keys) - start // self.chunk_size - len(todo)))
+
+    def _chunk_parts(self, kv: KVSource, i: int) -> list[Any]:
+        """Chunk ``i`` of ``kv`` encoded, its checksum not yet filled in (``seal_parts``, or the staging copy)."""
+        cs = self.chunk_size
+        return self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs), sealed=False)
+
+    def _sealed(self, key: bytes, parts: list[Any], ttl_ms: int) -> list[Any]:
+        """``parts`` sealed, and kept in the local tier when there is one."""
+        parts = seal_parts(parts)
+        self._local_put(key, parts, ttl_ms)
+        return parts
+
+    @staticmethod
+    def _store_command(key: bytes, ttl_ms: int, parts: list[Any], plain: bool) -> list[Any]:
+        """The write of one chunk (its value given as unjoined parts): TAIR.KV.SETEX, or SET [PX] on plain
+        Redis."""
+        if plain:
+            return ["SET", key, parts] + (["PX", ttl_ms] if ttl_ms else [])
+        return ["TAIR.KV.SETEX", key, ttl_ms, parts]
+
+    @staticmethod
+    def _raise_first(replies: Sequence[Any]) -> None:
+        """A pipeline's first error reply, raised (after every reply was read: the connection stays in step)."""
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
 
     # ---- encoding ----
     def _layout(self) -> str:
@@ -619,41 +673,64 @@ class KVCacheClient(_Base):
         self.close()
 
     # ---- raw transport ----
-    def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
-        """Send commands on one pooled connection (pipelined, values unjoined) and read every reply."""
-        import redis
+    def _store_conn(self) -> Any:
+        """This thread's ``FastClient`` for writes, fresh when the one it had went stale while idle (what a
+        pool checks before lending a connection), or None when it cannot speak this URL (TLS, a database
+        number). Connection and AUTH failures raise as redis-py's exceptions."""
+        from kvstrata.client.fast import RespError
 
-        conn = self.pool.get_connection()
         try:
-            sent = 0
-            parts: list[Any] = []
-            for cmd in commands:
-                pack(cmd, parts)
-            sock = getattr(conn, "_sock", None)
-            if sock is None:
-                conn.connect()
-                sock = conn._sock
-            if getattr(conn, "_kvs_widened", None) is not sock:  # once per socket (a reconnect makes a new one)
-                widen_unix_send_buffer(sock)
-                conn._kvs_widened = sock
-            try:
-                sent = sendmsg_all(sock, parts)
-            except OSError as exc:
-                conn.disconnect()
-                raise redis.ConnectionError(f"error while sending: {exc}") from exc
-            replies = []
+            fc = self._fast()
+            if fc is not None and fc.broken():
+                self._drop_fast(fc)
+                fc = self._fast()
+        except OSError as exc:
+            raise socket_error(exc, "connecting") from exc
+        except RespError as exc:
+            raise reply_error(str(exc)) from exc
+        return fc
+
+    def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
+        """Send ``commands`` pipelined on this thread's ``FastClient`` in vectored writes (values unjoined: the
+        kernel copies them straight from the caller's tensors) and read every reply. An error reply comes back
+        in its place as the exception redis-py would raise for it; a socket failure drops the connection and
+        raises redis-py's ConnectionError or TimeoutError."""
+        from kvstrata.client.fast import RespError
+
+        fc = self._store_conn()
+        if fc is None:
+            return self._roundtrip_redis(commands)
+        parts: list[Any] = []
+        for cmd in commands:
+            pack(cmd, parts)
+        replies: list[Any] = []
+        try:
+            sent = sendmsg_all(fc.sock, parts)
             for _ in commands:
                 try:
-                    replies.append(conn.read_response())
-                except redis.ResponseError as exc:
-                    replies.append(exc)
-            self._count(bytes_sent=sent)
-            return replies
+                    replies.append(fc.read_reply())
+                except RespError as exc:
+                    replies.append(reply_error(str(exc)))
+        except OSError as exc:
+            self._drop_fast(fc)
+            raise socket_error(exc, "while storing") from exc
         except BaseException:
-            conn.disconnect()
+            self._drop_fast(fc)  # interrupted between a command and its reply: out of step, never reused
             raise
-        finally:
-            self.pool.release(conn)
+        self._count(bytes_sent=sent)
+        return replies
+
+    def _roundtrip_redis(self, commands: list[list[Any]]) -> list[Any]:
+        """``_roundtrip`` through redis-py's pipeline, for connections ``FastClient`` does not make (TLS, a
+        database number): each value is joined into one bytes object first."""
+        pipe = self.redis.pipeline(transaction=False)
+        size = 0
+        for cmd in commands:
+            size += pack(cmd, [])
+            pipe.execute_command(*[b"".join(a) if isinstance(a, list) else a for a in cmd])
+        replies = pipe.execute(raise_on_error=False)
+        self._count(bytes_sent=size)
+        return list(replies)
 
     def _is_plain(self) -> bool:
         if self._plain_redis is None:
@@ -669,15 +746,14 @@ class KVCacheClient(_Base):
     def _server_leading(self, keys: list[bytes]) -> int:
         """How many leading keys exist on the server (pipelined EXISTS, batch by batch, stops at a miss)."""
         n = 0
-        for i in range(0, len(keys), self.batch_size):
-            batch = keys[i:i + self.batch_size]
+        for batch in self._batches(keys):
             pipe = self.redis.pipeline(transaction=False)
             for k in batch:
                 pipe.exists(k)
-            for found in pipe.execute():
-                if not found:
-                    return n
-                n += 1
+            hit = self._leading(pipe.execute())
+            n += hit
+            if hit < len(batch):
+                break
         return n
 
     # ---- operations ----
@@ -697,43 +773,34 @@ class KVCacheClient(_Base):
         yet. ``kv`` is a tensor with a token axis (the ``T`` of the namespace's layout) covering ``tokens``, or
         a function ``kv(start, end)`` returning one chunk's tensor. ``keys``: ``self.keys(tokens)`` when the
         caller has them already. Returns the number of chunks written."""
-        keys = self.keys(tokens) if keys is None else keys
-        first = start // self.chunk_size
-        todo = list(range(first, len(keys)))
+        keys, todo = self._store_todo(tokens, start, keys)
         if skip_existing and todo:
             todo = self._absent(keys, todo)
-        self._count(skipped_chunks=len(keys) - first - len(todo))
+        self._count_skipped(keys, start, todo)
         if not todo:
             return 0
         ttl_ms = self.ttl_ms(ttl_class, ttl)
-        cs = self.chunk_size
+        plain = self.redis is not None and self._is_plain()
         written = 0
-        for b in range(0, len(todo), self.batch_size):
+        for batch in self._batches(todo):
             cmds = []
             staged: list[tuple[bytes, int, list[Any]]] = []
             stager = self._stager() if self.redis is not None else None
-            batch = todo[b:b + self.batch_size]
             for i in batch:
-                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs), sealed=False)
+                parts = self._chunk_parts(kv, i)
                 size = sum(nbytes(p) for p in parts)
                 self._size_hint = max(self._size_hint, size)
-                stage = self.redis is not None and stager is not None and stager.fits(size)
+                stage = stager is not None and stager.fits(size)
                 if stage:
                     staged.append((keys[i], ttl_ms, parts))  # its checksum is computed while it is copied
                 if self.local is not None or not stage:
-                    parts = seal_parts(parts)
-                    self._local_put(keys[i], parts, ttl_ms)
+                    parts = self._sealed(keys[i], parts, ttl_ms)
                 if self.redis is not None and not stage:
-                    if self._is_plain():
-                        cmds.append(["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else []))
-                    else:
-                        cmds.append(["TAIR.KV.SETEX", keys[i], ttl_ms, parts])
+                    cmds.append(self._store_command(keys[i], ttl_ms, parts, plain))
             if staged:
                 self._put_staged(stager, staged)
             if cmds:
-                for reply in self._roundtrip(cmds):
-                    if isinstance(reply, Exception):
-                        raise reply
+                self._raise_first(self._roundtrip(cmds))
             written += len(batch)
         self._count(stored_chunks=written)
         return written
@@ -792,36 +859,20 @@ class KVCacheClient(_Base):
             except OSError:
                 pass
             replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
-        for reply in replies:
-            if isinstance(reply, RespError):
-                raise self._staged_error(reply)
-            if isinstance(reply, Exception):
-                raise reply
+        self._raise_first([reply_error(str(r)) if isinstance(r, RespError) else r for r in replies])
         self._count(bytes_sent=sum(nbytes(p) for _, _, parts in items for p in parts))
 
-    @staticmethod
-    def _staged_error(exc: Exception) -> Exception:
-        """A refused commit as the redis-py error a refused TAIR.KV.SETEX would have raised."""
-        import redis
-
-        text = str(exc)
-        return redis.exceptions.OutOfMemoryError(text) if text.startswith("OOM") else redis.ResponseError(text)
-
     def _absent(self, keys: list[bytes], idx: list[int]) -> list[int]:
-        out = []
-        remote = []
-        for i in idx:
-            if self.local is not None and self._local_get(keys[i]) is not None and self.redis is None:
-                continue
-            remote.append(i)
+        """The chunks of ``idx`` not stored yet (pipelined EXISTS per batch; the local tier alone without a
+        server)."""
         if self.redis is None:
-            return remote
-        for b in range(0, len(remote), self.batch_size):
-            batch = remote[b:b + self.batch_size]
+            return [i for i in idx if self._local_get(keys[i]) is None]
+        out = []
+        for batch in self._batches(idx):
             pipe = self.redis.pipeline(transaction=False)
             for i in batch:
                 pipe.exists(keys[i])
-            out += [i for i, found in zip(batch, pipe.execute(), strict=True) if not found]
+            out += self._absent_of(batch, pipe.execute())
         return out
 
     def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None, skip_chunks: int = 0,
@@ -1210,46 +1261,39 @@ class AsyncKVCacheClient(_Base):
     async def lookup(self, tokens: Sequence[int]) -> int:
         keys = self.keys(tokens)
         n = self._local_leading(keys)
-        for i in range(n, len(keys), self.batch_size):
-            found = await self._exists_each(keys[i:i + self.batch_size])
-            hit = next((j for j, f in enumerate(found) if not f), len(found))
+        for batch in self._batches(keys[n:]):
+            hit = self._leading(await self._exists_each(batch))
             n += hit
-            if hit < len(found):
+            if hit < len(batch):
                 break
         self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
         return n * self.chunk_size
 
     async def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
-                    ttl: float | None = None, start: int = 0, skip_existing: bool = True) -> int:
+                    ttl: float | None = None, start: int = 0, skip_existing: bool = True,
+                    keys: list[bytes] | None = None) -> int:
+        """``KVCacheClient.store``: the same chunks, checks, batches and counters (one planning layer)."""
         if self.local is None and await self._plane():
-            # A local server: the synchronous client's two-phase store (one copy into a staging segment), in a
-            # worker thread, as retrieve reads the arena.
+            # A local server: the synchronous client's store, in a worker thread, as retrieve reads the arena.
             assert self._local is not None
             self._local.namespace = self.namespace
             return await asyncio.to_thread(self._local.store, tokens, kv, ttl_class=ttl_class, ttl=ttl,
-                                           start=start, skip_existing=skip_existing)
-        keys = self.keys(tokens)
-        todo = list(range(start // self.chunk_size, len(keys)))
+                                           start=start, skip_existing=skip_existing, keys=keys)
+        keys, todo = self._store_todo(tokens, start, keys)
         if skip_existing and todo:
-            absent = []
-            for b in range(0, len(todo), self.batch_size):
-                batch = todo[b:b + self.batch_size]
-                found = await self._exists_each([keys[i] for i in batch])
-                absent += [i for i, f in zip(batch, found, strict=True) if not f]
+            absent: list[int] = []
+            for batch in self._batches(todo):
+                absent += self._absent_of(batch, await self._exists_each([keys[i] for i in batch]))
             todo = absent
+        self._count_skipped(keys, start, todo)
+        if not todo:
+            return 0
         ttl_ms = self.ttl_ms(ttl_class, ttl)
         plain = await self._is_plain()
-        cs = self.chunk_size
-        for b in range(0, len(todo), self.batch_size):
-            cmds = []
-            for i in todo[b:b + self.batch_size]:
-                parts = self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs))
-                self._local_put(keys[i], parts, ttl_ms)
-                cmds.append(["SET", keys[i], parts] + (["PX", ttl_ms] if ttl_ms else []) if plain
-                            else ["TAIR.KV.SETEX", keys[i], ttl_ms, parts])
-            for reply in await self._roundtrip(cmds):
-                if isinstance(reply, Exception):
-                    raise reply
+        for batch in self._batches(todo):
+            cmds = [self._store_command(keys[i], ttl_ms, self._sealed(keys[i], self._chunk_parts(kv, i), ttl_ms),
+                                        plain) for i in batch]
+            self._raise_first(await self._roundtrip(cmds))
         self._count(stored_chunks=len(todo))
         return len(todo)
 
