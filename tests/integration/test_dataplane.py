@@ -96,6 +96,39 @@ def test_arena_descriptor_is_read_only_and_refs_point_at_the_values(make_server,
         c.close()
 
 
+def test_nosum_refs_skip_the_servers_hash_pass(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir, **{"dram-size": "32mb"})
+    r = srv.client()
+    big = os.urandom(2 * MB + 3)
+    r.set("big", big)
+    r.set("NOSUM", b"a key named like the option")
+    c = ArenaClient(path)
+    try:
+        lease, refs = c.mgetref([b"big", b"missing"], checksums=False)
+        assert isinstance(refs[0], Ref) and refs[0].checksum is None and refs[1] is None
+        assert bytes(c.value(refs[0])) == big  # the same reference, only without the checksum
+        assert _info(r)["arena_hashed_bytes"] == 0  # nothing was hashed for it
+        lease2, refs2 = c.mgetref([b"big"])  # asked for: hashed once, then remembered
+        assert refs2[0].offset == refs[0].offset and refs2[0].checksum == xxhash.xxh3_64_intdigest(big)
+        assert _info(r)["arena_hashed_bytes"] == len(big)
+        c.mgetref([b"big"])
+        assert _info(r)["arena_hashed_bytes"] == len(big)
+        # Raw RESP: NOSUM after LEASE, nil in the checksum field; a lone key named NOSUM is a key.
+        raw = redis.Redis(unix_socket_path=path)
+        lease3, (ref,) = raw.execute_command("TAIR.KV.MGETREF", "big", "LEASE", "5000", "nosum")
+        assert lease3 > 0 and ref[3] is None and int(ref[1]) == len(big)
+        lease4, (named,) = raw.execute_command("TAIR.KV.MGETREF", "NOSUM")
+        assert named[3] is not None and int(named[1]) == len(b"a key named like the option")
+        with pytest.raises(redis.ResponseError, match="invalid LEASE"):
+            raw.execute_command("TAIR.KV.MGETREF", "big", "LEASE", "-1", "NOSUM")
+        assert raw.execute_command("TAIR.KV.RELEASE", lease3, lease4) == 2
+        c.release(lease)
+        c.release(lease2, now=True)
+        assert _info(r)["arena_leases"] == 1  # the third c.mgetref above, never released
+    finally:
+        c.close()
+
+
 def test_arena_is_refused_over_tcp_before_auth_and_when_off(make_server, sockdir) -> None:
     srv, path = _start(make_server, sockdir, requirepass="pw")
     with pytest.raises(redis.ResponseError, match="only with clients on the Unix socket"):
