@@ -324,7 +324,11 @@ def test_sdk_reads_through_the_arena_over_unix_and_loopback(make_server, sockdir
     with KVCacheClient(f"redis://127.0.0.1:{srv.port}", ns, local_plane=False) as c:
         n, out = c.retrieve(tokens)
         assert n == 1024 and np.array_equal(out, kv) and getattr(c._tls, "arena", None) is None
-    assert _info(srv.client())["arena_leases"] == 0
+    info = _info(srv.client())
+    assert info["arena_leases"] == 0
+    # The SDK's arena reads ask with NOSUM: the server never hashed a value for them (values just stored have
+    # no checksum yet, so asking would have hashed every one).
+    assert info["arena_hashed_bytes"] == 0 and info["arena_leases_granted"] >= 8
 
 
 def test_async_client_reads_through_the_arena_too(make_server, sockdir) -> None:
@@ -345,4 +349,5 @@ def test_async_client_reads_through_the_arena_too(make_server, sockdir) -> None:
     n, out, used_arena, hits = asyncio.run(go())
     assert n == 512 and np.array_equal(out, kv)
     assert used_arena and hits == 2
-    assert _info(srv.client())["arena_leases"] == 0
+    info = _info(srv.client())
+    assert info["arena_leases"] == 0 and info["arena_hashed_bytes"] == 0
