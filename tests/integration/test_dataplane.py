@@ -24,6 +24,7 @@ from tests.integration.polling import wait_for
 from tests.integration.support import make_kv
 
 from kvstrata.client.arena import ArenaClient, ArenaUnavailable, Ref
+from kvstrata.client.fast import RespError
 from kvstrata.client.keys import Namespace
 from kvstrata.client.sdk import AsyncKVCacheClient, KVCacheClient
 
@@ -125,6 +126,24 @@ def test_nosum_refs_skip_the_servers_hash_pass(make_server, sockdir) -> None:
         c.release(lease)
         c.release(lease2, now=True)
         assert _info(r)["arena_leases"] == 1  # the third c.mgetref above, never released
+    finally:
+        c.close()
+
+
+def test_mgetref_options_are_not_keys_for_acl_key_patterns(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir)
+    admin = srv.client()
+    admin.set("kv:a", b"a" * 300_000)
+    admin.set("other:b", b"b" * 300_000)
+    admin.execute_command("ACL", "SETUSER", "t", "on", ">pw", "~kv:*", "+@all")
+    c = ArenaClient(path, username="t", password="pw")
+    try:
+        # LEASE, its milliseconds and NOSUM are checked as options, not as keys outside ~kv:*.
+        lease, refs = c.mgetref([b"kv:a"], lease_ms=5000, checksums=False)
+        assert lease > 0 and bytes(c.value(refs[0])) == b"a" * 300_000
+        with pytest.raises(RespError, match="NOPERM"):
+            c.mgetref([b"kv:a", b"other:b"], checksums=False)
+        c.release(lease, now=True)
     finally:
         c.close()
 

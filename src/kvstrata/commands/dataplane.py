@@ -82,7 +82,16 @@ def _mgetref_options(args: list[bytes], ttl: int) -> tuple[list[bytes], int, boo
     return keys, ttl, with_sum
 
 
-@command("tair.kv.mgetref", -2, "readonly", keys=(1, -1, 1), group="tairkv", since="0.2.0",
+def _mgetref_keys(args: list[bytes]) -> list[bytes]:
+    """TAIR.KV.MGETREF's keys: ``LEASE ms`` and ``NOSUM`` are not keys (for ACL key patterns and the tier
+    loader alike)."""
+    try:
+        return _mgetref_options(args, 1)[0]
+    except CommandError:
+        return []  # the handler answers with the error; nothing to load for it
+
+
+@command("tair.kv.mgetref", -2, "readonly", keys=(1, -1, 1), getkeys=_mgetref_keys, group="tairkv", since="0.2.0",
          summary="Leases the arena slots of values and answers where they lie: offset, length, version, checksum.",
          syntax="TAIR.KV.MGETREF key [key ...] [LEASE milliseconds] [NOSUM]")
 def kv_mgetref(ctx: Context, args: list[bytes]) -> Any:
