@@ -24,6 +24,7 @@ from tests.integration.polling import wait_for
 from tests.integration.support import make_kv
 
 from kvstrata.client.arena import ArenaClient, ArenaUnavailable, Ref
+from kvstrata.client.fast import RespError
 from kvstrata.client.keys import Namespace
 from kvstrata.client.sdk import AsyncKVCacheClient, KVCacheClient
 
@@ -92,6 +93,57 @@ def test_arena_descriptor_is_read_only_and_refs_point_at_the_values(make_server,
             c.view[refs[0].offset] = 0  # the mapping is read-only
         assert c.call(b"TAIR.KV.RELEASE", lease) == 1
         assert c.call(b"TAIR.KV.RELEASE", lease) == 0
+    finally:
+        c.close()
+
+
+def test_nosum_refs_skip_the_servers_hash_pass(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir, **{"dram-size": "32mb"})
+    r = srv.client()
+    big = os.urandom(2 * MB + 3)
+    r.set("big", big)
+    r.set("NOSUM", b"a key named like the option")
+    c = ArenaClient(path)
+    try:
+        lease, refs = c.mgetref([b"big", b"missing"], checksums=False)
+        assert isinstance(refs[0], Ref) and refs[0].checksum is None and refs[1] is None
+        assert bytes(c.value(refs[0])) == big  # the same reference, only without the checksum
+        assert _info(r)["arena_hashed_bytes"] == 0  # nothing was hashed for it
+        lease2, refs2 = c.mgetref([b"big"])  # asked for: hashed once, then remembered
+        assert refs2[0].offset == refs[0].offset and refs2[0].checksum == xxhash.xxh3_64_intdigest(big)
+        assert _info(r)["arena_hashed_bytes"] == len(big)
+        c.mgetref([b"big"])
+        assert _info(r)["arena_hashed_bytes"] == len(big)
+        # Raw RESP: NOSUM after LEASE, nil in the checksum field; a lone key named NOSUM is a key.
+        raw = redis.Redis(unix_socket_path=path)
+        lease3, (ref,) = raw.execute_command("TAIR.KV.MGETREF", "big", "LEASE", "5000", "nosum")
+        assert lease3 > 0 and ref[3] is None and int(ref[1]) == len(big)
+        lease4, (named,) = raw.execute_command("TAIR.KV.MGETREF", "NOSUM")
+        assert named[3] is not None and int(named[1]) == len(b"a key named like the option")
+        with pytest.raises(redis.ResponseError, match="invalid LEASE"):
+            raw.execute_command("TAIR.KV.MGETREF", "big", "LEASE", "-1", "NOSUM")
+        assert raw.execute_command("TAIR.KV.RELEASE", lease3, lease4) == 2
+        c.release(lease)
+        c.release(lease2, now=True)
+        assert _info(r)["arena_leases"] == 1  # the third c.mgetref above, never released
+    finally:
+        c.close()
+
+
+def test_mgetref_options_are_not_keys_for_acl_key_patterns(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir)
+    admin = srv.client()
+    admin.set("kv:a", b"a" * 300_000)
+    admin.set("other:b", b"b" * 300_000)
+    admin.execute_command("ACL", "SETUSER", "t", "on", ">pw", "~kv:*", "+@all")
+    c = ArenaClient(path, username="t", password="pw")
+    try:
+        # LEASE, its milliseconds and NOSUM are checked as options, not as keys outside ~kv:*.
+        lease, refs = c.mgetref([b"kv:a"], lease_ms=5000, checksums=False)
+        assert lease > 0 and bytes(c.value(refs[0])) == b"a" * 300_000
+        with pytest.raises(RespError, match="NOPERM"):
+            c.mgetref([b"kv:a", b"other:b"], checksums=False)
+        c.release(lease, now=True)
     finally:
         c.close()
 
@@ -291,7 +343,11 @@ def test_sdk_reads_through_the_arena_over_unix_and_loopback(make_server, sockdir
     with KVCacheClient(f"redis://127.0.0.1:{srv.port}", ns, local_plane=False) as c:
         n, out = c.retrieve(tokens)
         assert n == 1024 and np.array_equal(out, kv) and getattr(c._tls, "arena", None) is None
-    assert _info(srv.client())["arena_leases"] == 0
+    info = _info(srv.client())
+    assert info["arena_leases"] == 0
+    # The SDK's arena reads ask with NOSUM: the server never hashed a value for them (values just stored have
+    # no checksum yet, so asking would have hashed every one).
+    assert info["arena_hashed_bytes"] == 0 and info["arena_leases_granted"] >= 8
 
 
 def test_async_client_reads_through_the_arena_too(make_server, sockdir) -> None:
@@ -312,4 +368,5 @@ def test_async_client_reads_through_the_arena_too(make_server, sockdir) -> None:
     n, out, used_arena, hits = asyncio.run(go())
     assert n == 512 and np.array_equal(out, kv)
     assert used_arena and hits == 2
-    assert _info(srv.client())["arena_leases"] == 0
+    info = _info(srv.client())
+    assert info["arena_leases"] == 0 and info["arena_hashed_bytes"] == 0

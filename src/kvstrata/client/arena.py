@@ -28,7 +28,7 @@ class Ref(NamedTuple):
     offset: int
     length: int
     version: int
-    checksum: int  # xxh3-64 of the value's bytes
+    checksum: int | None  # xxh3-64 of the value's bytes; None when asked without (``checksums=False``)
 
 
 class ArenaUnavailable(Exception):
@@ -73,13 +73,19 @@ class ArenaClient(FastClient):
                 os.close(fd)
 
     # ---- reads by reference ----
-    def mgetref(self, keys: Sequence[Any], lease_ms: int | None = None) -> tuple[int, list[Ref | bytes | None]]:
-        """(lease, one Ref / inline bytes / None per key); give the lease back with ``release``."""
+    def mgetref(self, keys: Sequence[Any], lease_ms: int | None = None, *,
+                checksums: bool = True) -> tuple[int, list[Ref | bytes | None]]:
+        """(lease, one Ref / inline bytes / None per key); give the lease back with ``release``. ``checksums=False``
+        (NOSUM): the server does not hash values it has no checksum for yet (a pass over each, on its core, while
+        this client waits), and each ``Ref.checksum`` is None."""
         cmds: list[list[Any]] = []
         if self._pending:
             cmds.append([b"TAIR.KV.RELEASE", *self._pending])
             self._pending = []
-        cmds.append([b"TAIR.KV.MGETREF", *keys, b"LEASE", int(lease_ms or self.lease_ms)])
+        cmd = [b"TAIR.KV.MGETREF", *keys, b"LEASE", int(lease_ms or self.lease_ms)]
+        if not checksums:
+            cmd.append(b"NOSUM")
+        cmds.append(cmd)
         self.send_many(cmds)
         if len(cmds) == 2:
             self.read_reply()  # how many were released: some may have expired meanwhile, which is fine
@@ -89,7 +95,7 @@ class ArenaClient(FastClient):
             if r is None or isinstance(r, bytes):
                 refs.append(r)
             else:
-                refs.append(Ref(int(r[0]), int(r[1]), int(r[2]), int(r[3], 16)))
+                refs.append(Ref(int(r[0]), int(r[1]), int(r[2]), None if r[3] is None else int(r[3], 16)))
         return int(lease), refs
 
     def release(self, lease: int, *, now: bool = False) -> None:
@@ -109,7 +115,7 @@ class ArenaClient(FastClient):
     def read_into(self, keys: Sequence[Any], bufs: Sequence[Any], *, verify: bool = False) -> list[int | None]:
         """Copy each value into its buffer (one copy, from the server's memory): lengths, None when missing.
         ``verify`` checks each copy against the checksum the server answered with."""
-        lease, refs = self.mgetref(keys)
+        lease, refs = self.mgetref(keys, checksums=verify)
         try:
             out: list[int | None] = []
             for ref, buf in zip(refs, bufs, strict=True):

@@ -2,7 +2,9 @@
 
 ``TAIR.KV.ARENA`` hands a Unix-socket client a read-only descriptor of the arena; ``TAIR.KV.MGETREF`` answers
 where each value lies in it (offset, length, version, checksum) and holds those slots under one lease until
-``TAIR.KV.RELEASE`` or expiry. Design and rules: docs/dataplane.md.
+``TAIR.KV.RELEASE`` or expiry. ``NOSUM`` leaves the checksum out: it is computed on first demand, a pass over the
+whole value, which a client that verifies its own way (the SDK's codec) or not at all does not need. Design and
+rules: docs/dataplane.md.
 """
 
 from __future__ import annotations
@@ -64,18 +66,37 @@ def _place(ctx: Context, arena: ArenaPool, key: bytes, entry: Entry) -> Any:
     return view
 
 
-@command("tair.kv.mgetref", -2, "readonly", keys=(1, -1, 1), group="tairkv", since="0.2.0",
-         summary="Leases the arena slots of values and answers where they lie: offset, length, version, checksum.",
-         syntax="TAIR.KV.MGETREF key [key ...] [LEASE milliseconds]")
-def kv_mgetref(ctx: Context, args: list[bytes]) -> Any:
-    arena = _arena(ctx)
+def _mgetref_options(args: list[bytes], ttl: int) -> tuple[list[bytes], int, bool]:
+    """(keys, lease ms, whether to answer checksums) from ``key... [LEASE ms] [NOSUM]``: the options trail the keys
+    (``NOSUM`` last), and at least one key is left either way."""
     keys = args[1:]
-    ttl = int(ctx.config.get("lease-default-ms"))
-    if len(args) >= 4 and bytes(args[-2]).upper() == b"LEASE":
-        ttl = parse_int(bytes(args[-1]))
+    with_sum = True
+    if len(keys) >= 2 and bytes(keys[-1]).upper() == b"NOSUM":
+        with_sum = False
+        keys = keys[:-1]
+    if len(keys) >= 3 and bytes(keys[-2]).upper() == b"LEASE":
+        ttl = parse_int(bytes(keys[-1]))
         if ttl <= 0:
             raise CommandError("invalid LEASE time: it must be a positive number of milliseconds")
-        keys = args[1:-2]
+        keys = keys[:-2]
+    return keys, ttl, with_sum
+
+
+def _mgetref_keys(args: list[bytes]) -> list[bytes]:
+    """TAIR.KV.MGETREF's keys: ``LEASE ms`` and ``NOSUM`` are not keys (for ACL key patterns and the tier
+    loader alike)."""
+    try:
+        return _mgetref_options(args, 1)[0]
+    except CommandError:
+        return []  # the handler answers with the error; nothing to load for it
+
+
+@command("tair.kv.mgetref", -2, "readonly", keys=(1, -1, 1), getkeys=_mgetref_keys, group="tairkv", since="0.2.0",
+         summary="Leases the arena slots of values and answers where they lie: offset, length, version, checksum.",
+         syntax="TAIR.KV.MGETREF key [key ...] [LEASE milliseconds] [NOSUM]")
+def kv_mgetref(ctx: Context, args: list[bytes]) -> Any:
+    arena = _arena(ctx)
+    keys, ttl, with_sum = _mgetref_options(args, int(ctx.config.get("lease-default-ms")))
     store = ctx.store
     # The lease is taken first and each slot joins it as soon as it is placed: placing a later value may
     # demote an earlier key, whose slot must then stay (and stay charged) for this reader.
@@ -90,7 +111,7 @@ def kv_mgetref(ctx: Context, args: list[bytes]) -> Any:
             refs.append(None)
             continue
         if len(entry.value) == 0:
-            refs.append([0, 0, entry.version, _EMPTY_SUM])
+            refs.append([0, 0, entry.version, _EMPTY_SUM if with_sum else None])
             continue
         view = _place(ctx, arena, key, entry)
         if view is None:
@@ -98,7 +119,12 @@ def kv_mgetref(ctx: Context, args: list[bytes]) -> Any:
             continue
         arena.extend(lease, view)
         slot = arena.slot(view)
-        refs.append([slot.off, slot.length, entry.version, b"%016x" % slot.digest()])
+        checksum = None
+        if with_sum:
+            if slot.checksum is None:
+                arena.hashed_bytes += slot.length
+            checksum = b"%016x" % slot.digest()
+        refs.append([slot.off, slot.length, entry.version, checksum])
     if not arena.lease_table[lease].slots:
         arena.release_lease(lease)
         lease = 0

@@ -187,6 +187,7 @@ class ArenaPool:
         self.hits = 0
         self.misses = 0
         self.copies = 0
+        self.hashed_bytes = 0  # value bytes hashed to answer MGETREF's checksums (NOSUM skips it)
         self.gated_frees = 0
         self.quarantined = 0
         self.leases_granted = 0
@@ -504,6 +505,7 @@ class ArenaPool:
             "arena_hits": self.hits,
             "arena_misses": self.misses,
             "arena_copies_in": self.copies,
+            "arena_hashed_bytes": self.hashed_bytes,
             "arena_waiting_writers": len(self._gated),
             "arena_quarantined": self.quarantined,
             "arena_leases": len(self.lease_table),
