@@ -115,6 +115,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self._entries = self.dram.entries
         self._ttl_heap: list[tuple[int, bytes]] = []
         self._overlay: dict[bytes, Any] | None = None
+        # Record headers probed for the current command (EXISTS, TYPE, TTL...: engine/loader.py ``probe``).
+        self._probed: dict[bytes, Any] | None = None
         # The current command's stream and the completions its reply waits for (engine/command_state.py).
         self.command = CommandState()
         self.sync_reads = 0

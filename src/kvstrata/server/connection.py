@@ -612,7 +612,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             result = await srv.wait(sus.wait)
             if sus.reload:
-                await self._load(spec.load_keys(args))
+                await self._load(spec.load_keys(args), spec.load == "meta")
         except BaseException:
             sus.release()
             raise
@@ -620,20 +620,23 @@ class Connection(asyncio.BufferedProtocol):
         if waiter is not None:
             await waiter
 
-    async def _load(self, keys: list[bytes]) -> None:
-        """Load ``keys`` from the lower tiers for the command about to run (its reads then stay off the loop).
+    async def _load(self, keys: list[bytes], meta: bool = False) -> None:
+        """Load ``keys`` from the lower tiers for the command about to run (its reads then stay off the loop); with
+        ``meta``, probe their record headers only.
 
         A load raced by a write is done again, a few times; after that the command runs anyway and reads what is
-        still unknown synchronously (correct, only slower).
+        still unknown synchronously (correct, only slower). A probe leaves queued prefetches alone: it reads no
+        value, so taking a key back from the prefetcher would only lose its prefetch.
         """
         if not keys:
             return
         srv = self.server
-        missing = self.store.missing(keys)
-        if missing and srv.prefetcher.in_flight(missing):
-            await srv.prefetcher.claim(missing)
+        if not meta:
+            missing = self.store.missing(keys)
+            if missing and srv.prefetcher.in_flight(missing):
+                await srv.prefetcher.claim(missing)
         for _ in range(3):
-            if await srv.load(keys):
+            if await srv.load(keys, meta=meta):
                 break
 
     async def _ack_after(self, seq: int, reply: Any) -> None:
@@ -653,7 +656,7 @@ class Connection(asyncio.BufferedProtocol):
                 await srv.wait_commit(ssd.enqueued_seq)
             if spec.settle and not ssd.settled:
                 await srv.wait_commit(ssd.enqueued_seq)
-        await self._load(keys)
+        await self._load(keys, spec.load == "meta")
         waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:
             await waiter
