@@ -61,7 +61,7 @@ def answers(store: Store, probe: bool) -> dict[tuple[str, bytes], Any]:
     out: dict[tuple[str, bytes], Any] = {}
     for name, handler in COMMANDS:
         for key in KEYS:
-            store.begin_command(1)
+            ctx.command = store.begin_command(1)
             missing = store.missing([key])
             if missing:
                 ticket = store.begin_load(missing)

@@ -218,7 +218,7 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7) -
     stores["on"].predictor.attach(stores["on"].dram.entries)
     for store in stores.values():
         for sid, chain in enumerate(keyed):
-            store.stream = sid
+            store.command.stream = sid
             for key in chain:
                 store.put(key, value)
     times: dict[str, list[float]] = {"off": [], "on": []}
@@ -230,7 +230,7 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7) -
             get = store.get
             t0 = time.thread_time_ns()
             for sid, chain in enumerate(keyed):
-                store.stream = 1000 + sid
+                store.command.stream = 1000 + sid
                 for key in chain:
                     get(key)
                     if predictor is not None and predictor.pending:

@@ -19,7 +19,7 @@ from kvstrata.protocol.encoder import OK, Status
          syntax="DEL key [key ...]")
 def del_(ctx: Context, args: list[bytes]) -> Any:
     delete = ctx.store.delete
-    ctx.store.pool_ack = 0
+    ctx.command.pool_ack = 0
     deleted = sum(1 for key in args[1:] if delete(key))
     return after_pool_delete(ctx, args[1:], deleted) if ctx.store.pool is not None else deleted
 
@@ -41,7 +41,7 @@ def exists(ctx: Context, args: list[bytes]) -> Any:
     if store.predictor is not None and found:
         # A lookup batch (SGLang batch_exists, vLLM's scheduler) announces the reads
         # that follow: the predictor queues the chunks it found below DRAM (docs/prefetch.md).
-        store.predictor.lookup([k for k, m in found if m.value_len >= store.profile_min_bytes], store.stream)
+        store.predictor.lookup([k for k, m in found if m.value_len >= store.profile_min_bytes], ctx.command.stream)
     return len(found)
 
 

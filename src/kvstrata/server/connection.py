@@ -554,7 +554,6 @@ class Connection(asyncio.BufferedProtocol):
     def _tiered(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         store = self.store
         ssd = store.ssd
-        store.stream = self.client.id
         keys = spec.load_keys(args)
         needs_io = bool(keys and store.missing(keys))
         if ssd is not None:
@@ -577,7 +576,7 @@ class Connection(asyncio.BufferedProtocol):
         ssd = store.ssd
         # A fresh state per run (also a command resumed after a load must not run as the stream of whichever
         # connection ran last meanwhile: the predictor follows each connection's reads).
-        state = store.begin_command(self.client.id)
+        self.ctx.command = state = store.begin_command(self.client.id)
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
