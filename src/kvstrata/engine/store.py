@@ -253,8 +253,6 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             assert ssd is not None
             self._ack(ssd.put(key, entry))
             entry.on_ssd = True
-        if expire_at:
-            heapq.heappush(self._ttl_heap, (expire_at, key))
         if pool is not None:
             self.command.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
         if self._private:
