@@ -107,20 +107,23 @@ def test_an_exists_batch_prefetches_the_chunks_it_found(srv: Any) -> None:
 
 
 def test_an_exists_batch_reads_each_chunk_from_ssd_once(srv: Any) -> None:
-    """EXISTS loads its keys before it answers; the chunks it found come up to DRAM from that load, not from a
-    second read by the prefetcher (INFO tier_ssd ``reads`` counts LMDB lookups)."""
+    """EXISTS probes its keys' record headers before it answers (INFO tier_ssd ``probes``); the chunks it found are
+    read from LMDB once, by the prefetcher (``reads`` counts full record reads)."""
     writer = srv.client()
     chain = [f"once:{i}".encode() for i in range(6)]
     for key in chain:
         writer.set(key, VALUE)
     _demoted(srv, chain)
     wait_for(lambda: writer.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
-    before, reads = info(writer), writer.info("tier_ssd")["reads"]
+    ssd = writer.info("tier_ssd")
+    before, reads, probes = info(writer), ssd["reads"], ssd["probes"]
     lookup = srv.client()
     assert lookup.exists(*chain, "once:missing") == len(chain)
     wait_for(lambda: info(lookup)["prefetch_issued"] - before["prefetch_issued"] >= len(chain),
              what="the chunks found prefetched")
-    assert lookup.info("tier_ssd")["reads"] - reads == len(chain) + 1  # each key EXISTS named, once
+    ssd = lookup.info("tier_ssd")
+    assert ssd["probes"] - probes == len(chain) + 1  # each key EXISTS named, once
+    assert ssd["reads"] - reads == len(chain)  # each chunk found, once; never the missing key
     assert [lookup.execute_command("TAIR.KV.TIER", k) for k in chain] == [b"dram"] * len(chain)
     assert [lookup.get(k) for k in chain] == [VALUE] * len(chain)
     assert info(lookup)["prefetch_used"] - before["prefetch_used"] == len(chain)

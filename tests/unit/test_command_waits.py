@@ -11,7 +11,7 @@ import pytest
 
 from kvstrata.commands.context import ClientState, Context
 from kvstrata.commands.registry import REGISTRY, KeySpec, lookup
-from kvstrata.commands.tairkv import kv_mget
+from kvstrata.commands.tairkv import kv_mget, kv_setex
 from kvstrata.commands.waits import Commit, Suspend
 from kvstrata.config import Config
 from kvstrata.engine.store import Store
@@ -46,6 +46,9 @@ def test_waits_are_declared() -> None:
     assert spec("get").load_keys([b"get", b"a"]) == [b"a"]
     assert spec("dbsize").settle
     assert not any(s.settle for n, s in REGISTRY.items() if n != b"dbsize")
+    meta = {n for n, s in REGISTRY.items() if s.load == "meta"}  # record headers probed, never values loaded
+    assert meta == {b"exists", b"type", b"ttl", b"pttl", b"expiretime", b"pexpiretime"}
+    assert spec("exists").load_keys([b"exists", b"a", b"b"]) == [b"a", b"b"]
 
 
 def test_key_spec_ranges() -> None:
@@ -79,5 +82,23 @@ def test_strong_read_returns_a_commit_wait_and_a_continuation(tmp_path: Path) ->
         assert sus.then(None) == [b"v1"]  # the continuation answers once the write is committed
         # Nothing in flight: the same command answers at once.
         assert kv_mget(ctx, [b"TAIR.KV.MGET", b"k", b"CONSISTENCY_LEVEL", b"STRONG"]) == [b"v1"]
+    finally:
+        ssd.close()
+
+
+def test_a_handler_reports_its_waits_in_the_state_it_is_given(tmp_path: Path) -> None:
+    """The command's state travels in the context (``ctx.command``), one per run; the Store keeps no per-command
+    fields of its own."""
+    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
+    try:
+        store = Store(1 << 20, ssd=ssd, durability="write-through")
+        ctx = Context(store, Config(), ClientState(id=7))
+        assert ctx.command is store.command
+        first = ctx.command = store.begin_command(7)
+        assert kv_setex(ctx, [b"TAIR.KV.SETEX", b"k", b"0", b"v"]) == 1
+        assert first.ack_seq == ssd.enqueued_seq > 0 and first.stream == 7
+        second = ctx.command = store.begin_command(8)
+        assert second is not first and second.ack_seq == 0 and first.ack_seq == ssd.enqueued_seq
+        assert not any(hasattr(store, name) for name in ("ack_seq", "pool_ack", "stream"))
     finally:
         ssd.close()

@@ -125,17 +125,17 @@ def test_a_prefetched_key_demoted_unread_is_wasted(tmp_path: Path) -> None:
 def test_reads_drive_predictions_into_promotions(tmp_path: Path) -> None:
     store, clock = make_store(tmp_path, 4)
     chain = [k(i) for i in range(6)]
-    store.stream = 1
+    store.begin_command(1)
     for key in chain:
         store.put(key, VALUE)
     clock.advance(30.0)
-    store.stream = 3
+    store.begin_command(3)
     for key in chain:  # read once: links a reader has followed
         assert store.get(key) is not None
     store.predictor.take()
     demote_all(store)
     clock.advance(30.0)
-    store.stream = 2
+    store.begin_command(2)
     assert store.get(chain[0]) is not None
     predicted = store.predictor.take()
     assert predicted == chain[1:]
@@ -156,17 +156,17 @@ def test_chain_aware_demotion_keeps_conversation_heads(tmp_path: Path) -> None:
     system = [b"s%02d" % i for i in range(2)]
     conv_a = [b"a%02d" % i for i in range(2)]
     conv_b = [b"b%02d" % i for i in range(2)]
-    store.stream = 1
+    store.begin_command(1)
     for key in system + conv_a:
         store.put(key, VALUE)
         clock.advance(0.01)
-    store.stream = 2
+    store.begin_command(2)
     for key in system + conv_b:
         store.put(key, VALUE)
         clock.advance(0.01)
     # a00 and b00 follow the shared system prompt: conversation heads.
     clock.advance(5.0)
-    store.stream = 3
+    store.begin_command(3)
     store.put(b"x00", VALUE)  # DRAM is full: one key must go
     # Plain LRU order would demote s00 (oldest) ... a00 before a01; a head is passed over until it has been idle
     # head_keep times as long as the key taken instead.

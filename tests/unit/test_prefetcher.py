@@ -202,7 +202,7 @@ def test_a_single_key_load_queues_what_follows_before_the_read(tmp_path: Path) -
                   ssd=ssd, predictor=Predictor(clock, window=4))
     chain = [b"k%02d" % i for i in range(6)]
     for sid in (1, 3):
-        store.stream = sid
+        store.command.stream = sid
         for key in chain:
             if sid == 1:
                 store.put(key, VALUE)

@@ -192,7 +192,7 @@ class Replay:
         sid = 0
         for when, reads, writes in self.trace:
             sid += 1
-            store.stream = sid
+            store.command.stream = sid
             t = max(when, self.clock.monotonic())
             for i, key in enumerate(reads):
                 t, found = self._read(key, t)

@@ -225,7 +225,7 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
         stores[name].predictor.attach(stores[name].dram.entries)
     for store in stores.values():
         for sid, chain in enumerate(keyed):
-            store.stream = sid
+            store.command.stream = sid
             for key in chain:
                 store.put(key, value)
         if store.predictor is not None:
@@ -241,13 +241,13 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
             t0 = clock()
             if predictor is None:
                 for sid, chain in enumerate(keyed):
-                    store.stream = 1000 + sid
+                    store.command.stream = 1000 + sid
                     for key in chain:
                         get(key)
                 times["off"].append((clock() - t0) / accesses / 1000)
             elif name == "each":
                 for sid, chain in enumerate(keyed):
-                    store.stream = 1000 + sid
+                    store.command.stream = 1000 + sid
                     for key in chain:
                         get(key)
                         if predictor.pending:
@@ -257,7 +257,7 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
                 drained = 0
                 n = 0
                 for sid, chain in enumerate(keyed):
-                    store.stream = 1000 + sid
+                    store.command.stream = 1000 + sid
                     for key in chain:
                         get(key)
                         n += 1

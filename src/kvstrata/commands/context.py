@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvstrata.config import Config
+from kvstrata.engine.command_state import CommandState
 from kvstrata.engine.store import Store
 
 
@@ -37,10 +38,20 @@ REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 1, 2, 4
 
 @dataclass
 class Context:
-    """One per connection. ``server`` is the running server (clients, stats, shutdown) or None in tests."""
+    """One per connection. ``server`` is the running server (clients, stats, shutdown) or None in tests.
+
+    ``command`` is the running command's state (engine/command_state.py: its client stream, the SSD and pool
+    completions its reply waits for): the connection sets it to what ``Store.begin_command`` returned before each
+    run; by default it is the store's current one (a DRAM-only server, tests calling handlers directly).
+    """
 
     store: Store
     config: Config
     client: ClientState
     server: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    command: CommandState = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.command is None:
+            self.command = self.store.command

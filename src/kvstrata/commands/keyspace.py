@@ -19,7 +19,7 @@ from kvstrata.protocol.encoder import OK, Status
          syntax="DEL key [key ...]")
 def del_(ctx: Context, args: list[bytes]) -> Any:
     delete = ctx.store.delete
-    ctx.store.pool_ack = 0
+    ctx.command.pool_ack = 0
     deleted = sum(1 for key in args[1:] if delete(key))
     return after_pool_delete(ctx, args[1:], deleted) if ctx.store.pool is not None else deleted
 
@@ -30,16 +30,18 @@ def unlink(ctx: Context, args: list[bytes]) -> Any:
     return del_(ctx, args)
 
 
-@command("exists", -2, "readonly fast", keys=(1, -1, 1), group="generic",
+# load="meta" (here and for TYPE and the TTL family): a tiered server probes the record headers of the keys below
+# DRAM (version, expiry, value length) instead of loading their values; ``store.probe`` answers from them.
+@command("exists", -2, "readonly fast", keys=(1, -1, 1), load="meta", group="generic",
          summary="Determines whether one or more keys exist.", syntax="EXISTS key [key ...]")
 def exists(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
-    get = store.get
-    found = [(key, entry) for key in args[1:] if (entry := get(key, touch=False)) is not None]
+    probe = store.probe
+    found = [(key, meta) for key in args[1:] if (meta := probe(key)) is not None]
     if store.predictor is not None and found:
         # A lookup batch (SGLang batch_exists, vLLM's scheduler) announces the reads
         # that follow: the predictor queues the chunks it found below DRAM (docs/prefetch.md).
-        store.predictor.lookup([k for k, e in found if len(e.value) >= store.profile_min_bytes], store.stream)
+        store.predictor.lookup([k for k, m in found if m.value_len >= store.profile_min_bytes], ctx.command.stream)
     return len(found)
 
 
@@ -110,7 +112,7 @@ def pexpireat(ctx: Context, args: list[bytes]) -> Any:
 
 
 def _ttl(ctx: Context, key: bytes, unit: int, absolute: bool) -> int:
-    entry = ctx.store.get(key, touch=False)
+    entry = ctx.store.probe(key)
     if entry is None:
         return -2
     if not entry.expire_at:
@@ -121,25 +123,25 @@ def _ttl(ctx: Context, key: bytes, unit: int, absolute: bool) -> int:
     return (remaining + 500) // 1000 if unit == 1000 else remaining
 
 
-@command("ttl", 2, "readonly fast", keys=(1, 1, 1), group="generic",
+@command("ttl", 2, "readonly fast", keys=(1, 1, 1), load="meta", group="generic",
          summary="Returns the expiration time in seconds of a key.")
 def ttl(ctx: Context, args: list[bytes]) -> Any:
     return _ttl(ctx, args[1], 1000, False)
 
 
-@command("pttl", 2, "readonly fast", keys=(1, 1, 1), group="generic", since="2.6.0",
+@command("pttl", 2, "readonly fast", keys=(1, 1, 1), load="meta", group="generic", since="2.6.0",
          summary="Returns the expiration time in milliseconds of a key.")
 def pttl(ctx: Context, args: list[bytes]) -> Any:
     return _ttl(ctx, args[1], 1, False)
 
 
-@command("expiretime", 2, "readonly fast", keys=(1, 1, 1), group="generic", since="7.0.0",
+@command("expiretime", 2, "readonly fast", keys=(1, 1, 1), load="meta", group="generic", since="7.0.0",
          summary="Returns the expiration time of a key as a Unix timestamp.")
 def expiretime(ctx: Context, args: list[bytes]) -> Any:
     return _ttl(ctx, args[1], 1000, True)
 
 
-@command("pexpiretime", 2, "readonly fast", keys=(1, 1, 1), group="generic", since="7.0.0",
+@command("pexpiretime", 2, "readonly fast", keys=(1, 1, 1), load="meta", group="generic", since="7.0.0",
          summary="Returns the expiration time of a key as a Unix milliseconds timestamp.")
 def pexpiretime(ctx: Context, args: list[bytes]) -> Any:
     return _ttl(ctx, args[1], 1, True)
@@ -155,10 +157,10 @@ def persist(ctx: Context, args: list[bytes]) -> Any:
     return 1
 
 
-@command("type", 2, "readonly fast", keys=(1, 1, 1), group="generic",
+@command("type", 2, "readonly fast", keys=(1, 1, 1), load="meta", group="generic",
          summary="Determines the type of value stored at a key.")
 def type_(ctx: Context, args: list[bytes]) -> Any:
-    return Status("none" if ctx.store.get(args[1], touch=False) is None else "string")
+    return Status("none" if ctx.store.probe(args[1]) is None else "string")
 
 
 @command("keys", 2, "readonly", group="generic", summary="Returns all key names that match a pattern.",

@@ -1,6 +1,6 @@
 """Replies that wait for the pool: a write is acknowledged only at the level ``pool-ack`` asks for.
 
-``after_pool_write`` turns the pool write a command just queued (``store.pool_ack``) into a ``Suspend`` whose
+``after_pool_write`` turns the pool write a command just queued (``ctx.command.pool_ack``) into a ``Suspend`` whose
 continuation reads the write's outcome (``PoolTier.take_outcome``): the command's reply, a ``-VERMISMATCH`` for a
 compare-and-set the pool refused, or ``-TRYAGAIN`` when the pool did not take the write. A write the pool refused
 because it holds a higher version (another node's, ordered after ours by its version) is written again with a
@@ -30,7 +30,7 @@ def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expe
     """
     store = ctx.store
     pool = store.pool
-    seq = store.pool_ack
+    seq = ctx.command.pool_ack
     if pool is None or ctx.server is None:
         return reply
     if not seq:
@@ -69,7 +69,7 @@ def after_pool_delete(ctx: Context, keys: list[bytes], reply: Any, _tries: int =
     not take stays queued here and is replayed; the client hears -TRYAGAIN, never a silent local-only delete."""
     store = ctx.store
     pool = store.pool
-    seq = store.pool_ack if not _tries else (pool.enqueued_seq if pool is not None else 0)
+    seq = ctx.command.pool_ack if not _tries else (pool.enqueued_seq if pool is not None else 0)
     if pool is None or ctx.server is None or not seq or pool.ack == "local":
         return reply
 

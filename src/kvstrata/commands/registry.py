@@ -13,8 +13,9 @@ key-extraction function (Redis's ``getkeys_proc``); its option words are never t
 is the one way to get a command's keys: the tier loader and ACL key checks both use it.
 
 Waits are declared too: ``load`` (default for commands with keys: their keys are read from the lower tiers, off
-the event loop, before the handler runs; PREFETCH says ``load=False``: it only queues them) and ``settle`` (the
-command needs the SSD writer drained first: DBSIZE counts committed records).
+the event loop, before the handler runs; PREFETCH says ``load=False``: it only queues them; EXISTS, TYPE and the TTL
+family say ``load="meta"``: only their record headers are probed, the handler asks ``store.probe``) and ``settle``
+(the command needs the SSD writer drained first: DBSIZE counts committed records).
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ class CommandSpec:
     key_specs: tuple[KeySpec, ...] = ()
     # Commands with options after their keys: the function that picks the keys out (options never are keys).
     getkeys: KeyFn | None = None
-    # Waits: read the keys from lower tiers before running; drain the SSD writer before running.
-    load: bool = True
+    # Waits: read the keys from lower tiers before running ("meta": their record headers only); drain the SSD
+    # writer before running.
+    load: bool | str = True
     settle: bool = False
     # Subcommands whose handler bounds a variadic arity (SLOWLOG GET [count]): the most arguments accepted, the
     # container and subcommand names included; more get Redis's "unknown subcommand or wrong number" error.
@@ -144,7 +146,7 @@ def command(
     *,
     keys: tuple[int, int, int] = (0, 0, 0),
     getkeys: KeyFn | None = None,
-    load: bool = True,
+    load: bool | str = True,
     settle: bool = False,
     group: str = "generic",
     summary: str = "",

@@ -48,9 +48,9 @@ def _setex(ctx: Context, key: bytes, value: bytes, expire_at: int, cold: bool, e
            tries: int) -> Any:
     """Write, then reply once the pool holds the write (``pool-ack``; pool_acks.after_pool_write)."""
     store = ctx.store
-    store.pool_ack = 0
+    ctx.command.pool_ack = 0
     entry = store.put(key, value, expire_at, cold=cold, expected_version=expected)
-    ssd_seq = store.ack_seq
+    ssd_seq = ctx.command.ack_seq
 
     def again(n: int) -> Any:
         # The pool held a higher version: write again above it (a plain write; a CAS gets VERMISMATCH).

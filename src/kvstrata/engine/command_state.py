@@ -2,8 +2,9 @@
 predictor follows each stream's reads) and the completions its reply must wait for (the SSD writer's sequence
 number under write-through or a checkpoint, the pool write under ``pool-ack``).
 
-The server starts each command with ``Store.begin_command(stream)`` and reads the returned object after the
-handler ran; a fresh object per command, so no command's state is left for the next one to trip over.
+The server starts each command with ``Store.begin_command(stream)``, hands the returned object to the handler
+(``Context.command``) and reads it after the handler ran; a fresh object per command, so no command's state is
+left for the next one to trip over. The engine writes the same object (``Store.command``).
 """
 
 from __future__ import annotations
@@ -29,28 +30,3 @@ class CommandStateMixin:
         """Start one command from client ``stream``: its fresh state, which the caller reads after it ran."""
         self.command = state = CommandState(stream)
         return state
-
-    # The current command's fields, by their first names (command handlers and benchmarks use them).
-    @property
-    def stream(self) -> int:
-        return self.command.stream
-
-    @stream.setter
-    def stream(self, value: int) -> None:
-        self.command.stream = value
-
-    @property
-    def ack_seq(self) -> int:
-        return self.command.ack_seq
-
-    @ack_seq.setter
-    def ack_seq(self, value: int) -> None:
-        self.command.ack_seq = value
-
-    @property
-    def pool_ack(self) -> int:
-        return self.command.pool_ack
-
-    @pool_ack.setter
-    def pool_ack(self, value: int) -> None:
-        self.command.pool_ack = value

@@ -1,6 +1,8 @@
 """Loading lower tiers off the event loop: which keys a command needs read, the loader thread's batched read of
 LMDB and the pool, watch tickets so that a load raced by a write is never installed, and the overlay that serves
-the loaded records to the next command. Also what a read finds below DRAM (``_below``).
+the loaded records to the next command. Also what a read finds below DRAM (``_below``), and probes: commands that
+need only a key's metadata (EXISTS, TYPE, the TTL family: ``load="meta"``) have the loader read record headers
+(``probe_lower``) into a second overlay (``_probed``) and answer from it (``probe``), the values left unread.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from kvstrata.engine.entry import Entry
+from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.tiers.markers import Corrupt
 from kvstrata.engine.tiers.watch import Ticket
 
@@ -22,7 +24,7 @@ class CopyHit:
 
     __slots__ = ("entry", "tier")
 
-    def __init__(self, entry: Entry, tier: str = "pool") -> None:
+    def __init__(self, entry: Entry | Meta, tier: str = "pool") -> None:
         self.entry = entry
         self.tier = tier
 
@@ -48,7 +50,7 @@ class LoadTicket:
 
 
 class LoaderMixin:
-    """Store's loads (state: ``_overlay``, ``sync_reads``)."""
+    """Store's loads (state: ``_overlay``, ``_probed``, ``sync_reads``)."""
 
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """Keys whose state is unknown without reading a lower tier (not in DRAM nor in pending writes)."""
@@ -88,7 +90,12 @@ class LoaderMixin:
             plan.append((tier, [k for k in keys if (k in refetch or tier.likely(k)) and not look(k)[0]]))
         return LoadTicket(list(keys), plan, tickets)
 
-    def read_lower(self, ticket: LoadTicket) -> dict[bytes, Any]:
+    def probe_lower(self, ticket: LoadTicket) -> dict[bytes, Any]:
+        """The loader: record headers (``Meta``) of a planned load, as ``read_lower`` reads records (a tier
+        without a cheaper probe answers whole records, which are then used as a load's would be)."""
+        return self.read_lower(ticket, probe=True)
+
+    def read_lower(self, ticket: LoadTicket, probe: bool = False) -> dict[bytes, Any]:
         """The loader (a worker thread): the records of a planned load, tier by tier in order.
 
         Results are Entry/Corrupt/None from the authoritative tier, or CopyHit for a record found in a tier that
@@ -98,18 +105,19 @@ class LoaderMixin:
         found: dict[bytes, Any] = {}
         for tier, first in ticket.plan:
             self._read_tier(tier, first if first is not None else
-                            [k for k in ticket.keys if found.get(k) is None], found)
+                            [k for k in ticket.keys if found.get(k) is None], found, probe)
         for tier, first in ticket.plan:
             if first is not None:
                 done = set(first)
-                self._read_tier(tier, [k for k in ticket.keys if k not in done and found.get(k) is None], found)
+                self._read_tier(tier, [k for k in ticket.keys if k not in done and found.get(k) is None], found,
+                                probe)
         return found
 
     @staticmethod
-    def _read_tier(tier: Any, keys: list[bytes], found: dict[bytes, Any]) -> None:
+    def _read_tier(tier: Any, keys: list[bytes], found: dict[bytes, Any], probe: bool = False) -> None:
         if not keys:
             return
-        got = tier.read_many(keys)
+        got = tier.probe_many(keys) if probe else tier.read_many(keys)
         if tier.authoritative:
             found.update(got)
             return
@@ -130,6 +138,36 @@ class LoaderMixin:
         self._overlay = found
         return True
 
+    def finish_probe(self, ticket: LoadTicket, found: dict[bytes, Any]) -> bool:
+        """Install probed headers for the next command (``probe``); False if a write raced the probe."""
+        self.cancel_load(ticket)
+        if ticket.stale:
+            return False
+        self._probed = found
+        return True
+
+    def probed(self, key: bytes) -> bool:
+        """Whether ``probe`` answers a key without reading a tier (DRAM, pending writes, the probed headers)."""
+        if not self.missing((key,)):
+            return True
+        return self._probed is not None and key in self._probed
+
+    def probe(self, key: bytes) -> Entry | Meta | None:
+        """A key's version, expiry and value length (``.value_len``) as ``get(key, touch=False)`` finds them, but
+        from the probed record headers when the command's keys were probed: no value read below DRAM.
+
+        An expired record is dropped as a read drops it; a record from a tier that had no cheaper probe (a whole
+        copy) is adopted into DRAM as ``get`` adopts it. Keys nobody probed are read as ``get`` reads them.
+        """
+        probed = self._probed
+        if probed is None or key in self._entries:
+            return self.get(key, touch=False)
+        found, origin = self._lookup(key, probed)
+        if found.__class__ is Entry and not self._by_name[origin].authoritative:
+            self.tier_stats[origin].hits += 1
+            self.adopt(key, found, origin)  # type: ignore[arg-type]
+        return found
+
     def loaded(self, key: bytes) -> bool:
         """Whether a key's lower-tier state is known without reading a tier (DRAM, pending writes, the overlay)."""
         if not self.missing((key,)):
@@ -138,6 +176,7 @@ class LoaderMixin:
 
     def end_command(self) -> None:
         self._overlay = None
+        self._probed = None
 
     def _overlay_tier(self) -> Any:
         """The tier whose changes invalidate a kept overlay: the authoritative one, else the first read."""
@@ -169,14 +208,17 @@ class LoaderMixin:
         return self.lookup_below(key)[0]
 
     def lookup_below(self, key: bytes) -> tuple[Entry | None, str]:
+        return self._lookup(key, self._overlay)  # type: ignore[return-value]
+
+    def _lookup(self, key: bytes, overlay: dict[bytes, Any] | None) -> tuple[Entry | Meta | None, str]:
         """(entry, the name of the tier it came from) for a key that is not in DRAM, unexpired; (None, "").
 
         The tiers in order. The authoritative tier's pending writes come first (they
         are newer than anything read); then, in order, an in-process tier is looked up directly, a tier read
         off the loop only through the loader's overlay (the pool is never read on the event loop), and the
-        authoritative tier through the overlay or, for a key nobody loaded, a synchronous read.
+        authoritative tier through the overlay or, for a key nobody loaded, a synchronous read. ``_lookup`` does
+        the same walk over a given overlay: the loaded records, or the probed headers (``probe``).
         """
-        overlay = self._overlay
         if self.refetch and key in self.refetch and overlay is not None:
             # Invalidated by another node's write: the pool's record, as the loader read it, comes first.
             hit = overlay.get(key)
@@ -215,17 +257,17 @@ class LoaderMixin:
                 return self._copy_found(key, hit)
         return None, ""
 
-    def _live_below(self, key: bytes, tier: Any, found: Entry | None) -> Entry | None:
+    def _live_below(self, key: bytes, tier: Any, found: Entry | Meta | None) -> Entry | Meta | None:
         if found is not None and found.expired(self.clock.now_ms()):
             tier.delete(key)
             self.stats.expired_keys += 1
             return None
         return found
 
-    def _copy_found(self, key: bytes, hit: CopyHit) -> tuple[Entry | None, str]:
+    def _copy_found(self, key: bytes, hit: CopyHit) -> tuple[Entry | Meta | None, str]:
         """A record the loader read from a tier holding copies, unless a write or delete left here since."""
         tier = self._by_name.get(hit.tier)
-        entry: Entry | None = hit.entry
+        entry: Entry | Meta | None = hit.entry
         if tier is not None:
             known, pending = tier.lookup_pending(key)
             if known:

@@ -18,7 +18,7 @@ class PlacementMixin:
     """Store's DRAM placement."""
 
     def _insert(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
-        """Put an entry of ``size`` bytes into DRAM, replacing ``old``, after making room for it."""
+        """A client write: put an entry of ``size`` bytes into DRAM, replacing ``old``, after making room for it."""
         dram = self.dram
         # dram.size is what dropping ``old`` frees now (a leased arena slot stays charged)
         growth = size if old is None else size - dram.size(key, old.value)
@@ -26,7 +26,13 @@ class PlacementMixin:
             self.make_room(growth, exclude=key)
         if old is not None and self.prefetched:
             self._unprefetch(key)
-        dram.put(key, entry, size, old)
+        self._place(key, entry, size, old)
+
+    def _place(self, key: bytes, entry: Entry, size: int, old: Entry | None) -> None:
+        """The one install path into DRAM, for client writes (``_insert``) and records from below (``_install``):
+        the entry in the DRAM tier (replacing ``old``), in the policy's view or pinned, on the TTL heap. Room was
+        made by the caller."""
+        self.dram.put(key, entry, size, old)
         if old is None:
             self.policy.admit(key)
         elif old.pinned:
@@ -35,6 +41,8 @@ class PlacementMixin:
                 self.policy.admit(key)
         else:
             self.policy.touch(key)
+        if entry.expire_at:
+            heapq.heappush(self._ttl_heap, (entry.expire_at, key))
         if not entry.pinned and self._hot_match(key):
             self._pin(key, entry)
 
@@ -208,16 +216,11 @@ class PlacementMixin:
         return True
 
     def _install(self, key: bytes, entry: Entry, size: int) -> Entry:
-        """The one way a record from below comes into DRAM (SSD promotion, pool adoption): a fresh entry with
-        the record's version and expiry, admitted by the policy, on the TTL heap, pinned if a hot pattern
-        matches. Room was made and any old DRAM copy dropped by the caller; the tiers below are the caller's."""
+        """A record from below comes into DRAM (SSD promotion, pool adoption): a fresh entry with the record's
+        version and expiry, placed as a new key (``_place``). Room was made and any old DRAM copy dropped by the
+        caller; the tiers below are the caller's."""
         fresh = Entry(entry.value, entry.version, entry.expire_at)
-        self.dram.put(key, fresh, size, None)
-        self.policy.admit(key)
-        if fresh.expire_at:
-            heapq.heappush(self._ttl_heap, (fresh.expire_at, key))
-        if self._hot_match(key):
-            self._pin(key, fresh)
+        self._place(key, fresh, size, None)
         return fresh
 
     def _drop_dram(self, key: bytes) -> Entry | None:

@@ -115,6 +115,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self._entries = self.dram.entries
         self._ttl_heap: list[tuple[int, bytes]] = []
         self._overlay: dict[bytes, Any] | None = None
+        # Record headers probed for the current command (EXISTS, TYPE, TTL...: engine/loader.py ``probe``).
+        self._probed: dict[bytes, Any] | None = None
         # The current command's stream and the completions its reply waits for (engine/command_state.py).
         self.command = CommandState()
         self.sync_reads = 0
@@ -251,8 +253,6 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             assert ssd is not None
             self._ack(ssd.put(key, entry))
             entry.on_ssd = True
-        if expire_at:
-            heapq.heappush(self._ttl_heap, (expire_at, key))
         if pool is not None:
             self.command.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
         if self._private:

@@ -183,8 +183,9 @@ class Server:
             if not fut.done():
                 fut.set_result(None)
 
-    async def load(self, keys: list[bytes]) -> bool:
-        """Read lower-tier records of ``keys`` (LMDB, the pool) in a thread and install them for the next command.
+    async def load(self, keys: list[bytes], *, meta: bool = False) -> bool:
+        """Read lower-tier records of ``keys`` (LMDB, the pool) in a thread and install them for the next command;
+        with ``meta``, only their headers (a probe: EXISTS, TYPE, the TTL family declare ``load="meta"``).
 
         True when every key's state is now known without LMDB. False when the load was raced by a write (its
         records are not installed) or a key left the SSD's pending writes meanwhile: the caller loads again.
@@ -196,10 +197,13 @@ class Server:
         ticket: LoadTicket = store.begin_load(missing)
         assert self.loop is not None
         try:
-            found = await self.loop.run_in_executor(self._io, store.read_lower, ticket)
+            found = await self.loop.run_in_executor(self._io, store.probe_lower if meta else store.read_lower,
+                                                    ticket)
         except BaseException:
             store.cancel_load(ticket)
             raise
+        if meta:
+            return store.finish_probe(ticket, found) and all(store.probed(k) for k in keys)
         return store.finish_load(ticket, found) and all(store.loaded(k) for k in keys)
 
     # ---- configuration at run time ----

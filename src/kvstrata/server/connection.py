@@ -554,7 +554,6 @@ class Connection(asyncio.BufferedProtocol):
     def _tiered(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         store = self.store
         ssd = store.ssd
-        store.stream = self.client.id
         keys = spec.load_keys(args)
         needs_io = bool(keys and store.missing(keys))
         if ssd is not None:
@@ -577,7 +576,7 @@ class Connection(asyncio.BufferedProtocol):
         ssd = store.ssd
         # A fresh state per run (also a command resumed after a load must not run as the stream of whichever
         # connection ran last meanwhile: the predictor follows each connection's reads).
-        state = store.begin_command(self.client.id)
+        self.ctx.command = state = store.begin_command(self.client.id)
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
@@ -612,7 +611,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             result = await srv.wait(sus.wait)
             if sus.reload:
-                await self._load(spec.load_keys(args))
+                await self._load(spec.load_keys(args), spec.load == "meta")
         except BaseException:
             sus.release()
             raise
@@ -620,20 +619,23 @@ class Connection(asyncio.BufferedProtocol):
         if waiter is not None:
             await waiter
 
-    async def _load(self, keys: list[bytes]) -> None:
-        """Load ``keys`` from the lower tiers for the command about to run (its reads then stay off the loop).
+    async def _load(self, keys: list[bytes], meta: bool = False) -> None:
+        """Load ``keys`` from the lower tiers for the command about to run (its reads then stay off the loop); with
+        ``meta``, probe their record headers only.
 
         A load raced by a write is done again, a few times; after that the command runs anyway and reads what is
-        still unknown synchronously (correct, only slower).
+        still unknown synchronously (correct, only slower). A probe leaves queued prefetches alone: it reads no
+        value, so taking a key back from the prefetcher would only lose its prefetch.
         """
         if not keys:
             return
         srv = self.server
-        missing = self.store.missing(keys)
-        if missing and srv.prefetcher.in_flight(missing):
-            await srv.prefetcher.claim(missing)
+        if not meta:
+            missing = self.store.missing(keys)
+            if missing and srv.prefetcher.in_flight(missing):
+                await srv.prefetcher.claim(missing)
         for _ in range(3):
-            if await srv.load(keys):
+            if await srv.load(keys, meta=meta):
                 break
 
     async def _ack_after(self, seq: int, reply: Any) -> None:
@@ -654,7 +656,7 @@ class Connection(asyncio.BufferedProtocol):
             if spec.settle and not ssd.settled:
                 await srv.wait_commit(ssd.enqueued_seq)
         srv.prefetcher.expect(spec, keys, self.client.id)  # [prefetch hook, issue 19] what follows a chunk read
-        await self._load(keys)
+        await self._load(keys, spec.load == "meta")
         waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:
             await waiter

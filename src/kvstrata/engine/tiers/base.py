@@ -1,8 +1,8 @@
 """The interface the tiers below DRAM share, and the roles a tier declares, so the engine walks them as one list.
 
 Each lower tier keeps its newest not-yet-applied state in memory (``lookup_pending``), reads in batches off the
-event loop (``read_many``, called from the loader thread), queues writes and answers with a completion sequence
-number (``put``, ``delete``), tells the engine when a key it is loading changed (``watch``/``unwatch``), has a
+event loop (``read_many``, called from the loader thread; ``probe_many``: record headers only), queues writes and
+answers with a completion sequence number (``put``, ``delete``), tells the engine when a key it is loading changed (``watch``/``unwatch``), has a
 byte budget, and describes itself for INFO and the metrics (``info``; ``info_row`` is the whole INFO section).
 
 A tier declares its role with class attributes (``TierRoles``), and the Store (``kvstrata.engine.store``) walks
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from kvstrata.engine.entry import Entry
+from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.tiers.markers import Corrupt
 from kvstrata.engine.tiers.watch import Ticket
 
@@ -58,6 +58,11 @@ class TierRoles:
     def read_many(self, keys: list[bytes]) -> dict[bytes, Entry | Corrupt | None]:
         """Records of ``keys``; an in-process tier answers from its lookup."""
         return {k: self.lookup_pending(k)[1] for k in keys}
+
+    def probe_many(self, keys: list[bytes]) -> dict[bytes, Meta | Entry | Corrupt | None]:
+        """What EXISTS, TYPE and the TTL family need of ``keys``' records (version, expiry, value length); a tier
+        without a cheaper way reads the whole records."""
+        return self.read_many(keys)
 
     def lookup_pending(self, key: bytes) -> tuple[bool, Entry | None]:
         return False, None
@@ -107,6 +112,10 @@ class LowerTier(Protocol):
 
     def read_many(self, keys: list[bytes]) -> dict[bytes, Entry | Corrupt | None]:
         """Records of ``keys`` (any thread; the loader's)."""
+        ...
+
+    def probe_many(self, keys: list[bytes]) -> dict[bytes, Meta | Entry | Corrupt | None]:
+        """Record headers (``Meta``) of ``keys``, or whole records where the tier has no cheaper way (loader)."""
         ...
 
     def put(self, key: bytes, entry: Entry) -> int:

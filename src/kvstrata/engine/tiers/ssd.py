@@ -26,7 +26,7 @@ from typing import Any
 
 import lmdb
 
-from kvstrata.engine.entry import Entry
+from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.base import TierRoles
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
@@ -40,6 +40,7 @@ from kvstrata.engine.tiers.ssd_record import (
     RECORD_OVERHEAD,
     _record_key,
     data_key,
+    decode_meta,
     decode_record,
     encode_record,
 )
@@ -119,6 +120,8 @@ class SsdTier(SsdWriter, TierRoles):
         # Keys looked up in LMDB (loader, synchronous reads): a key is read once per load. Updated from worker
         # threads under the GIL; a statistic, not a synchronisation point.
         self.reads = 0
+        # Keys whose record header alone was looked up (EXISTS, TYPE, the TTL family: ``probe_many``).
+        self.probes = 0
         # Damaged LMDB pages met by reads and listings (each occurrence counts).
         self.unreadable_pages = 0
         self.corrupt_reads = 0
@@ -162,6 +165,21 @@ class SsdTier(SsdWriter, TierRoles):
         with self.env.begin(buffers=True) as txn:
             for key in keys:
                 out[key] = self._read_in(txn, key)
+        return out
+
+    def probe_many(self, keys: Iterable[bytes]) -> dict[bytes, Meta | Corrupt | None]:
+        """Headers of ``keys``' records (version, expiry, value length): the value stays in the map, uncopied."""
+        out: dict[bytes, Meta | Corrupt | None] = {}
+        keys = list(keys)
+        self.probes += len(keys)
+        with self.env.begin(buffers=True) as txn:
+            for key in keys:
+                try:
+                    rec = txn.get(data_key(key), db=self._data)
+                    out[key] = None if rec is None else decode_meta(key, rec)
+                except (lmdb.Error, struct.error) as exc:
+                    self._unreadable(f"probing {key[:64]!r}", exc)
+                    out[key] = Corrupt(key, f"unreadable page: {exc}")
         return out
 
     def _unreadable(self, what: str, exc: Exception) -> None:
@@ -301,4 +319,4 @@ class SsdTier(SsdWriter, TierRoles):
 
     def info(self) -> dict[str, Any]:
         return {"pending": len(self.pending), "queued_bytes": self.queued_bytes, "write_errors": self.write_errors,
-                "expired": self.expired, "reads": self.reads, "unreadable_pages": self.unreadable_pages}
+                "expired": self.expired, "reads": self.reads, "probes": self.probes, "unreadable_pages": self.unreadable_pages}

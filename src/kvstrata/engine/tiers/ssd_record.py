@@ -14,7 +14,7 @@ from typing import Any
 
 import xxhash
 
-from kvstrata.engine.entry import Entry
+from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.markers import Corrupt
 
@@ -71,6 +71,26 @@ def decode_record(key: bytes, rec: Any) -> Entry | Corrupt | None:
     if klen and full_key != key:
         return None
     return Entry(bytes(value_view), version, expire_at)
+
+
+def decode_meta(key: bytes, rec: Any) -> Meta | Corrupt | None:
+    """A record's header only (a probe): version, expiry and value length, the value neither copied nor read.
+
+    The checksum covers the value, so it is not verified here: a record whose value is damaged but whose header
+    is intact reads as present until a full read (``decode_record``) finds the damage and drops it.
+    """
+    if len(rec) < HEADER_SIZE:
+        return Corrupt(key, "short record")
+    magic, fmt, _flags, version, expire_at, _seq, _checksum_, klen = _HEADER.unpack_from(rec)
+    if magic != MAGIC:
+        return Corrupt(key, "bad magic")
+    if fmt != FORMAT:
+        return Corrupt(key, f"unknown record format {fmt}")
+    if len(rec) < HEADER_SIZE + klen:
+        return Corrupt(key, "short record")
+    if klen and bytes(memoryview(rec)[HEADER_SIZE : HEADER_SIZE + klen]) != key:
+        return None
+    return Meta(version, expire_at, len(rec) - HEADER_SIZE - klen)
 
 
 def _record_key(lkey: bytes, rec: Any) -> bytes:
