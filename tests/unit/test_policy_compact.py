@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.unit.legacy_policies.arc_keys import ARCPolicy as OldARC
+from tests.unit.legacy_policies.lru_k_objects import LRUKPolicy as OldLRUK
+from tests.unit.legacy_policies.s3fifo_keys import S3FIFOPolicy as OldS3FIFO
 
 from kvstrata.bench.hitrate import replay
 from kvstrata.bench.traces import TraceParams, generate, trace_stats
@@ -18,9 +21,6 @@ from kvstrata.clock import ManualClock
 from kvstrata.engine.policy.arc import ARCPolicy
 from kvstrata.engine.policy.lru_k import LRUKPolicy
 from kvstrata.engine.policy.s3fifo import S3FIFOPolicy
-from tests.unit.legacy_policies.arc_keys import ARCPolicy as OldARC
-from tests.unit.legacy_policies.lru_k_objects import LRUKPolicy as OldLRUK
-from tests.unit.legacy_policies.s3fifo_keys import S3FIFOPolicy as OldS3FIFO
 
 PROPERTY = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 ops = st.lists(

@@ -84,7 +84,7 @@ class GhostFifo:
             self._live += 1
             self._ring[pos] = fp
             self._place(fp, pos)
-        for column, value in zip(self.payload, values):
+        for column, value in zip(self.payload, values, strict=True):
             column[pos] = value
 
     def _place(self, fp: int, pos: int) -> None:
@@ -158,6 +158,6 @@ class GhostFifo:
         for pos, fp in enumerate(fps):
             new_ring[pos] = fp
             self._place(fp, pos)
-        for column, values in zip(self.payload, columns):
+        for column, values in zip(self.payload, columns, strict=True):
             column[: len(values)] = array(column.typecode, values)
         self._n = self._live = len(fps)

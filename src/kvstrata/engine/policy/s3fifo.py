@@ -11,7 +11,8 @@
 One-off keys (scans, unique prompts) pass through small and never disturb main: the quick demotion that makes
 the policy scan-resistant. Sizes are in keys: the policy has no capacity of its own, so the tier's current key
 count stands in for it (the engine only evicts when the tier is full, so that count is the capacity in keys).
-The ghost queue holds keys only (no values), at most as many as the tier tracks. Every operation is O(1)
+The ghost queue holds 64-bit fingerprints of keys in flat arrays (``_ghosts.GhostFifo``: no key object is kept
+alive), at most as many as the tier tracks. Every operation is O(1)
 amortised: each reinsertion consumes a unit of frequency earned by a hit.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 
+from kvstrata.engine.policy._ghosts import GhostFifo, fingerprint
 from kvstrata.engine.policy._stash import Stash, walk
 
 MAX_FREQ = 3
@@ -44,8 +46,8 @@ class S3FIFOPolicy:
         self.adaptive = adaptive
         self._small: OrderedDict[bytes, int] = OrderedDict()  # key -> frequency
         self._main: OrderedDict[bytes, int] = OrderedDict()
-        self._ghost: OrderedDict[bytes, None] = OrderedDict()
-        self._ghost_main: OrderedDict[bytes, None] = OrderedDict()  # adaptive only: keys evicted from main
+        self._ghost = GhostFifo()  # fingerprints of keys evicted from small
+        self._ghost_main = GhostFifo()  # adaptive only: keys evicted from main
         self._stash = Stash()
 
     def segment_sizes(self) -> tuple[int, int, int]:
@@ -59,14 +61,15 @@ class S3FIFOPolicy:
             self.touch(key)
             return
         ghost, ghost_main = self._ghost, self._ghost_main
-        if key in ghost:
+        fp = fingerprint(key)
+        if ghost and fp in ghost:
             if self.adaptive:  # evicted from small too early: small should be larger
                 self._adapt(max(1.0, len(ghost_main) / len(ghost)))
-            del ghost[key]
+            ghost.discard(fp)
             self._main[key] = 0
-        elif key in ghost_main:  # (adaptive only) evicted from main too early: small should be smaller
+        elif ghost_main and fp in ghost_main:  # (adaptive only) evicted from main too early: small should shrink
             self._adapt(-max(1.0, len(ghost) / len(ghost_main)))
-            del ghost_main[key]
+            ghost_main.discard(fp)
             self._main[key] = 0
         else:
             self._small[key] = 0
@@ -131,14 +134,14 @@ class S3FIFOPolicy:
             return
         ghost, ghost_main = self._ghost, self._ghost_main
         if stashed[0] is self._small:  # evicted from small: remember it, a return goes straight to main
-            ghost[key] = None
+            ghost.add(fingerprint(key))
         elif self.adaptive:
-            ghost_main[key] = None
+            ghost_main.add(fingerprint(key))
         else:
             return
         bound = int(self.ghost_ratio * (len(self._small) + len(self._main) + len(self._stash.items) + 1))
         while len(ghost) + len(ghost_main) > bound:
-            (ghost if len(ghost) >= len(ghost_main) else ghost_main).popitem(last=False)
+            (ghost if len(ghost) >= len(ghost_main) else ghost_main).popleft()
 
     def __len__(self) -> int:
         return len(self._small) + len(self._main) + len(self._stash.items)
