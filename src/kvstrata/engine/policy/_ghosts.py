@@ -28,7 +28,7 @@ def fingerprint(key: bytes) -> int:
 class GhostFifo:
     """Fingerprints in insertion order, with O(1) membership, deletion and drop-oldest."""
 
-    __slots__ = ("_cap", "_head", "_live", "_n", "_ring", "_table", "payload", "typecodes")
+    __slots__ = ("_cap", "_head", "_n", "_ring", "_table", "count", "payload", "typecodes")
 
     def __init__(self, payload: Sequence[str] = ()) -> None:
         self.typecodes = tuple(payload)
@@ -42,10 +42,10 @@ class GhostFifo:
                                                 for t in self.typecodes)
         self._head = 0  # ring position of the oldest entry (or hole)
         self._n = 0  # ring entries from the head, holes included
-        self._live = 0
+        self.count = 0  # live ghosts (read it rather than len(): no Python-level call)
 
     def __len__(self) -> int:
-        return self._live
+        return self.count
 
     def clear(self) -> None:
         self._reset(_MIN_CAPACITY)
@@ -72,18 +72,25 @@ class GhostFifo:
 
     def add(self, fp: int, *values: float) -> None:
         """Append ``fp`` as the newest ghost with its payload; an existing ghost keeps its place, values updated."""
-        pos = self.find(fp)
-        if pos < 0:
-            if 4 * (self._live + 1) > 3 * self._cap:
-                self._rebuild(2 * self._cap)
-            elif self._n == self._cap:
-                self._rebuild(self._cap)  # only holes to squeeze out
-            cap = self._cap
-            pos = (self._head + self._n) & (cap - 1)
-            self._n += 1
-            self._live += 1
-            self._ring[pos] = fp
-            self._place(fp, pos)
+        if 4 * (self.count + 1) > 3 * self._cap:
+            self._rebuild(2 * self._cap)
+        elif self._n == self._cap:
+            self._rebuild(self._cap)  # only holes to squeeze out
+        table, ring, mask = self._table, self._ring, self._cap - 1
+        i = (fp ^ (fp >> 32)) & mask
+        while True:  # one probe: either fp's slot or the empty slot where it goes
+            v = table[i]
+            if not v:
+                pos = (self._head + self._n) & mask
+                self._n += 1
+                self.count += 1
+                ring[pos] = fp
+                table[i] = pos + 1
+                break
+            if ring[v - 1] == fp:
+                pos = v - 1
+                break
+            i = (i + 1) & mask
         for column, value in zip(self.payload, values, strict=True):
             column[pos] = value
 
@@ -101,12 +108,12 @@ class GhostFifo:
             return False
         self._ring[self._table[i] - 1] = 0
         self._unlink(i)
-        self._live -= 1
+        self.count -= 1
         return True
 
     def popleft(self) -> int:
         """Drop the oldest ghost and return its fingerprint (0 when there is none)."""
-        if not self._live:
+        if not self.count:
             return 0
         ring, mask = self._ring, self._cap - 1
         head = self._head
@@ -118,7 +125,7 @@ class GhostFifo:
         ring[head] = 0
         self._head = (head + 1) & mask
         self._n -= 1
-        self._live -= 1
+        self.count -= 1
         return fp
 
     def _unlink(self, i: int) -> None:
@@ -160,4 +167,4 @@ class GhostFifo:
             self._place(fp, pos)
         for column, values in zip(self.payload, columns, strict=True):
             column[: len(values)] = array(column.typecode, values)
-        self._n = self._live = len(fps)
+        self._n = self.count = len(fps)

@@ -48,13 +48,11 @@ class ARCPolicy:
         b1, b2 = self._b1, self._b2
         c = len(t1) + len(t2) + 1
         fp = fingerprint(key)
-        if b1 and fp in b1:
-            self.p = min(float(c), self.p + max(1.0, len(b2) / len(b1)))
-            b1.discard(fp)
+        if b1.count and b1.discard(fp):  # the ratio uses the sizes before the ghost left, as in the paper
+            self.p = min(float(c), self.p + max(1.0, b2.count / (b1.count + 1)))
             t2[key] = None
-        elif b2 and fp in b2:
-            self.p = max(0.0, self.p - max(1.0, len(b1) / len(b2)))
-            b2.discard(fp)
+        elif b2.count and b2.discard(fp):
+            self.p = max(0.0, self.p - max(1.0, b1.count / (b2.count + 1)))
             t2[key] = None
         else:
             t1[key] = None
@@ -123,10 +121,10 @@ class ARCPolicy:
         ghosts.add(fingerprint(key))
         b1, b2 = self._b1, self._b2
         c = len(t1) + len(self._t2) + 1
-        while b1 and len(t1) + len(b1) > c:
+        while b1.count and len(t1) + b1.count > c:
             b1.popleft()
-        while len(b1) + len(b2) > c:
-            (b2 if b2 else b1).popleft()
+        while b1.count + b2.count > c:
+            (b2 if b2.count else b1).popleft()
 
     def __len__(self) -> int:
         return len(self._t1) + len(self._t2)

@@ -157,7 +157,7 @@ class LRUKPolicy:
         now = self._now()
         ghosts = self._ghosts
         fp = fingerprint(key)
-        pos = ghosts.find(fp)
+        pos = ghosts.find(fp) if ghosts.count else -1
         if pos < 0:
             if self.k > 1:
                 self._probation[key] = now
@@ -286,9 +286,9 @@ class LRUKPolicy:
             until = -math.inf
         ghosts = self._ghosts
         ghosts.add(fingerprint(key), last, until, count)
-        if len(ghosts) > tracked or len(ghosts) > self.retained:
+        if ghosts.count > tracked or ghosts.count > self.retained:
             bound = min(self.retained, tracked)
-            while len(ghosts) > bound:
+            while ghosts.count > bound:
                 ghosts.popleft()
 
     def references(self, key: bytes) -> int:

@@ -75,13 +75,11 @@ class S3FIFOPolicy:
             return
         ghost, ghost_main = self._ghost, self._ghost_main
         fp = fingerprint(key)
-        if ghost and fp in ghost:
+        if ghost.count and ghost.discard(fp):
             if self.adaptive:  # evicted from small too early: small should be larger
-                self._adapt(max(1.0, len(ghost_main) / len(ghost)))
-            ghost.discard(fp)
-        elif ghost_main and fp in ghost_main:  # (adaptive only) evicted from main too early: small should shrink
-            self._adapt(-max(1.0, len(ghost) / len(ghost_main)))
-            ghost_main.discard(fp)
+                self._adapt(max(1.0, ghost_main.count / (ghost.count + 1)))
+        elif ghost_main.count and ghost_main.discard(fp):  # (adaptive only) evicted from main too early
+            self._adapt(-max(1.0, ghost.count / (ghost_main.count + 1)))
         else:
             self._freq[key] = _SMALL
             self._small.append(key)
@@ -192,8 +190,8 @@ class S3FIFOPolicy:
         else:
             return
         bound = int(self.ghost_ratio * (self._n_small + self._n_main + len(self._stash) + 1))
-        while len(ghost) + len(ghost_main) > bound:
-            (ghost if len(ghost) >= len(ghost_main) else ghost_main).popleft()
+        while ghost.count + ghost_main.count > bound:
+            (ghost if ghost.count >= ghost_main.count else ghost_main).popleft()
 
     def _sweep(self) -> None:
         """Drop every stale queue entry (they precede their key's live entry, if any, in the same queue)."""
