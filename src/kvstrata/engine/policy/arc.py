@@ -13,12 +13,15 @@ Adapted to an engine that only asks for rankings: the cache size ``c`` is the nu
 ``b2`` ghost (evict from ``t1`` when |t1| == p) is dropped: the victim is chosen before the engine says which key
 is coming. ``victims()`` merges the two lists by the same rule without changing anything, lazily, O(1) per key.
 Only a key removed right after being offered is an eviction that leaves a ghost; a deleted key leaves none.
+Ghosts are 64-bit fingerprints in flat arrays (``_ghosts.GhostFifo``): no key object is kept alive for them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
+
+from kvstrata.engine.policy._ghosts import GhostFifo, fingerprint
 
 
 class ARCPolicy:
@@ -28,8 +31,8 @@ class ARCPolicy:
     def __init__(self) -> None:
         self._t1: OrderedDict[bytes, None] = OrderedDict()
         self._t2: OrderedDict[bytes, None] = OrderedDict()
-        self._b1: OrderedDict[bytes, None] = OrderedDict()
-        self._b2: OrderedDict[bytes, None] = OrderedDict()
+        self._b1 = GhostFifo()  # fingerprints, oldest first
+        self._b2 = GhostFifo()
         self._offered: set[bytes] = set()
         self.p = 0.0
 
@@ -44,13 +47,12 @@ class ARCPolicy:
             return
         b1, b2 = self._b1, self._b2
         c = len(t1) + len(t2) + 1
-        if key in b1:
-            self.p = min(float(c), self.p + max(1.0, len(b2) / len(b1)))
-            del b1[key]
+        fp = fingerprint(key)
+        if b1.count and b1.discard(fp):  # the ratio uses the sizes before the ghost left, as in the paper
+            self.p = min(float(c), self.p + max(1.0, b2.count / (b1.count + 1)))
             t2[key] = None
-        elif key in b2:
-            self.p = max(0.0, self.p - max(1.0, len(b1) / len(b2)))
-            del b2[key]
+        elif b2.count and b2.discard(fp):
+            self.p = max(0.0, self.p - max(1.0, b1.count / (b2.count + 1)))
             t2[key] = None
         else:
             t1[key] = None
@@ -104,6 +106,7 @@ class ARCPolicy:
 
     def remove(self, key: bytes) -> None:
         t1 = self._t1
+        ghosts: GhostFifo
         if key in t1:
             del t1[key]
             ghosts = self._b1
@@ -115,13 +118,13 @@ class ARCPolicy:
         if key not in self._offered:  # deleted or pinned, not evicted: no evidence
             return
         self._offered.discard(key)
-        ghosts[key] = None
+        ghosts.add(fingerprint(key))
         b1, b2 = self._b1, self._b2
         c = len(t1) + len(self._t2) + 1
-        while b1 and len(t1) + len(b1) > c:
-            b1.popitem(last=False)
-        while len(b1) + len(b2) > c:
-            (b2 if b2 else b1).popitem(last=False)
+        while b1.count and len(t1) + b1.count > c:
+            b1.popleft()
+        while b1.count + b2.count > c:
+            (b2 if b2.count else b1).popleft()
 
     def __len__(self) -> int:
         return len(self._t1) + len(self._t2)

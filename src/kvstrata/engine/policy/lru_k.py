@@ -49,8 +49,12 @@ rates 1000x apart to check it).
 
 The engine's protocol: ``admit`` when a key enters the tier, ``touch`` on a hit, ``victim`` for the lowest-ranked
 key or ``victims`` for all of them lowest first (they stay tracked), ``remove`` after a key left (eviction,
-demotion, deletion or pinning). Per call: a few dict operations and one tick of the access counter; an object is allocated
-per admitted key, none per touch.
+demotion, deletion or pinning). Per call: a few dict operations and one tick of the access counter.
+
+Memory: a resident key is an entry of one segment's ordered dict whose value is the time of its last reference
+(the reference count is implied by the segment; only with K > 2 do probation keys with 2..K-1 references get an
+entry in a side dict). Ghosts keep no key object: each is a 64-bit fingerprint with its last reference, window
+end and count in flat arrays (``_ghosts.GhostFifo``). Nothing is allocated per touch.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from kvstrata.clock import Clock
+from kvstrata.engine.policy._ghosts import GhostFifo, fingerprint
 
 DEFAULT_RETAINED = 100_000
 """Default cap on remembered history of keys that left the tier (also capped by the number of tracked keys)."""
@@ -72,19 +77,9 @@ _LOG_THETA_MAX = math.log(8.0)
 _MAX_STEP = 0.25  # a safety net for a segment with almost no recent exposure
 
 
-class _Key:
-    """What the policy remembers about one key, resident or ghost."""
-
-    __slots__ = ("count", "last", "until")
-
-    def __init__(self, last: float) -> None:
-        self.count = 1  # uncorrelated references, capped at K
-        self.last = last  # time of the last (correlated or not) reference
-        self.until = -math.inf  # as a ghost of an evicted key: a return before this is evidence
-
-
 class LRUKPolicy:
     __slots__ = (
+        "_counts",
         "_exposure_prob",
         "_exposure_prot",
         "_ghosts",
@@ -125,9 +120,12 @@ class LRUKPolicy:
         # Without a clock, time is the policy's own call count: windows, idle times and the CRP are then counted
         # in accesses, so the ranking does not depend on how fast the clients run (the server's choice).
         self._now = itertools.count().__next__ if clock is None else clock.monotonic
-        self._probation: OrderedDict[bytes, _Key] = OrderedDict()
-        self._protected: OrderedDict[bytes, _Key] = OrderedDict()
-        self._ghosts: OrderedDict[bytes, _Key] = OrderedDict()
+        # key -> time of its last (correlated or not) reference, in order of last reference
+        self._probation: OrderedDict[bytes, float] = OrderedDict()  # fewer than K uncorrelated references
+        self._protected: OrderedDict[bytes, float] = OrderedDict()  # K references (the count is capped at K)
+        self._counts: dict[bytes, int] = {}  # probation keys with 2..K-1 references (K > 2 only)
+        # Keys that left the tier: fingerprint -> (last reference, end of the evidence window, count).
+        self._ghosts = GhostFifo(payload=("d", "d", "I"))
         self._log_theta = _LOG_THETA_MAX
         self._theta = 1.0
         # Summed windows (s) of recent evictions from each segment, decayed by 1 - 1/tracked per eviction.
@@ -157,48 +155,51 @@ class LRUKPolicy:
             self.touch(key)
             return
         now = self._now()
-        rec = self._ghosts.pop(key, None)
-        if rec is None:
-            rec = _Key(now)
+        ghosts = self._ghosts
+        fp = fingerprint(key)
+        pos = ghosts.find(fp) if ghosts.count else -1
+        if pos < 0:
             if self.k > 1:
-                self._probation[key] = rec
+                self._probation[key] = now
             else:
-                self._protected[key] = rec
+                self._protected[key] = now
             return
-        proven = rec.count >= self.k
-        if now < rec.until:
+        last_col, until_col, count_col = ghosts.payload
+        last, until, count = last_col[pos], until_col[pos], count_col[pos]
+        ghosts.discard(fp)
+        proven = count >= self.k
+        if now < until:
             self._adapt(protected=proven)
-        rec.until = -math.inf
-        if not proven and now - rec.last > self.crp:
-            rec.count += 1
-            proven = rec.count >= self.k
-        rec.last = now
+        if not proven and now - last > self.crp:
+            count += 1
+            proven = count >= self.k
         if proven:
-            self._protected[key] = rec
+            self._protected[key] = now
         else:
-            self._probation[key] = rec
+            self._probation[key] = now
+            if count > 1:
+                self._counts[key] = count
 
     def touch(self, key: bytes) -> None:
         protected = self._protected
-        rec = protected.get(key)
-        if rec is not None:  # the common hit: a proven key becomes the most recent one
-            rec.last = self._now()
+        if key in protected:  # the common hit: a proven key becomes the most recent one
+            protected[key] = self._now()
             protected.move_to_end(key)
             return
         probation = self._probation
-        rec = probation.get(key)
-        if rec is None:
+        last = probation.get(key)
+        if last is None:
             self.admit(key)
             return
         now = self._now()
-        if now - rec.last > self.crp:
-            rec.count += 1
-            if rec.count >= self.k:
-                rec.last = now
+        if now - last > self.crp:
+            count = self._counts.pop(key, 1) + 1
+            if count >= self.k:
                 del probation[key]
-                protected[key] = rec
+                protected[key] = now
                 return
-        rec.last = now
+            self._counts[key] = count
+        probation[key] = now
         probation.move_to_end(key)
 
     def victim(self) -> bytes | None:
@@ -208,10 +209,10 @@ class LRUKPolicy:
         elif not protected:
             key = next(iter(probation))
         else:
-            key1, rec1 = next(iter(probation.items()))
-            key2, rec2 = next(iter(protected.items()))
+            key1, last1 = next(iter(probation.items()))
+            key2, last2 = next(iter(protected.items()))
             now = self._now()
-            key = key1 if self._probation_first(now - rec1.last, now - rec2.last) else key2
+            key = key1 if self._probation_first(now - last1, now - last2) else key2
         offered = self._offered
         offered.clear()
         if key is not None:
@@ -232,7 +233,7 @@ class LRUKPolicy:
         item2 = next(head2, None)
         now = self._now()
         while item1 is not None and item2 is not None:
-            if self._probation_first(now - item1[1].last, now - item2[1].last):
+            if self._probation_first(now - item1[1], now - item2[1]):
                 key = item1[0]
                 item1 = next(head1, None)
             else:
@@ -255,22 +256,25 @@ class LRUKPolicy:
 
     def remove(self, key: bytes) -> None:
         probation, protected = self._probation, self._protected
-        rec = probation.pop(key, None)
-        from_protected = rec is None
+        last = probation.pop(key, None)
+        from_protected = last is None
         if from_protected:
-            rec = protected.pop(key, None)
-            if rec is None:
+            last = protected.pop(key, None)
+            if last is None:
                 return
+            count = self.k
+        else:
+            count = self._counts.pop(key, 1) if self._counts else 1
         tracked = len(probation) + len(protected)
         offered = self._offered
         if key in offered:
             # An eviction: until twice its idle time has passed, a return is evidence about its segment.
             offered.discard(key)
             now = self._now()
-            window = now - rec.last
+            window = now - last
             if window < 0.0:
                 window = 0.0
-            rec.until = now + window
+            until = now + window
             decay = 1.0 - 1.0 / (tracked + 1)  # forget over about one turnover of the tracked keys
             if from_protected:
                 self._exposure_prob *= decay
@@ -279,18 +283,22 @@ class LRUKPolicy:
                 self._exposure_prob = self._exposure_prob * decay + window
                 self._exposure_prot *= decay
         else:
-            rec.until = -math.inf
+            until = -math.inf
         ghosts = self._ghosts
-        ghosts[key] = rec
-        if len(ghosts) > tracked or len(ghosts) > self.retained:
+        ghosts.add(fingerprint(key), last, until, count)
+        if ghosts.count > tracked or ghosts.count > self.retained:
             bound = min(self.retained, tracked)
-            while len(ghosts) > bound:
-                ghosts.popitem(last=False)
+            while ghosts.count > bound:
+                ghosts.popleft()
 
     def references(self, key: bytes) -> int:
         """How many uncorrelated references are remembered for a key (resident or retained), at most K."""
-        rec = self._probation.get(key) or self._protected.get(key) or self._ghosts.get(key)
-        return 0 if rec is None else min(rec.count, self.k)
+        if key in self._protected:
+            return self.k
+        if key in self._probation:
+            return min(self._counts.get(key, 1), self.k)
+        pos = self._ghosts.find(fingerprint(key))
+        return 0 if pos < 0 else min(self._ghosts.payload[2][pos], self.k)
 
     def __len__(self) -> int:
         return len(self._probation) + len(self._protected)
@@ -301,6 +309,7 @@ class LRUKPolicy:
     def clear(self) -> None:
         self._probation.clear()
         self._protected.clear()
+        self._counts.clear()
         self._ghosts.clear()
         self._log_theta = _LOG_THETA_MAX
         self._theta = 1.0

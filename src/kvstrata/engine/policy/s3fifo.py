@@ -11,24 +11,34 @@
 One-off keys (scans, unique prompts) pass through small and never disturb main: the quick demotion that makes
 the policy scan-resistant. Sizes are in keys: the policy has no capacity of its own, so the tier's current key
 count stands in for it (the engine only evicts when the tier is full, so that count is the capacity in keys).
-The ghost queue holds keys only (no values), at most as many as the tier tracks. Every operation is O(1)
+The ghost queue holds 64-bit fingerprints of keys in flat arrays (``_ghosts.GhostFifo``: no key object is kept
+alive), at most as many as the tier tracks. Every operation is O(1)
 amortised: each reinsertion consumes a unit of frequency earned by a hit.
+
+Memory: one dict maps every resident key to a small int (its frequency, +4 while in small: CPython shares small
+ints, so nothing is allocated per key), and each queue is a ``deque`` of key references (8 B per key). A key
+removed from the middle of a queue (deleted, pinned) stays there as a stale entry, counted per queue and skipped
+when it reaches the head; stale entries are swept once they outnumber the live ones. The keys offered by
+``victims()`` wait aside until the next call (the *stash*, as in ``_stash.py``) and go back to their queues'
+heads unless removed. Nothing is allocated per hit or per eviction beyond the ghost's slot.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterator
 
-from kvstrata.engine.policy._stash import Stash, walk
+from kvstrata.engine.policy._ghosts import GhostFifo, fingerprint
+from kvstrata.engine.policy._stash import walk
 
 MAX_FREQ = 3
+_SMALL = 4  # added to the frequency of a key in small: the dict value says which queue the key is in
 _MIN_SMALL, _MAX_SMALL = 0.01, 0.9
 
 
 class S3FIFOPolicy:
-    __slots__ = ("_ghost", "_ghost_main", "_main", "_small", "_stash", "adaptive", "ghost_ratio", "promote",
-                 "small_ratio")
+    __slots__ = ("_freq", "_ghost", "_ghost_main", "_main", "_n_main", "_n_small", "_small", "_stale",
+                 "_stale_main", "_stale_small", "_stash", "adaptive", "ghost_ratio", "promote", "small_ratio")
     name = "s3-fifo"
 
     def __init__(
@@ -42,113 +52,175 @@ class S3FIFOPolicy:
         self.promote = promote
         self.ghost_ratio = ghost_ratio
         self.adaptive = adaptive
-        self._small: OrderedDict[bytes, int] = OrderedDict()  # key -> frequency
-        self._main: OrderedDict[bytes, int] = OrderedDict()
-        self._ghost: OrderedDict[bytes, None] = OrderedDict()
-        self._ghost_main: OrderedDict[bytes, None] = OrderedDict()  # adaptive only: keys evicted from main
-        self._stash = Stash()
+        self._freq: dict[bytes, int] = {}  # resident key -> frequency (+ _SMALL while in small)
+        self._small: deque[bytes] = deque()
+        self._main: deque[bytes] = deque()
+        self._n_small = self._n_main = 0  # live entries of each queue (stashed keys not included)
+        self._stale_small: dict[bytes, int] = {}  # key -> entries of it in small that are no longer live
+        self._stale_main: dict[bytes, int] = {}
+        self._stale = 0
+        self._ghost = GhostFifo()  # fingerprints of keys evicted from small
+        self._ghost_main = GhostFifo()  # adaptive only: keys evicted from main
+        self._stash: dict[bytes, bool] = {}  # offered keys, in order -> whether they came from small
 
     def segment_sizes(self) -> tuple[int, int, int]:
         """(small, main, ghost) key counts."""
-        return len(self._small), len(self._main), len(self._ghost)
+        return self._n_small, self._n_main, len(self._ghost)
 
     def admit(self, key: bytes) -> None:
-        if self._stash.items:
-            self._stash.restore()
-        if key in self._small or key in self._main:
+        if self._stash:
+            self._restore()
+        if key in self._freq:
             self.touch(key)
             return
         ghost, ghost_main = self._ghost, self._ghost_main
-        if key in ghost:
+        fp = fingerprint(key)
+        if ghost.count and ghost.discard(fp):
             if self.adaptive:  # evicted from small too early: small should be larger
-                self._adapt(max(1.0, len(ghost_main) / len(ghost)))
-            del ghost[key]
-            self._main[key] = 0
-        elif key in ghost_main:  # (adaptive only) evicted from main too early: small should be smaller
-            self._adapt(-max(1.0, len(ghost) / len(ghost_main)))
-            del ghost_main[key]
-            self._main[key] = 0
+                self._adapt(max(1.0, ghost_main.count / (ghost.count + 1)))
+        elif ghost_main.count and ghost_main.discard(fp):  # (adaptive only) evicted from main too early
+            self._adapt(-max(1.0, ghost.count / (ghost_main.count + 1)))
         else:
-            self._small[key] = 0
+            self._freq[key] = _SMALL
+            self._small.append(key)
+            self._n_small += 1
+            return
+        self._freq[key] = 0
+        self._main.append(key)
+        self._n_main += 1
 
     def _adapt(self, keys: float) -> None:
         """Move small's target size by ``keys`` keys, as ARC moves its target p."""
-        tracked = len(self._small) + len(self._main) + 1
+        tracked = self._n_small + self._n_main + 1
         self.small_ratio = min(_MAX_SMALL, max(_MIN_SMALL, self.small_ratio + keys / tracked))
 
     def touch(self, key: bytes) -> None:
-        if self._stash.items:
-            self._stash.restore()
-        small = self._small
-        f = small.get(key)
-        if f is not None:
-            if f < MAX_FREQ:
-                small[key] = f + 1
-            return
-        main = self._main
-        f = main.get(key)
-        if f is not None:
-            if f < MAX_FREQ:
-                main[key] = f + 1
-            return
-        self.admit(key)
+        if self._stash:
+            self._restore()
+        f = self._freq.get(key)
+        if f is None:
+            self.admit(key)
+        elif f & 3 != MAX_FREQ:
+            self._freq[key] = f + 1
 
     def _next_victim(self) -> bytes | None:
-        small, main = self._small, self._main
-        target = self.small_ratio * (len(small) + len(main) + len(self._stash.items))
+        small, main, freq = self._small, self._main, self._freq
+        stale_small, stale_main = self._stale_small, self._stale_main
+        target = self.small_ratio * (self._n_small + self._n_main + len(self._stash))
         while True:
-            if small and (len(small) >= target or not main):
-                key, f = next(iter(small.items()))
-                if f >= self.promote:
-                    del small[key]
-                    main[key] = 0
+            if self._n_small and (self._n_small >= target or not self._n_main):
+                key = small.popleft()
+                if stale_small and key in stale_small:
+                    self._drop_stale(stale_small, key)
                     continue
-                return self._stash.take(key, small)
-            if not main:
+                self._n_small -= 1
+                if freq[key] - _SMALL >= self.promote:
+                    freq[key] = 0
+                    main.append(key)
+                    self._n_main += 1
+                    continue
+                self._stash[key] = True
+                return key
+            if not self._n_main:
                 return None
-            key, f = next(iter(main.items()))
-            if f > 0:
-                main[key] = f - 1
-                main.move_to_end(key)
+            key = main.popleft()
+            if stale_main and key in stale_main:
+                self._drop_stale(stale_main, key)
                 continue
-            return self._stash.take(key, main)
+            f = freq[key]
+            if f > 0:
+                freq[key] = f - 1
+                main.append(key)
+                continue
+            self._n_main -= 1
+            self._stash[key] = False
+            return key
+
+    def _drop_stale(self, stale: dict[bytes, int], key: bytes) -> None:
+        """A stale entry of ``key`` left its queue's head."""
+        left = stale[key] - 1
+        if left:
+            stale[key] = left
+        else:
+            del stale[key]
+        self._stale -= 1
+
+    def _restore(self) -> None:
+        """Put the keys offered but not taken back at the heads of their queues, in their order."""
+        for key, from_small in reversed(self._stash.items()):
+            if from_small:
+                self._small.appendleft(key)
+                self._n_small += 1
+            else:
+                self._main.appendleft(key)
+                self._n_main += 1
+        self._stash.clear()
 
     def victim(self) -> bytes | None:
-        if self._stash.items:
-            self._stash.restore()
+        if self._stash:
+            self._restore()
         return self._next_victim()
 
     def victims(self) -> Iterator[bytes]:
-        if self._stash.items:
-            self._stash.restore()
+        if self._stash:
+            self._restore()
         return walk(self._next_victim)
 
     def remove(self, key: bytes) -> None:
-        stashed = self._stash.items.pop(key, None)
-        if stashed is None:  # deleted, pinned or moved by the engine: no evidence, no ghost
-            if self._small.pop(key, None) is None:
-                self._main.pop(key, None)
+        from_small = self._stash.pop(key, None)
+        if from_small is None:  # deleted, pinned or moved by the engine: no evidence, no ghost
+            f = self._freq.pop(key, None)
+            if f is None:
+                return
+            if f >= _SMALL:
+                stale, self._n_small = self._stale_small, self._n_small - 1
+            else:
+                stale, self._n_main = self._stale_main, self._n_main - 1
+            stale[key] = stale.get(key, 0) + 1  # its queue entry stays until it reaches the head
+            self._stale += 1
+            if self._stale > self._n_small + self._n_main + 64:
+                self._sweep()
             return
+        del self._freq[key]
         ghost, ghost_main = self._ghost, self._ghost_main
-        if stashed[0] is self._small:  # evicted from small: remember it, a return goes straight to main
-            ghost[key] = None
+        if from_small:  # evicted from small: remember it, a return goes straight to main
+            ghost.add(fingerprint(key))
         elif self.adaptive:
-            ghost_main[key] = None
+            ghost_main.add(fingerprint(key))
         else:
             return
-        bound = int(self.ghost_ratio * (len(self._small) + len(self._main) + len(self._stash.items) + 1))
-        while len(ghost) + len(ghost_main) > bound:
-            (ghost if len(ghost) >= len(ghost_main) else ghost_main).popitem(last=False)
+        bound = int(self.ghost_ratio * (self._n_small + self._n_main + len(self._stash) + 1))
+        while ghost.count + ghost_main.count > bound:
+            (ghost if ghost.count >= ghost_main.count else ghost_main).popleft()
+
+    def _sweep(self) -> None:
+        """Drop every stale queue entry (they precede their key's live entry, if any, in the same queue)."""
+        for queue, stale in ((self._small, self._stale_small), (self._main, self._stale_main)):
+            live: deque[bytes] = deque()
+            for key in queue:
+                left = stale.get(key)
+                if left:
+                    stale[key] = left - 1
+                else:
+                    live.append(key)
+            queue.clear()
+            queue.extend(live)
+            stale.clear()
+        self._stale = 0
 
     def __len__(self) -> int:
-        return len(self._small) + len(self._main) + len(self._stash.items)
+        return self._n_small + self._n_main + len(self._stash)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._small or key in self._main or key in self._stash.items
+        return key in self._freq
 
     def clear(self) -> None:
+        self._freq.clear()
         self._small.clear()
         self._main.clear()
+        self._n_small = self._n_main = self._stale = 0
+        self._stale_small.clear()
+        self._stale_main.clear()
         self._ghost.clear()
         self._ghost_main.clear()
-        self._stash.items.clear()
+        self._stash.clear()
