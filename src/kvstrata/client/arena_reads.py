@@ -1,0 +1,140 @@
+"""The sync client's local data plane: reads in place from a local server's shared-memory arena.
+
+``_ArenaReads`` is a part of ``KVCacheClient`` (it uses the connection state set up in its ``__init__``):
+finding the server's Unix socket, this thread's ``ArenaClient`` (``kvstrata.client.arena``, imported on first
+use), leasing and decoding the leading chunks as views of the mapping, and releasing the lease
+(docs/dataplane.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from kvstrata.client.codec import CodecError, FormatVersionError, decode
+from kvstrata.client.filler import _copied
+from kvstrata.client.planning import _Base
+
+log = logging.getLogger("kvstrata.client")
+
+
+class _ArenaReads(_Base):
+    """Reads through the server's arena (a mixin of ``KVCacheClient``)."""
+
+    # ---- the local data plane (kvstrata.client.arena) ----
+    def _arena_path(self) -> str | None:
+        """The server's Unix socket: the URL's, or the one a loopback server reports (CONFIG GET unixsocket)."""
+        import redis
+
+        kw = self.pool.connection_kwargs
+        if kw.get("db", 0):
+            return None
+        if self.pool.connection_class is redis.UnixDomainSocketConnection:
+            return kw.get("path")
+        if self.pool.connection_class is not redis.Connection:
+            return None  # TLS: a server that wants encryption gets it, even on this host
+        if str(kw.get("host", "")) not in ("localhost", "127.0.0.1", "::1"):
+            return None
+        try:
+            path = self.redis.config_get("unixsocket").get("unixsocket")
+        except redis.RedisError:
+            return None
+        if isinstance(path, bytes):
+            path = path.decode()
+        return path if path and os.path.exists(path) else None
+
+    def _arena(self) -> Any:
+        """This thread's ``ArenaClient``, or None when the server's arena cannot be mapped from here."""
+        if not self._arena_ok:
+            return None
+        ac = getattr(self._tls, "arena", None)
+        if ac is None:
+            from kvstrata.client.arena import ArenaClient, ArenaUnavailable
+            from kvstrata.client.fast import RespError
+
+            path = self._arena_path()
+            kw = self.pool.connection_kwargs
+            try:
+                if path is None:
+                    raise ArenaUnavailable("no local Unix socket")
+                ac = ArenaClient(path, password=kw.get("password"), username=kw.get("username"),
+                                 timeout=kw.get("socket_timeout"), lease_ms=self.lease_ms)
+            except (ArenaUnavailable, OSError, RespError) as exc:
+                log.info("kvstrata: reading over the socket (no shared-memory arena: %s)", exc)
+                self._arena_ok = False
+                return None
+            self._tls.arena = ac
+            with self._lock:
+                self._fast_clients.append(ac)
+        return ac
+
+    def _drop_arena(self, ac: Any, exc: BaseException) -> None:
+        log.warning("kvstrata: arena read failed (%s); reading over the socket", exc)
+        self._tls.arena = None
+        with self._lock:
+            if ac in self._fast_clients:
+                self._fast_clients.remove(ac)
+        try:
+            ac.close()
+        except OSError:
+            pass
+
+    def _read_arena(self, ac: Any, keys: list[bytes], out: list[np.ndarray]) -> tuple[int, int]:
+        """Lease ``keys`` and decode the leading ones found into ``out`` as views of the mapping (valid until the
+        returned lease is released); returns (how many, lease)."""
+        from kvstrata.client.arena import Ref
+
+        # NOSUM: the codec's own checksum is what verify_local checks, so the server's would be a wasted pass.
+        lease, refs = ac.mgetref(keys, checksums=False)
+        n = 0
+        for key, ref in zip(keys, refs, strict=True):
+            value = ac.value(ref)
+            if value is None:
+                break
+            try:
+                arr, _ = decode(value, check=self.verify_local or not isinstance(ref, Ref))
+            except FormatVersionError as exc:
+                self._error("refused", f"{key.decode()}: {exc}")
+                break
+            except CodecError as exc:
+                self._error("corrupt", f"{key.decode()}: {exc}")
+                break
+            self._received(key, value)
+            self._count(bytes_received=len(value))
+            out.append(arr)
+            n += 1
+        return n, lease
+
+    def _retrieve_arena(self, keys: list[bytes], first: int, out: list[np.ndarray],
+                        copy: bool) -> int | None:
+        """The arena path of retrieve_chunks (``copy``: each chunk copied out) and retrieve (the caller
+        concatenates, the one copy, before ``_arena_done``). None when the arena is not usable."""
+        ac = self._arena()
+        if ac is None:
+            return None
+        from kvstrata.client.fast import RespError
+
+        self._arena_done()  # views handed out by this thread's previous call end now (released with this one)
+        mine: list[np.ndarray] = []
+        try:
+            n, lease = self._read_arena(ac, keys[first:], mine)
+        except (OSError, ConnectionError, RespError) as exc:
+            self._drop_arena(ac, exc)
+            return None
+        if copy:
+            out.extend(_copied(a) for a in mine)
+            ac.release(lease)
+        else:
+            out.extend(mine)
+            self._tls.lease = lease
+        return first + n
+
+    def _arena_done(self) -> None:
+        lease = getattr(self._tls, "lease", 0)
+        ac = getattr(self._tls, "arena", None)
+        if lease and ac is not None:
+            ac.release(lease)
+        self._tls.lease = 0

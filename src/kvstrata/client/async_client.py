@@ -1,0 +1,337 @@
+"""AsyncKVCacheClient: the asyncio client, the same operations as KVCacheClient on redis-py's asyncio API.
+
+Reads overlap the next window's receive with this window's decoding (a task), decode in a thread only when
+that is worth the hop (``OFFLOAD_*``), and go through a synchronous client in a worker thread for a local
+server's arena and for ``retrieve(out=)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kvstrata.client.codec import FLAG_FP8, FLAG_ZSTD, FLAGS_OFFSET
+from kvstrata.client.fast import pack
+from kvstrata.client.keys import Namespace
+from kvstrata.client.planning import KVSource, _Base
+from kvstrata.client.sync_client import KVCacheClient, _auth
+
+# The asyncio client decodes a window in a thread (asyncio.to_thread, ~75 us a hop here) only when decoding
+# costs clearly more than the hop, since only then does freeing the event loop to receive the next window pay.
+# zstd and fp8 both decode at ~0.5 GB/s of their encoded bytes (fp8+zstd ~0.25), so 64 KiB is >= 0.1 ms; the raw
+# codec is only an xxh3 checksum and a view (~25-40 GB/s: 8 MiB is ~0.3 ms).
+OFFLOAD_CODED_BYTES = 64 * 1024
+OFFLOAD_RAW_BYTES = 8 * 1024 * 1024
+
+
+class AsyncKVCacheClient(_Base):
+    """asyncio client with the same operations as ``KVCacheClient`` (``await c.lookup(tokens)``, ...)."""
+
+    def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
+                 max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
+                 password: str | None = None, local_plane: bool = True, stage_writes: bool = False,
+                 **kw: Any) -> None:
+        super().__init__(namespace, **kw)
+        import redis.asyncio as aredis
+
+        # Reads through a local server's arena (docs/dataplane.md) go through a synchronous client in a worker
+        # thread: the copy out of the mapping is the work, and it must not run on the event loop.
+        self._local_kw = {"socket_timeout": socket_timeout, "username": username, "password": password,
+                          "stage_writes": stage_writes, **kw}
+        self._local: KVCacheClient | None = None
+        self._local_ok = local_plane
+        self._reader: KVCacheClient | None = None  # retrieve(out=) over the socket, in a worker thread
+        self.url = url
+        self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
+                                                   socket_timeout=socket_timeout, **_auth(username, password))
+        self.redis = aredis.Redis(connection_pool=self.pool)
+        self._plain_redis: bool | None = None
+
+    async def aclose(self) -> None:
+        for sync in (self._local, self._reader):
+            if sync is not None:
+                sync.close()
+        self._local = self._reader = None
+        await self.redis.aclose()
+        await self.pool.disconnect()
+
+    async def __aenter__(self) -> AsyncKVCacheClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _is_plain(self) -> bool:
+        if self._plain_redis is None:
+            import redis
+
+            try:
+                await self.redis.execute_command("TAIR.KV.VERSION", "kvstrata:probe")
+                self._plain_redis = False
+            except redis.ResponseError:
+                self._plain_redis = True
+        return self._plain_redis
+
+    async def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
+        import redis
+
+        conn = await self.pool.get_connection()
+        try:
+            parts: list[Any] = []
+            size = sum(pack(cmd, parts) for cmd in commands)
+            await conn.send_packed_command(parts, check_health=False)  # writelines: buffers are not joined
+            replies = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+            self._count(bytes_sent=size)
+            return replies
+        except BaseException:
+            await conn.disconnect()
+            raise
+        finally:
+            await self.pool.release(conn)
+
+    async def _exists_each(self, keys: list[bytes]) -> list[bool]:
+        pipe = self.redis.pipeline(transaction=False)
+        for k in keys:
+            pipe.exists(k)
+        return [bool(x) for x in await pipe.execute()]
+
+    async def lookup(self, tokens: Sequence[int]) -> int:
+        keys = self.keys(tokens)
+        n = self._local_leading(keys)
+        for batch in self._batches(keys[n:]):
+            hit = self._leading(await self._exists_each(batch))
+            n += hit
+            if hit < len(batch):
+                break
+        self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
+        return n * self.chunk_size
+
+    async def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
+                    ttl: float | None = None, start: int = 0, skip_existing: bool = True,
+                    keys: list[bytes] | None = None) -> int:
+        """``KVCacheClient.store``: the same chunks, checks, batches and counters (one planning layer)."""
+        if self.local is None and await self._plane():
+            # A local server: the synchronous client's store, in a worker thread, as retrieve reads the arena.
+            assert self._local is not None
+            self._local.namespace = self.namespace
+            return await asyncio.to_thread(self._local.store, tokens, kv, ttl_class=ttl_class, ttl=ttl,
+                                           start=start, skip_existing=skip_existing, keys=keys)
+        keys, todo = self._store_todo(tokens, start, keys)
+        if skip_existing and todo:
+            absent: list[int] = []
+            for batch in self._batches(todo):
+                absent += self._absent_of(batch, await self._exists_each([keys[i] for i in batch]))
+            todo = absent
+        self._count_skipped(keys, start, todo)
+        if not todo:
+            return 0
+        ttl_ms = self.ttl_ms(ttl_class, ttl)
+        plain = await self._is_plain()
+        for batch in self._batches(todo):
+            cmds = [self._store_command(keys[i], ttl_ms, self._sealed(keys[i], self._chunk_parts(kv, i), ttl_ms),
+                                        plain) for i in batch]
+            self._raise_first(await self._roundtrip(cmds))
+        self._count(stored_chunks=len(todo))
+        return len(todo)
+
+    async def retrieve_chunks(self, tokens: Sequence[int],
+                              max_tokens: int | None = None) -> tuple[int, list[np.ndarray]]:
+        """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``. With ``overlap`` (the
+        default) the next window's MGET is sent before the current window is decoded, and its reply is read by
+        a task meanwhile; large or compressed windows are decoded in a thread so that the loop is free to."""
+        keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+        out: list[np.ndarray] = []
+        i = 0
+        while i < len(keys):
+            value = self._local_get(keys[i])
+            arr = None if value is None else self._decode(keys[i], value)
+            if arr is None:
+                break
+            out.append(arr)
+            i += 1
+        self._count(local_hits=i)
+        plain = await self._is_plain()
+        if self.overlap:
+            if i < len(keys):
+                i = await self._read_overlapped(keys, i, out, plain)
+            self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))  # as the sync client counts
+            return i * self.chunk_size, out
+        while i < len(keys):
+            batch, ahead = self._plan_window(keys, i, self.batch_size)
+            values = await self._recv_and_release(*await self._send_window(batch, ahead, plain))
+            n = self._decode_window(batch, values, out)
+            i += n
+            if n < len(batch):
+                break
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
+        return i * self.chunk_size, out
+
+    async def _send_window(self, keys: list[bytes], ahead: list[bytes], plain: bool) -> tuple[Any, int]:
+        """Send PREFETCH ``ahead`` and MGET ``keys`` in one write on a pooled connection; returns it and the
+        number of replies to read. Sending here, not in the reading task, puts the request on the wire before
+        the caller goes on to decode, even when it decodes on the event loop."""
+        before, mget = self._window_commands(keys, ahead, plain)
+        cmds = [mget] if before is None else [before, mget]
+        conn = await self.pool.get_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands(cmds), check_health=False)
+        except BaseException:
+            await conn.disconnect()
+            await self.pool.release(conn)
+            raise
+        return conn, len(cmds)
+
+    async def _recv_window(self, conn: Any, n_replies: int) -> list[Any]:
+        """Read the replies of ``_send_window``; returns the MGET's values. The connection is given back by the
+        caller (``_done_with``), not here: a task cancelled before it started never runs its own ``finally``."""
+        reply = None
+        for _ in range(n_replies):
+            reply = await conn.read_response()
+        return reply  # type: ignore[return-value]
+
+    async def _done_with(self, conn: Any, clean: bool) -> None:
+        if not clean:
+            await conn.disconnect()  # replies may be left unread (an error, a dropped window)
+        await self.pool.release(conn)
+
+    async def _recv_and_release(self, conn: Any, n_replies: int) -> list[Any]:
+        clean = False
+        try:
+            values = await self._recv_window(conn, n_replies)
+            clean = True
+            return values
+        finally:
+            await self._done_with(conn, clean)
+
+    @staticmethod
+    def _offload(values: Sequence[Any]) -> bool:
+        """Whether decoding these values is worth a thread hop (see OFFLOAD_CODED_BYTES)."""
+        total = coded = 0
+        for v in values:
+            if v is None:
+                continue
+            total += len(v)
+            if len(v) > FLAGS_OFFSET and v[FLAGS_OFFSET] & (FLAG_FP8 | FLAG_ZSTD):
+                coded += len(v)
+        return coded >= OFFLOAD_CODED_BYTES or total >= OFFLOAD_RAW_BYTES
+
+    async def _read_overlapped(self, keys: list[bytes], i: int, out: list[np.ndarray], plain: bool) -> int:
+        """Decode window k while window k+1's reply is read by a task; returns the index past the last chunk."""
+        size = self._window()
+
+        async def send(start: int) -> tuple[Any, int]:
+            return await self._send_window(*self._plan_window(keys, start, size), plain)
+
+        values = await self._recv_and_release(*await send(i))
+        pending: tuple[asyncio.Future[list[Any]], Any] | None = None  # the reading task and its connection
+        try:
+            while True:
+                batch = keys[i:i + size]
+                nxt = i + len(batch)
+                # A missing value ends the prefix in this window: nothing after it is worth fetching.
+                more = nxt < len(keys) and all(v is not None for v in values)
+                if more:
+                    conn, n_replies = await send(nxt)
+                    pending = asyncio.ensure_future(self._recv_window(conn, n_replies)), conn
+                if self._offload(values):
+                    n = await asyncio.to_thread(self._decode_window, batch, values, out)
+                else:
+                    n = self._decode_window(batch, values, out)
+                i += n
+                if n < len(batch) or pending is None:
+                    return i
+                (task, conn), pending = pending, None
+                clean = False
+                try:
+                    values = await task
+                    clean = True
+                finally:
+                    await self._done_with(conn, clean)
+        finally:
+            if pending is not None:
+                # Fetched past the end of the prefix (or given up on): drop it; its connection is closed rather
+                # than drained, which would mean receiving the whole window for nothing.
+                task, conn = pending
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await self._done_with(conn, False)
+
+    async def retrieve(self, tokens: Sequence[int], max_tokens: int | None = None,
+                       out: np.ndarray | None = None) -> tuple[int, np.ndarray | None]:
+        """As ``KVCacheClient.retrieve``. Through a local server's arena, and with ``out`` over the socket too,
+        a synchronous client does the work in a worker thread (the copy, or the scatter receive straight into
+        ``out``, must not run on the event loop); otherwise windows are read on the loop, overlapped."""
+        if self.local is None and await self._plane():
+            assert self._local is not None
+            self._local.namespace = self.namespace
+            return await asyncio.to_thread(self._local.retrieve, tokens, max_tokens, out)
+        if out is not None:
+            reader = self._sync_reader()
+            reader.namespace = self.namespace
+            return await asyncio.to_thread(reader.retrieve, tokens, max_tokens, out)
+        n, chunks = await self.retrieve_chunks(tokens, max_tokens)
+        return n, self.concat(chunks, self._layout())
+
+    def _sync_reader(self) -> KVCacheClient:
+        """The synchronous client of ``retrieve(out=)`` over the socket (one set of counters with this one)."""
+        if self._reader is None:
+            c = KVCacheClient(self.url, self.namespace, local_plane=False, **self._local_kw)
+            c.stats, c._stats_lock = self.stats, self._stats_lock
+            self._reader = c
+        return self._reader
+
+    async def _plane(self) -> bool:
+        """Whether the server's arena can be mapped from here (decided once, in a worker thread)."""
+        if not self._local_ok:
+            return False
+        if self._local is None:
+            def attach() -> KVCacheClient | None:
+                c = KVCacheClient(self.url, self.namespace, **self._local_kw)
+                c.stats, c._stats_lock = self.stats, self._stats_lock  # one set of counters
+                if c._arena() is None:
+                    c.close()
+                    return None
+                return c
+
+            self._local = await asyncio.to_thread(attach)
+            if self._local is None:
+                self._local_ok = False
+                return False
+        return True
+
+    async def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
+        keys = self.keys(tokens)[:max_chunks]
+        if not keys or await self._is_plain():
+            return 0
+        queued = 0
+        for i in range(0, len(keys), self.batch_size):
+            queued += int(await self.redis.execute_command("TAIR.KV.PREFETCH", *keys[i:i + self.batch_size]))
+        return queued
+
+    async def delete(self, tokens: Sequence[int]) -> int:
+        keys = self.keys(tokens)
+        if self.local is not None:
+            for k in keys:
+                self.local.delete(k)
+        n = 0
+        for i in range(0, len(keys), self.batch_size):
+            n += int(await self.redis.delete(*keys[i:i + self.batch_size]))
+        return n
+
+    async def clear(self) -> int:
+        prefix = self.namespace.prefix
+        if self.local is not None:
+            self.local.clear(prefix)
+        keys = [k async for k in self.redis.scan_iter(match=prefix + b"*", count=1000)]
+        n = 0
+        for i in range(0, len(keys), 1000):
+            n += int(await self.redis.delete(*keys[i:i + 1000]))
+        return n

@@ -1,0 +1,140 @@
+"""The sync client's store transport: pipelined writes on the socket, or two-phase writes through staging.
+
+``_StorePath`` is a part of ``KVCacheClient`` (it uses the connection state set up in its ``__init__``):
+``_roundtrip`` sends a batch of writes in vectored writes on this thread's ``FastClient`` (redis-py's pipeline
+where that cannot connect), and ``_stager``/``_put_staged`` write through a local server's staging segment
+(``kvstrata.client.stage``, imported on first use), falling back to the socket.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvstrata.client.codec import CHECKSUM_OFFSET, seal_parts
+from kvstrata.client.fast import nbytes, pack, sendmsg_all
+from kvstrata.client.planning import _Base
+from kvstrata.client.rediserrors import reply_error, socket_error
+
+log = logging.getLogger("kvstrata.client")
+
+
+class _StorePath(_Base):
+    """How a batch of writes reaches the server (a mixin of ``KVCacheClient``)."""
+
+    # ---- raw transport ----
+    def _store_conn(self) -> Any:
+        """This thread's ``FastClient`` for writes, fresh when the one it had went stale while idle (what a
+        pool checks before lending a connection), or None when it cannot speak this URL (TLS, a database
+        number). Connection and AUTH failures raise as redis-py's exceptions."""
+        from kvstrata.client.fast import RespError
+
+        try:
+            fc = self._fast()
+            if fc is not None and fc.broken():
+                self._drop_fast(fc)
+                fc = self._fast()
+        except OSError as exc:
+            raise socket_error(exc, "connecting") from exc
+        except RespError as exc:
+            raise reply_error(str(exc)) from exc
+        return fc
+
+    def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
+        """Send ``commands`` pipelined on this thread's ``FastClient`` in vectored writes (values unjoined: the
+        kernel copies them straight from the caller's tensors) and read every reply. An error reply comes back
+        in its place as the exception redis-py would raise for it; a socket failure drops the connection and
+        raises redis-py's ConnectionError or TimeoutError."""
+        from kvstrata.client.fast import RespError
+
+        fc = self._store_conn()
+        if fc is None:
+            return self._roundtrip_redis(commands)
+        parts: list[Any] = []
+        for cmd in commands:
+            pack(cmd, parts)
+        replies: list[Any] = []
+        try:
+            sent = sendmsg_all(fc.sock, parts)
+            for _ in commands:
+                try:
+                    replies.append(fc.read_reply())
+                except RespError as exc:
+                    replies.append(reply_error(str(exc)))
+        except OSError as exc:
+            self._drop_fast(fc)
+            raise socket_error(exc, "while storing") from exc
+        except BaseException:
+            self._drop_fast(fc)  # interrupted between a command and its reply: out of step, never reused
+            raise
+        self._count(bytes_sent=sent)
+        return replies
+
+    def _roundtrip_redis(self, commands: list[list[Any]]) -> list[Any]:
+        """``_roundtrip`` through redis-py's pipeline, for connections ``FastClient`` does not make (TLS, a
+        database number): each value is joined into one bytes object first."""
+        pipe = self.redis.pipeline(transaction=False)
+        size = 0
+        for cmd in commands:
+            size += pack(cmd, [])
+            pipe.execute_command(*[b"".join(a) if isinstance(a, list) else a for a in cmd])
+        replies = pipe.execute(raise_on_error=False)
+        self._count(bytes_sent=size)
+        return list(replies)
+
+    # ---- two-phase writes through a staging segment (kvstrata.client.stage) ----
+    # stage_writes is off by default: on the 2-core VM staged writes did not win over the socket (0.73-0.99x in
+    # a quieter run) and they move the copy and the hash from the client to the shared server (BENCHMARKS.md,
+    # "Restore: two-phase writes").
+
+    def _stager(self) -> Any:
+        """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the
+        store path then copies each chunk once into it instead of sending it through the socket), else None."""
+        if not (self._stage_ok and self.stage_writes):
+            return None
+        sw = getattr(self._tls, "stage", None)
+        if sw is not None and sw.sock.fileno() < 0:  # closed by close() from another thread: a new one
+            sw = None
+        if sw is None:
+            from kvstrata.client.fast import RespError
+            from kvstrata.client.stage import StageUnavailable, StageWriter
+
+            path = self._arena_path()
+            kw = self.pool.connection_kwargs
+            try:
+                if path is None:
+                    raise StageUnavailable("no local Unix socket")
+                sw = StageWriter(path, password=kw.get("password"), username=kw.get("username"),
+                                 timeout=kw.get("socket_timeout"))
+            except (StageUnavailable, OSError, RespError) as exc:
+                log.info("kvstrata: storing over the socket (no staging segment: %s)", exc)
+                self._stage_ok = False
+                return None
+            self._tls.stage = sw
+            with self._lock:
+                self._fast_clients.append(sw)
+        return sw
+
+    def _put_staged(self, sw: Any, items: list[tuple[bytes, int, list[Any]]]) -> None:
+        """Store ``items`` (unsealed: ``encode_chunk(sealed=False)``) through the staging segment, each value's
+        codec checksum filled in as it is copied (``SUMAT``); a connection failure retries them over the socket."""
+        from kvstrata.client.fast import RespError
+
+        try:
+            replies = sw.put_many(items, CHECKSUM_OFFSET)
+        except RespError as exc:  # a reservation refused for another reason than memory: this batch by socket
+            log.info("kvstrata: staging refused (%s); storing this batch over the socket", exc)
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
+        except (OSError, ConnectionError) as exc:
+            log.warning("kvstrata: staged write failed (%s); storing over the socket", exc)
+            self._tls.stage = None
+            with self._lock:
+                if sw in self._fast_clients:
+                    self._fast_clients.remove(sw)
+            try:
+                sw.close()
+            except OSError:
+                pass
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
+        self._raise_first([reply_error(str(r)) if isinstance(r, RespError) else r for r in replies])
+        self._count(bytes_sent=sum(nbytes(p) for _, _, parts in items for p in parts))
