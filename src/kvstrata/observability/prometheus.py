@@ -35,7 +35,7 @@ TIER_COUNTERS = (
 TIER_OPTIONAL_COUNTERS = (
     ("reads", "Records looked up in the tier below DRAM (SSD: LMDB lookups; pool: keys read), found or not: "
               "loads, prefetches and synchronous reads."),
-    ("probes", "Record headers looked up below DRAM without reading the value (EXISTS, TYPE, the TTL family; "
+    ("probes", "Record headers looked up below DRAM, no value read (EXISTS, TYPE, the TTL family; "
                "SSD)."),
     ("unreadable_pages", "Damaged LMDB pages met by reads and listings (skipped; run `kvstrata check`)."),
     ("expired", "Records the tier dropped because their TTL passed (SSD: the reclaim sweep; pool: its index)."),
