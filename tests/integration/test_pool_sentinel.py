@@ -110,12 +110,17 @@ def _start_fails(pool: str) -> str:
     return (proc.stdout + proc.stderr).decode(errors="replace")
 
 
-def test_wrong_service_or_no_sentinel_stops_the_start(sentinel, node):
+def test_wrong_service_sentinel_or_password_stops_the_start(sentinel, node):
     out = _start_fails(sentinel.url(service="nosuch"))
     assert "no sentinel knows the service 'nosuch'" in out
     assert PASSWORD not in out and SENTINEL_PASSWORD not in out
     out = _start_fails(f"redis-sentinel://:{PASSWORD}@{HOST}:{free_port()}/mymaster")
     assert "no sentinel answers" in out and PASSWORD not in out
+    out = _start_fails(sentinel.url().replace(SENTINEL_PASSWORD, "wrong-sentinel-pw"))
+    assert "sentinel authentication failed" in out and "wrong-sentinel-pw" not in out
+    out = _start_fails(sentinel.url().replace(f":{PASSWORD}@", ":wrong-data-pw@"))
+    assert "authentication failed" in out and "sentinel authentication" not in out
+    assert "wrong-data-pw" not in out and SENTINEL_PASSWORD not in out
     srv = node({"pool": sentinel.url(service="nosuch"), "pool-start-degraded": "yes"})
     assert srv.client().info("tier_pool")["pool_degraded"] == 1
     assert "starting with the pool degraded" in srv.log_text()

@@ -45,7 +45,7 @@ def check_sentinels(url: PoolUrl, common: dict[str, Any]) -> None:
 
     kwargs = _sentinel_kwargs(url, common)
     failures: list[str] = []
-    answered = 0
+    answered = refused = 0
     for host, port in url.nodes:
         conn = redis.Redis(host=host, port=port, **kwargs)
         try:
@@ -53,6 +53,7 @@ def check_sentinels(url: PoolUrl, common: dict[str, Any]) -> None:
             return
         except redis.AuthenticationError as exc:
             answered += 1
+            refused += 1
             failures.append(f"{host}:{port}: authentication failed ({exc})")
         except redis.ResponseError as exc:
             answered += 1
@@ -63,4 +64,7 @@ def check_sentinels(url: PoolUrl, common: dict[str, Any]) -> None:
             conn.close()
     if not answered:
         raise ValueError(f"pool {url.safe}: no sentinel answers ({'; '.join(failures)})")
+    if refused == answered:
+        raise ValueError(f"pool {url.safe}: sentinel authentication failed (sentinel_password; "
+                         f"{'; '.join(failures)})")
     raise ValueError(f"pool {url.safe}: no sentinel knows the service {url.service!r} ({'; '.join(failures)})")
