@@ -1,5 +1,5 @@
 """``--pool redis-sentinel://...`` against a real Sentinel setup (tests/integration/sentinels.py): a master with
-``requirepass``, a replica, a sentinel with its own password, all real processes (redis-server, or
+``requirepass``, a replica, three sentinels (quorum 2) with their own password, all real processes (redis-server, or
 ``$KVSTRATA_POOL_SERVER``=valkey-server).
 
 Covered: a node demotes to the service's master and reads back; two nodes share chunks; the data nodes' and
@@ -39,7 +39,7 @@ SENTINEL_PASSWORD = "sentinel-s3cret"
 
 @pytest.fixture(scope="module")
 def sentinel():
-    s = LocalSentinel(password=PASSWORD, sentinel_password=SENTINEL_PASSWORD).start()
+    s = LocalSentinel(3, password=PASSWORD, sentinel_password=SENTINEL_PASSWORD).start()
     yield s
     s.stop()
 
