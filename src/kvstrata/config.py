@@ -175,8 +175,10 @@ PARAMS: tuple[Param, ...] = (
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),
     Param("pool", _str, "",
           "Shared memory pool: redis://[user:pass@]host:port[/db], rediss:// (TLS), valkey://, unix:///path "
-          "(one Redis/Valkey) or redis-cluster://[user:pass@]host:port[,host:port...] (a Redis/Valkey Cluster, "
-          "via redis-py's cluster client); empty disables it. Checked at startup (docs/pool.md)."),
+          "(one Redis/Valkey), redis-cluster://[user:pass@]host:port[,host:port...] (a Redis/Valkey Cluster, "
+          "via redis-py's cluster client) or redis-sentinel://[user:pass@]host:port[,host:port...]/service[/db]"
+          "[?sentinel_password=...] (the master of a Sentinel service, followed through failovers); empty "
+          "disables it. Checked at startup (docs/pool.md)."),
     Param("pool-ack", _choice("pool", "replicas", "local"), "pool",
           "When a write is acknowledged: pool (the pool holds it; an error if it does not), replicas (also "
           "WAIT pool-replicas replicas of its master), local (at once; the pool write follows)."),

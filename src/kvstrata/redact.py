@@ -86,9 +86,13 @@ def has_secrets(args: Sequence[Any]) -> bool:
 
 
 def redact_url(url: str) -> str:
-    """The URL with the password of each ``user:password@`` replaced by ``***`` (several hosts allowed)."""
-    if "@" not in url:
+    """The URL with the password of each ``user:password@`` replaced by ``***`` (several hosts allowed), and the
+    value of every query option named ``*password`` (``?password=``, ``?sentinel_password=``) too."""
+    if "@" not in url and "password" not in url.lower():
         return url
+    head, q, query = url.partition("?")
+    if q:  # on the text: urlunsplit would turn unix:///path into unix:/path
+        url = head + q + _QUERY_PASSWORD.sub(rf"\1{URL_MASK}", query)
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -101,6 +105,9 @@ def redact_url(url: str) -> str:
     # A lone ``secret@host`` is a password too (redis://secret@host is how some clients spell it).
     masked = f"{user}:{URL_MASK}" if sep else URL_MASK
     return urlunsplit(parts._replace(netloc=f"{masked}@{hosts}"))
+
+
+_QUERY_PASSWORD = re.compile(r"((?:^|&)[^&=]*password=)[^&]*", re.IGNORECASE)
 
 
 def public_args(args: Sequence[Any]) -> list[str]:

@@ -64,7 +64,8 @@ def test_parse_url(url, expected):
 
 
 @pytest.mark.parametrize("url", ["http://h:1", "redis://a:1,b:2", "redis-cluster://h:x",
-                                 "redis-cluster://h:1/3"])
+                                 "redis-cluster://h:1/3", "redis-sentinel://h:1", "redis-sentinel://h:1/svc/x",
+                                 "redis-sentinel://h:1/svc/1/2", "redis-sentinel://h:x/svc"])
 def test_parse_url_rejects(url):
     with pytest.raises(ValueError):
         parse_url(url)
@@ -88,6 +89,24 @@ def test_pool_urls_like_redis_py():
     pool = PoolTier("redis://kv:s3cret@127.0.0.1:1", 1 << 20, threaded=False)
     try:
         assert "s3cret" not in pool.url and "s3cret" not in repr(pool.info())
+    finally:
+        pool.close()
+
+
+def test_sentinel_urls():
+    u = parse_pool_url("redis-sentinel://kv:s3cret@a:26379,b:26380/mymaster/2?sentinel_password=sp%26w")
+    assert (u.cluster, u.nodes, u.service) == (False, [("a", 26379), ("b", 26380)], "mymaster")
+    assert u.kwargs == {"username": "kv", "password": "s3cret", "db": 2}
+    assert u.sentinel_kwargs == {"password": "sp&w"}
+    assert u.safe == "redis-sentinel://kv:***@a:26379,b:26380/mymaster/2?sentinel_password=***"
+    v = parse_pool_url("valkey-sentinel://h:1/svc?sentinel_username=s&socket_keepalive=true")
+    assert v.service == "svc" and v.kwargs == {"db": 0, "socket_keepalive": True}
+    assert v.sentinel_kwargs == {"username": "s"}
+    assert parse_pool_url("redis://h:1").service is None
+    pool = PoolTier("redis-sentinel://:s3cret@127.0.0.1:1/m?sentinel_password=sp", 1 << 20, threaded=False)
+    try:
+        assert "s3cret" not in pool.url and "sp" not in pool.url.split("?")[1]
+        assert "s3cret" not in repr(pool.info())
     finally:
         pool.close()
 

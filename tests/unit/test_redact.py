@@ -39,6 +39,9 @@ def test_urls():
     assert redact_url("redis://pw@h") == "redis://***@h"
     assert redact_url("redis://h:1") == "redis://h:1"
     assert "s3cret" not in redact_url("redis://u:s3cret@h:1/0?x=1")
+    assert redact_url("redis-sentinel://:pw@a:1,b:2/m?sentinel_password=sp&x=1") == \
+        "redis-sentinel://:***@a:1,b:2/m?sentinel_password=***&x=1"
+    assert redact_url("unix:///tmp/r.sock?password=pw&db=1") == "unix:///tmp/r.sock?password=***&db=1"
 
 
 def test_public_args_never_show_keys_or_values():

@@ -42,8 +42,8 @@ entry's own TTL when sooner); the index forgets them at the same time.
 The code is split by job: ``pool_record`` (the record format), ``pool_client`` (the redis-py client and
 per-master pipelines), ``pool_health`` (degradation, backoff, probes), ``pool_reads`` (worker-thread reads),
 ``pool_index`` (pending writes, the index and budget, queuing), ``pool_writer`` (the writer thread),
-``pool_subscriber`` (invalidations), ``pool_scripts`` (the Lua scripts) and ``pool_url`` (URLs). This module
-is the facade: ``PoolTier`` holds the state the mixins share, its counters and ``INFO`` rows, and re-exports
+``pool_subscriber`` (invalidations), ``pool_scripts`` (the Lua scripts), ``pool_url`` (URLs) and
+``pool_sentinel`` (the client and startup check of a Sentinel service's master). This module is the facade: ``PoolTier`` holds the state the mixins share, its counters and ``INFO`` rows, and re-exports
 the names other modules import from here.
 """
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstrata.engine.tiers.pool_health import PoolUnavailableError, _is_fault
+from kvstrata.engine.tiers.pool_sentinel import check_sentinels, close_sentinels, sentinel_client
 
 log = logging.getLogger("kvstrata.pool")
 
@@ -49,16 +50,19 @@ class PoolClient:
     prefix: bytes
 
     # ---- the redis-py client (created lazily, off the loop) ----
-    def _connect(self) -> Any:
+    def _common(self) -> dict[str, Any]:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        common: dict[str, Any] = {
+        return {
             "socket_timeout": self.timeout_ms / 1000,
             "socket_connect_timeout": self.connect_timeout_ms / 1000,
             "retry": Retry(NoBackoff(), 0),
             **self._url.kwargs,
         }
+
+    def _connect(self) -> Any:
+        common = self._common()
         if self.cluster:
             from redis.cluster import ClusterNode, RedisCluster
 
@@ -67,6 +71,8 @@ class PoolClient:
                                 require_full_coverage=False, **common)
         import redis
 
+        if self._url.service is not None:
+            return sentinel_client(self._url, common)
         if self.nodes:
             host, port = self.nodes[0]
             return redis.Redis(host=host, port=port, **common)
@@ -89,17 +95,21 @@ class PoolClient:
                 c.close()
             except Exception:  # closing a broken client must not raise
                 pass
+            close_sentinels(c)
 
     def pool_key(self, key: bytes) -> bytes:
         return self.prefix + key
 
     def check_connect(self) -> None:
-        """At startup (off the loop): every node answers, the endpoint is what the URL says (a cluster for
-        redis-cluster://, a single server otherwise), and the pool's memory policy is read (a warning when it
+        """At startup (off the loop): every node answers (for redis-sentinel://, a sentinel knows the service and
+        its master answers), the endpoint is what the URL says (a cluster for redis-cluster://, a single server
+        otherwise), and the pool's memory policy is read (a warning when it
         is ``noeviction`` or maxmemory is unset). Raises ValueError with a clear message."""
         import redis
 
         try:
+            if self._url.service is not None:
+                check_sentinels(self._url, self._common())
             c = self.client()
             if self.cluster:
                 from redis.cluster import RedisCluster

@@ -31,7 +31,8 @@ def _is_fault(exc: BaseException) -> bool:
 
     if isinstance(exc, redis.ResponseError):
         text = str(exc)
-        return text.startswith(("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING"))
+        # READONLY: the server is a replica now (a failover demoted the master we were connected to).
+        return text.startswith(("CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING", "READONLY"))
     return True
 
 

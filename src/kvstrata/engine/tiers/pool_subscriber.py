@@ -10,6 +10,9 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from typing import Any
+
+from kvstrata.engine.tiers.pool_sentinel import close_sentinels, sentinel_client
 
 log = logging.getLogger("kvstrata.pool")
 
@@ -29,18 +32,12 @@ class PoolSubscriber:
             self._subscriber.start()
 
     def _subscribe_loop(self) -> None:
-        import redis
-
         n = 0
-        kwargs = {k: v for k, v in self._url.kwargs.items() if k != "db"}
         while not self._stop.is_set():
-            host, port = self.nodes[n % len(self.nodes)] if self.nodes else (None, None)
             n += 1
             conn = None
             try:
-                conn = redis.Redis(host=host, port=port, socket_timeout=self.timeout_ms / 1000,
-                                   socket_connect_timeout=self.connect_timeout_ms / 1000, **kwargs) \
-                    if host else redis.Redis(socket_timeout=self.timeout_ms / 1000, **kwargs)
+                conn = self._subscriber_conn(n)
                 ps = conn.pubsub(ignore_subscribe_messages=True)
                 ps.subscribe(self.channel)
                 plen = len(self.prefix)
@@ -68,6 +65,21 @@ class PoolSubscriber:
                         conn.close()
                     except Exception:  # closing a broken connection must not raise
                         pass
+                    close_sentinels(conn)
+
+    def _subscriber_conn(self, n: int) -> Any:
+        """The connection for the n-th subscription attempt: the pool's nodes in turn; for a sentinel pool, the
+        service's current master (asked again on every attempt, so a failover is followed)."""
+        import redis
+
+        if self._url.service is not None:
+            return sentinel_client(self._url, self._common())
+        kwargs = {k: v for k, v in self._url.kwargs.items() if k != "db"}
+        if not self.nodes:
+            return redis.Redis(socket_timeout=self.timeout_ms / 1000, **kwargs)
+        host, port = self.nodes[(n - 1) % len(self.nodes)]
+        return redis.Redis(host=host, port=port, socket_timeout=self.timeout_ms / 1000,
+                           socket_connect_timeout=self.connect_timeout_ms / 1000, **kwargs)
 
     def _invalidated(self, key: bytes, version: int, deleted: bool) -> None:
         self.invalidations += 1

@@ -4,20 +4,29 @@
   ssl_keyfile=...`` as in redis-py), ``unix:///path.sock[?db=n]``: one server;
 - ``valkey://`` and ``valkeys://``: the same as ``redis://`` and ``rediss://``;
 - ``redis-cluster://[user[:password]@]host:port[,host:port...]`` (and ``rediss-cluster://``): a Redis/Valkey
-  Cluster reached through any of the listed nodes. A cluster has one database, so ``/db`` other than 0 is refused.
+  Cluster reached through any of the listed nodes. A cluster has one database, so ``/db`` other than 0 is refused;
+- ``redis-sentinel://[user[:password]@]host:port[,host:port...]/service_name[/db]`` (and ``valkey-sentinel://``):
+  the current master of a Sentinel-monitored service, found through any of the listed sentinels
+  (``pool_sentinel``). The user and password are the data nodes'; the sentinels' own are the query options
+  ``sentinel_username`` and ``sentinel_password`` (the redis-py ``Sentinel(sentinel_kwargs=...)`` split).
 
-``PoolUrl.safe`` is the URL with the password replaced by ``***``: the only form that logs and INFO show.
+``PoolUrl.safe`` is the URL with every password (also ``sentinel_password=``) replaced by ``***``: the only form
+that logs and INFO show.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+from kvstrata.redact import redact_url
 
 _SINGLE = {"redis": "redis", "rediss": "rediss", "valkey": "redis", "valkeys": "rediss", "unix": "unix"}
 _CLUSTER = {"redis-cluster": "redis", "rediss-cluster": "rediss", "valkey-cluster": "redis",
             "valkeys-cluster": "rediss"}
+_SENTINEL = {"redis-sentinel": "redis", "valkey-sentinel": "redis"}
+_SENTINEL_AUTH = ("sentinel_username", "sentinel_password")
 
 
 @dataclass
@@ -26,19 +35,12 @@ class PoolUrl:
     nodes: list[tuple[str, int]]
     kwargs: dict[str, Any] = field(default_factory=dict)  # redis-py connection options (auth, db, TLS, path)
     safe: str = ""
+    service: str | None = None  # a Sentinel service name: ``nodes`` are then the sentinels
+    sentinel_kwargs: dict[str, Any] = field(default_factory=dict)  # the sentinels' own auth
 
     @property
     def password(self) -> str | None:
         return self.kwargs.get("password")
-
-
-def _mask(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def parse_pool_url(url: str) -> PoolUrl:
@@ -46,7 +48,7 @@ def parse_pool_url(url: str) -> PoolUrl:
 
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    safe = _mask(url)
+    safe = redact_url(url)
     if scheme in _SINGLE:
         target = _SINGLE[scheme]
         rewritten = target + url[len(scheme):]
@@ -63,16 +65,7 @@ def parse_pool_url(url: str) -> PoolUrl:
             raise ValueError(f"pool URL needs host:port, got {safe!r}")
         return PoolUrl(False, [(host, int(port))], kwargs, safe)
     if scheme in _CLUSTER:
-        netloc = parts.netloc
-        auth = ""
-        if "@" in netloc:
-            auth, netloc = netloc.rsplit("@", 1)
-        nodes = []
-        for item in netloc.split(","):
-            host, _, port = item.strip().rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"pool URL node must be host:port, got {item!r}")
-            nodes.append((host.strip("[]"), int(port)))
+        auth, nodes = _auth_and_nodes(parts.netloc)
         first = f"{_CLUSTER[scheme]}://{auth + '@' if auth else ''}{nodes[0][0]}:{nodes[0][1]}"
         kwargs = redis_parse_url(urlunsplit(urlsplit(first)._replace(path=parts.path, query=parts.query)))
         kwargs.pop("host", None)
@@ -83,5 +76,43 @@ def parse_pool_url(url: str) -> PoolUrl:
         if _CLUSTER[scheme] == "rediss":
             kwargs["ssl"] = True
         return PoolUrl(True, nodes, kwargs, safe)
-    raise ValueError(f"pool URL must start with redis://, rediss://, valkey://, unix:// or redis-cluster://, "
+    if scheme in _SENTINEL:
+        return _sentinel_url(parts, safe)
+    raise ValueError(f"pool URL must start with redis://, rediss://, valkey://, unix://, redis-cluster:// or "
+                     f"redis-sentinel://, "
                      f"got {safe!r}")
+
+
+def _auth_and_nodes(netloc: str) -> tuple[str, list[tuple[str, int]]]:
+    """The ``user:password`` part (as written) and the ``host:port`` list of a multi-host URL."""
+    auth = ""
+    if "@" in netloc:
+        auth, netloc = netloc.rsplit("@", 1)
+    nodes = []
+    for item in netloc.split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"pool URL node must be host:port, got {item!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    return auth, nodes
+
+
+def _sentinel_url(parts: Any, safe: str) -> PoolUrl:
+    from redis.connection import parse_url as redis_parse_url
+
+    auth, nodes = _auth_and_nodes(parts.netloc)
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"a sentinel pool URL ends with /service_name[/db], got {safe!r}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    sentinel = {k[len("sentinel_"):]: v for k, v in query if k in _SENTINEL_AUTH}
+    rest = urlencode([(k, v) for k, v in query if k not in _SENTINEL_AUTH])
+    db = path[1] if len(path) == 2 else "0"
+    first = f"redis://{auth + '@' if auth else ''}{nodes[0][0]}:{nodes[0][1]}/{db}" + (f"?{rest}" if rest else "")
+    try:
+        kwargs = redis_parse_url(first)
+    except ValueError as exc:
+        raise ValueError(f"bad pool URL {safe!r}: {exc}") from None
+    kwargs.pop("host", None)
+    kwargs.pop("port", None)
+    return PoolUrl(False, nodes, kwargs, safe, service=path[0], sentinel_kwargs=sentinel)
