@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -562,3 +563,10 @@ def _parse(buf: bytes, pos: int):
             return _parse(buf, pos)
         return out, pos
     raise ValueError(f"unknown RESP type byte {kind!r} in {buf[:100]!r}")
+
+
+@pytest.fixture
+def sockdir():
+    d = tempfile.mkdtemp(prefix="kvs-")  # short: a Unix socket path has at most 107 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -22,3 +23,15 @@ def tier(r: Any, key: Any) -> str | None:
 def tier_info(r: Any, name: str) -> dict[str, Any]:
     """``INFO tier_<name>`` as a dict."""
     return r.info(f"tier_{name}")
+
+
+def unix_server(make_server: Any, sockdir: str, **cfg: str) -> tuple[Any, str]:
+    """A kvstrata server (``make_server``) also listening on a Unix socket in ``sockdir``: (server, socket path)."""
+    path = os.path.join(sockdir, "kv.sock")
+    srv = make_server({"unixsocket": path, "http-port": "0", **cfg})
+    return srv, path
+
+
+def memory_info(r: Any) -> dict[str, Any]:
+    """``INFO memory`` as a dict."""
+    return r.info("memory")

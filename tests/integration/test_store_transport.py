@@ -11,7 +11,6 @@ import asyncio
 import os
 import shutil
 import signal
-import tempfile
 
 import numpy as np
 import pytest
@@ -24,13 +23,6 @@ from kvstrata.client import AsyncKVCacheClient, KVCacheClient, Namespace
 
 CS = 16
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
-
-
-@pytest.fixture
-def sockdir():
-    d = tempfile.mkdtemp(prefix="kvs-")  # short: a Unix socket path has at most 107 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +22,8 @@ import redis
 import xxhash
 from tests.integration.polling import wait_for
 from tests.integration.support import make_kv
+from tests.integration.support import memory_info as _info
+from tests.integration.support import unix_server as _start
 
 from kvstrata.client.arena import ArenaClient, Ref
 from kvstrata.client.fast import RespError
@@ -34,23 +35,6 @@ pytestmark = pytest.mark.kvstrata_only
 
 KB = 1024
 MB = 1024 * KB
-
-
-@pytest.fixture
-def sockdir():
-    d = tempfile.mkdtemp(prefix="kvs-")  # short: a Unix socket path has at most 107 bytes
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _start(make_server, sockdir: str, **cfg: str):
-    path = os.path.join(sockdir, "kv.sock")
-    srv = make_server({"unixsocket": path, "http-port": "0", **cfg})
-    return srv, path
-
-
-def _info(r: redis.Redis) -> dict:
-    return r.info("memory")
 
 
 def _sum(data: bytes) -> bytes:
