@@ -12,8 +12,6 @@ A value the server could not place in the arena comes back inline (bytes); a mis
 from __future__ import annotations
 
 import mmap
-import os
-import socket
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -53,24 +51,7 @@ class ArenaClient(FastClient):
         self.view = memoryview(self.mm)
 
     def _attach(self) -> tuple[mmap.mmap, int]:
-        self.send(b"TAIR.KV.ARENA")
-        data, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 4)
-        if not data:
-            raise ConnectionError("server closed the connection")
-        try:
-            self._rbuf[:len(data)] = data
-            self._start, self._end = 0, len(data)
-            try:
-                reply = self.read_reply()
-            except RespError as exc:
-                raise ArenaUnavailable(str(exc)) from None
-            if not fds:
-                raise ArenaUnavailable("the server sent no arena descriptor")
-            size = int(reply)
-            return mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ), size
-        finally:
-            for fd in fds:
-                os.close(fd)
+        return self.map_passed_fd(b"TAIR.KV.ARENA", mmap.PROT_READ, ArenaUnavailable, "arena")
 
     # ---- reads by reference ----
     def mgetref(self, keys: Sequence[Any], lease_ms: int | None = None, *,

@@ -21,6 +21,7 @@ after the reply has been consumed, so the connection stays usable.
 
 from __future__ import annotations
 
+import mmap
 import os
 import select
 import socket
@@ -200,6 +201,29 @@ class FastClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ---- a descriptor passed with the reply (TAIR.KV.ARENA, TAIR.KV.STAGE) ----
+    def map_passed_fd(self, command: bytes, prot: int, unavailable: type[Exception],
+                      what: str) -> tuple[Any, int]:
+        """Send ``command`` on this Unix-socket connection and map the descriptor its reply passes (SCM_RIGHTS)
+        with ``prot``: (mmap, size). An error reply, or a reply without a descriptor, raises ``unavailable``."""
+        self.send(command)
+        data, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 4)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        try:
+            self._rbuf[:len(data)] = data
+            self._start, self._end = 0, len(data)
+            try:
+                size = int(self.read_reply())
+            except RespError as exc:
+                raise unavailable(str(exc)) from None
+            if not fds:
+                raise unavailable(f"the server sent no {what} descriptor")
+            return mmap.mmap(fds[0], size, mmap.MAP_SHARED, prot), size
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     # ---- sending ----
     def send(self, *args: Any) -> None:

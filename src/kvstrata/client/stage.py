@@ -13,8 +13,6 @@ docs/dataplane.md.
 from __future__ import annotations
 
 import mmap
-import os
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,23 +53,7 @@ class StageWriter(FastClient):
         self.max_wave = 16
 
     def _attach(self) -> tuple[mmap.mmap, int]:
-        self.send(b"TAIR.KV.STAGE")
-        data, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 4)
-        if not data:
-            raise ConnectionError("server closed the connection")
-        try:
-            self._rbuf[:len(data)] = data
-            self._start, self._end = 0, len(data)
-            try:
-                size = int(self.read_reply())
-            except RespError as exc:
-                raise StageUnavailable(str(exc)) from None
-            if not fds:
-                raise StageUnavailable("the server sent no staging descriptor")
-            return mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE), size
-        finally:
-            for fd in fds:
-                os.close(fd)
+        return self.map_passed_fd(b"TAIR.KV.STAGE", mmap.PROT_READ | mmap.PROT_WRITE, StageUnavailable, "staging")
 
     def fits(self, n: int) -> bool:
         """Whether a value of ``n`` bytes can be staged at all (it must fit the segment)."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstrata.engine.tiers.pool_health import PoolUnavailableError, _is_fault
-from kvstrata.engine.tiers.pool_sentinel import check_sentinels, close_sentinels, sentinel_client
+from kvstrata.engine.tiers.pool_sentinel import check_sentinels, close_pool_client, sentinel_client
 
 log = logging.getLogger("kvstrata.pool")
 
@@ -91,11 +91,7 @@ class PoolClient:
         with self._lock:
             c, self._client = self._client, None
         if c is not None:
-            try:
-                c.close()
-            except Exception:  # closing a broken client must not raise
-                pass
-            close_sentinels(c)
+            close_pool_client(c)
 
     def pool_key(self, key: bytes) -> bytes:
         return self.prefix + key

@@ -29,8 +29,13 @@ def sentinel_client(url: PoolUrl, common: dict[str, Any]) -> Any:
     return sentinel.master_for(url.service, **common)
 
 
-def close_sentinels(client: Any) -> None:
-    """Close the sentinel connections behind a ``sentinel_client`` (the master's are closed by ``close``)."""
+def close_pool_client(client: Any) -> None:
+    """Close a pool client or connection without raising (it may be broken), and the sentinel connections behind
+    a ``sentinel_client`` (the master's are closed by ``close``)."""
+    try:
+        client.close()
+    except Exception:  # closing a broken client must not raise
+        pass
     manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
     for s in getattr(manager, "sentinels", ()):
         try:

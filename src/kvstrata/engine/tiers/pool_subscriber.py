@@ -12,7 +12,7 @@ import struct
 import threading
 from typing import Any
 
-from kvstrata.engine.tiers.pool_sentinel import close_sentinels, sentinel_client
+from kvstrata.engine.tiers.pool_sentinel import close_pool_client, sentinel_client
 
 log = logging.getLogger("kvstrata.pool")
 
@@ -61,11 +61,7 @@ class PoolSubscriber:
                 self._stop.wait(min(1.0, self.backoff_max_ms / 1000))
             finally:
                 if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:  # closing a broken connection must not raise
-                        pass
-                    close_sentinels(conn)
+                    close_pool_client(conn)
 
     def _subscriber_conn(self, n: int) -> Any:
         """The connection for the n-th subscription attempt: the pool's nodes in turn; for a sentinel pool, the
