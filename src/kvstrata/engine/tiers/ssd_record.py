@@ -53,15 +53,24 @@ def encode_record(key: bytes, value: Any, version: int, expire_at: int, seq: int
     return [header, full_key, value]
 
 
-def decode_record(key: bytes, rec: Any) -> Entry | Corrupt | None:
-    """Parse and verify a record (bytes or a memoryview into the map); None when it belongs to another key."""
+def _header(key: bytes, rec: Any) -> tuple[Any, ...] | Corrupt:
+    """A record's unpacked header fields, or why they cannot be trusted (length, magic, format)."""
     if len(rec) < HEADER_SIZE:
         return Corrupt(key, "short record")
-    magic, fmt, _flags, version, expire_at, seq, checksum, klen = _HEADER.unpack_from(rec)
-    if magic != MAGIC:
+    head = _HEADER.unpack_from(rec)
+    if head[0] != MAGIC:
         return Corrupt(key, "bad magic")
-    if fmt != FORMAT:
-        return Corrupt(key, f"unknown record format {fmt}")
+    if head[1] != FORMAT:
+        return Corrupt(key, f"unknown record format {head[1]}")
+    return head
+
+
+def decode_record(key: bytes, rec: Any) -> Entry | Corrupt | None:
+    """Parse and verify a record (bytes or a memoryview into the map); None when it belongs to another key."""
+    head = _header(key, rec)
+    if isinstance(head, Corrupt):
+        return head
+    _magic, fmt, _flags, version, expire_at, seq, checksum, klen = head
     mv = memoryview(rec)
     full_key = bytes(mv[HEADER_SIZE : HEADER_SIZE + klen])
     value_view = mv[HEADER_SIZE + klen :]
@@ -79,13 +88,10 @@ def decode_meta(key: bytes, rec: Any) -> Meta | Corrupt | None:
     The checksum covers the value, so it is not verified here: a record whose value is damaged but whose header
     is intact reads as present until a full read (``decode_record``) finds the damage and drops it.
     """
-    if len(rec) < HEADER_SIZE:
-        return Corrupt(key, "short record")
-    magic, fmt, _flags, version, expire_at, _seq, _checksum_, klen = _HEADER.unpack_from(rec)
-    if magic != MAGIC:
-        return Corrupt(key, "bad magic")
-    if fmt != FORMAT:
-        return Corrupt(key, f"unknown record format {fmt}")
+    head = _header(key, rec)
+    if isinstance(head, Corrupt):
+        return head
+    _magic, _fmt, _flags, version, expire_at, _seq, _checksum_, klen = head
     if len(rec) < HEADER_SIZE + klen:
         return Corrupt(key, "short record")
     if klen and bytes(memoryview(rec)[HEADER_SIZE : HEADER_SIZE + klen]) != key:
