@@ -29,29 +29,28 @@ object missing (evicted, deleted) is a miss, so SGLang sees a shorter hit, never
 The client speaks RESP over one socket per thread through ``kvstrata.client.fast.FastClient`` (the transport the
 SDK reads with): writes go out with ``socket.sendmsg`` straight from the host pool's memory (no copy into a
 request buffer) and values are received with ``recvmsg_into`` straight into their page's segments in the host
-pool. Small commands are pipelined: one round trip per batch.
+pool. Small commands are pipelined: one round trip per batch. The connection is ``sglang_conn``'s, the layout
+tags ``sglang_layout``'s; this module maps SGLang's calls onto them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import hashlib
 import logging
 import os
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import torch
 
-from kvstrata.client.fast import FastClient, RespError, pack, sendmsg_all
+from kvstrata.client.fast import RespError
 from kvstrata.engine.stats import Counters
+from kvstrata.integrations.sglang_conn import KvstrataError, RespConnection, _view, parse_url
+from kvstrata.integrations.sglang_layout import _page_object_sizes, _PoolKeys, layout_tag, pool_layout
 
 try:  # The real abstract class, when SGLang is installed (always the case inside SGLang).
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
@@ -69,10 +68,6 @@ DEFAULT_URL = "redis://127.0.0.1:6379"
 DEFAULT_KEY_PREFIX = "hicache:"
 
 
-class KvstrataError(RespError):
-    """An error reply from the server (``-ERR ...``, ``-OOM ...``)."""
-
-
 @dataclass
 class _Object:
     """One stored object of a page: its key and the memory segments (address, length) that hold its bytes."""
@@ -83,114 +78,6 @@ class _Object:
     @property
     def nbytes(self) -> int:
         return sum(n for _, n in self.segments)
-
-
-def _view(address: int, length: int) -> memoryview:
-    """A writable memoryview of ``length`` bytes at ``address`` (host memory owned by a live tensor)."""
-    return memoryview((ctypes.c_char * length).from_address(address)).cast("B")
-
-
-class RespConnection(FastClient):
-    """The backend's connection: ``kvstrata.client.fast.FastClient`` (the transport the SDK reads with too), plus
-    the backend's conventions: error replies returned as ``KvstrataError`` instances by ``read_reply`` and
-    ``pipeline`` (raised by ``call``), values received straight into host-pool segments (``read_bulk_into``)."""
-
-    def __init__(self, host: str, port: int, *, username: str | None = None, password: str | None = None,
-                 db: int = 0, timeout: float | None = 30.0, connect_timeout: float = 5.0) -> None:
-        super().__init__(host, port, timeout=timeout, connect_timeout=connect_timeout)
-        if password is not None:
-            args = [b"AUTH", username.encode(), password.encode()] if username else [b"AUTH", password.encode()]
-            self.call(*args)
-        if db:
-            self.call(b"SELECT", str(db).encode())
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-    def __del__(self) -> None:  # a finished thread's connection: close its socket quietly
-        sock = getattr(self, "sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-    # -- sending ----------------------------------------------------------------------------------------------
-    @staticmethod
-    def encode(args: Sequence[bytes | str | int]) -> bytes:
-        parts: list[Any] = []
-        pack(args, parts)
-        return b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)
-
-    def sendv(self, parts: list[bytes | memoryview]) -> None:
-        """Send every byte of ``parts`` with vectored writes (``sendmsg``): large values are never joined."""
-        sendmsg_all(self.sock, parts)
-
-    # -- receiving --------------------------------------------------------------------------------------------
-    def read_reply(self, into: Any = None) -> Any:
-        """The next reply; an error reply is returned as a ``KvstrataError`` instance (not raised)."""
-        try:
-            return super().read_reply(into)
-        except KvstrataError as exc:
-            return exc
-        except RespError as exc:
-            if str(exc).startswith("unexpected reply type"):
-                raise ConnectionError(f"unexpected reply from kvstrata: {exc}") from None
-            return KvstrataError(str(exc))
-
-    def read_bulk_into(self, segments: list[tuple[int, int]], expected: int) -> bool:
-        """Read one bulk reply straight into ``segments``. False (and nothing kept) for nil, an error reply or a
-        value whose length is not ``expected``."""
-        try:
-            n = self.read_bulk_len()
-        except RespError as exc:
-            if str(exc).startswith("expected a bulk string"):
-                raise ConnectionError(f"expected a bulk reply from kvstrata: {exc}") from None
-            logger.warning("kvstrata: %s", exc)
-            return False
-        if n is None:
-            return False
-        if n != expected:
-            self.skip(n)
-            self.end_bulk()
-            logger.warning("kvstrata: stored object has %d bytes, the host pool page needs %d: treated as a miss",
-                           n, expected)
-            return False
-        self.recv_scatter([_view(address, length) for address, length in segments])
-        self.end_bulk()
-        return True
-
-    # -- commands ---------------------------------------------------------------------------------------------
-    def call(self, *args: bytes | str | int) -> Any:
-        self.sendv([self.encode(args)])
-        reply = self.read_reply()
-        if isinstance(reply, KvstrataError):
-            raise reply
-        return reply
-
-    def pipeline(self, commands: Iterable[Sequence[bytes | str | int]]) -> list[Any]:  # type: ignore[override]
-        """Send every command, then read every reply (error replies come back as ``KvstrataError``)."""
-        encoded = [self.encode(c) for c in commands]
-        if not encoded:
-            return []
-        self.sendv([b"".join(encoded)])
-        return [self.read_reply() for _ in encoded]
-
-
-def parse_url(url: str) -> dict[str, Any]:
-    """``redis://[user:password@]host:port[/db]`` (also ``kvstrata://``, ``tcp://``) -> connection keywords."""
-    parsed = urlparse(url if "://" in url else f"redis://{url}")
-    if parsed.scheme not in ("redis", "kvstrata", "tcp"):
-        raise ValueError(f"unsupported URL scheme {parsed.scheme!r} (use redis://host:port)")
-    db = 0
-    if parsed.path and parsed.path.strip("/"):
-        db = int(parsed.path.strip("/"))
-    return {
-        "host": parsed.hostname or "127.0.0.1",
-        "port": parsed.port or 6379,
-        "username": unquote(parsed.username) if parsed.username else None,
-        "password": unquote(parsed.password) if parsed.password is not None else None,
-        "db": db,
-    }
 
 
 @dataclass
@@ -228,66 +115,6 @@ class KvstrataPoolTransferResult:
     kv_hit_pages: int
     extra_pool_hit_pages: dict[str, int]
     restorable_prefix_pages: list[int] | None = None
-
-
-@dataclass
-class _PoolKeys:
-    """An extra host pool of a hybrid model: its key prefix (with its layout tag) and object suffix."""
-
-    pool: Any
-    prefix: str
-    suffix: str
-    layout: dict[str, Any]
-
-    def key(self, page_hash: str) -> bytes:
-        return f"{self.prefix}{page_hash}{self.suffix}".encode()
-
-
-_LAYOUT_FIELDS = ("layout", "page_size", "layer_num", "head_num", "head_dim", "kv_cache_dim", "kv_lora_rank",
-                  "qk_rope_head_dim")
-
-
-def pool_layout(pool: Any, kind: str, tp_size: int | None) -> dict[str, Any]:
-    """What decides the bytes of a page in ``pool``: its kind (mha, mla or an extra pool's name), the host memory
-    layout (``page_first`` and ``layer_first`` order a page's bytes differently), page size, layers, heads, head
-    dim, dtype, the tensor-parallel size (a rank's heads depend on it; MLA pages are the same on every rank: None)
-    and the byte sizes of one page's objects."""
-    out: dict[str, Any] = {"kind": kind, "pool": type(pool).__name__}
-    for name in _LAYOUT_FIELDS:
-        value = getattr(pool, name, None)
-        if isinstance(value, int | str):
-            out[name] = value
-    out["dtype"] = str(getattr(pool, "dtype", "")).removeprefix("torch.")
-    if tp_size is not None:
-        out["tp_size"] = tp_size
-    sizes = _page_object_sizes(pool, 1)
-    if sizes:
-        out["page_bytes"] = sum(sizes)
-    return out
-
-
-def layout_tag(layout: dict[str, Any]) -> str:
-    """A short stable tag of a layout, part of every key: writers of different layouts never share objects."""
-    text = ",".join(f"{k}={layout[k]}" for k in sorted(layout))
-    return "L" + hashlib.sha256(text.encode()).hexdigest()[:10]
-
-
-def _page_object_sizes(pool: Any, nobj: int) -> list[int] | None:
-    """Byte sizes of the ``nobj`` objects of one page (from the pool's ``get_page_buffer_meta`` for page 0),
-    or None when the pool cannot tell."""
-    page = int(getattr(pool, "page_size", 0) or 0)
-    meta = getattr(pool, "get_page_buffer_meta", None)
-    if page <= 0 or meta is None:
-        return None
-    try:
-        _, sizes = meta(torch.arange(page, dtype=torch.int64))
-    except Exception:  # a pool that cannot describe page 0 on its own: lengths are then not checked
-        return None
-    if sizes and isinstance(sizes[0], list | tuple):
-        sizes = [s for group in sizes for s in group]
-    if not sizes or len(sizes) % nobj:
-        return None
-    return [sum(sizes[j::nobj]) for j in range(nobj)]
 
 
 def _split_results(groups: list[tuple[str, list[Any]]], flat: list[bool]) -> dict[str, list[bool]]:
