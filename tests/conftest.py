@@ -254,6 +254,24 @@ def module_make_server():
     stop_all()
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """A 3-master Redis/Valkey Cluster for the pool tests, one per test module."""
+    from kvstrata.bench.cluster import LocalCluster
+
+    c = LocalCluster(masters=3).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def pool_client(cluster):
+    """A cluster client of ``cluster``, to look at the pool's records directly."""
+    rc = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], socket_timeout=5)
+    yield rc
+    rc.close()
+
+
 @pytest.fixture
 def r(server):
     """RESP2 client on the shared server; the keyspace is empty at the start of each test."""

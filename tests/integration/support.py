@@ -1,4 +1,5 @@
-"""Helpers the integration test modules share: KV tensors for the SDK tests, the tier of a key, a tier's INFO."""
+"""Helpers the integration test modules share: KV tensors for the SDK tests, recognisable values, the tier of a
+key, a tier's INFO."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ def make_kv(n_tokens: int, seed: int = 0, layers: int = 2, heads: int = 2, dim: 
     rng = np.random.default_rng(seed)
     return rng.standard_normal((layers, 2, heads, n_tokens, dim)).astype(np.float32)
 
+
+def value_for(key: str | bytes, size: int) -> bytes:
+    """A distinct, recognisable value of ``size`` bytes for ``key`` (the key, a bar, then bytes 0..255 repeated)."""
+    head = key.encode() if isinstance(key, str) else key
+    return (head + b"|" + bytes(range(256)) * (size // 256 + 1))[:size]
 
 
 def tier(r: Any, key: Any) -> str | None:
@@ -30,6 +36,11 @@ def unix_server(make_server: Any, sockdir: str, **cfg: str) -> tuple[Any, str]:
     path = os.path.join(sockdir, "kv.sock")
     srv = make_server({"unixsocket": path, "http-port": "0", **cfg})
     return srv, path
+
+
+def pool_info(r: Any) -> dict[str, Any]:
+    """``INFO tier_pool`` as a dict."""
+    return tier_info(r, "pool")
 
 
 def memory_info(r: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import threading
 import pytest
 import redis
 from polling import wait_for
-from tests.integration.support import tier
+from tests.integration.support import pool_info, tier, value_for
 
 from kvstrata.bench.cluster import LocalCluster
 from kvstrata.engine.tiers.pool import HEADER_SIZE, PoolTier, decode_header, decode_record
@@ -29,22 +29,6 @@ pytestmark = [
 
 KB = 1024
 PREFIX = b"kvs:"
-
-
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(masters=3).start()
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-def pool_client(cluster):
-    rc = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], socket_timeout=5)
-    yield rc
-    rc.close()
 
 
 @pytest.fixture
@@ -60,15 +44,6 @@ def node(make_server, tmp_path, cluster):
         return make_server(cfg)
 
     return start
-
-
-def pool_info(r):
-    return r.info("tier_pool")
-
-
-def value_for(key, size):
-    head = key.encode() if isinstance(key, str) else key
-    return (head + b"|" + bytes(range(256)) * (size // 256 + 1))[:size]
 
 
 def pool_record(pool_client, key):

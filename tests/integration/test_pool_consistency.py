@@ -35,20 +35,6 @@ PREFIX = b"kvs:"
 INVALIDATION_BOUND_S = 1.0  # the bound docs/pool.md states for a copy on another node to disappear
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = LocalCluster(masters=3).start()
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-def pool_client(cluster):
-    rc = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0], socket_timeout=5)
-    yield rc
-    rc.close()
-
-
 @pytest.fixture
 def node(make_server, cluster):
     """A diskless kvstrata node (DRAM + pool) on the shared cluster."""

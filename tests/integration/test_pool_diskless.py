@@ -10,7 +10,7 @@ import shutil
 import pytest
 import redis
 from polling import wait_for
-from tests.integration.support import tier
+from tests.integration.support import pool_info, tier, value_for
 
 from kvstrata.bench.cluster import LocalCluster
 
@@ -38,15 +38,6 @@ def node(make_server, single):
         return make_server(cfg)
 
     return start
-
-
-def pool_info(r):
-    return r.info("tier_pool")
-
-
-def value_for(key, size):
-    head = key.encode()
-    return (head + b"|" + bytes(range(256)) * (size // 256 + 1))[:size]
 
 
 def test_diskless_node_demotes_to_the_pool_and_reads_back(node):

@@ -22,7 +22,7 @@ import pytest
 import redis
 from polling import wait_for
 from sentinels import LocalSentinel
-from tests.integration.support import tier
+from tests.integration.support import tier, value_for
 
 from kvstrata.bench.cluster import HOST, free_port, server_binary
 
@@ -54,10 +54,6 @@ def node(make_server, sentinel):
         return make_server(cfg)
 
     return start
-
-
-def value_for(key, size):
-    return (key.encode() + b"|" + bytes(range(256)) * (size // 256 + 1))[:size]
 
 
 def master_client(sentinel):

@@ -13,7 +13,7 @@ import threading
 import pytest
 import redis
 from polling import wait_for
-from tests.integration.support import tier, tier_info
+from tests.integration.support import tier, tier_info, value_for
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -38,8 +38,6 @@ def tiered(make_server, tmp_path):
     return start
 
 
-
-
 def ssd_settled(r):
     """Wait until the SSD writer has committed everything queued (no pending writes)."""
     wait_for(lambda: tier_info(r, "ssd")["pending"] == 0, what="the SSD writer to drain")
@@ -48,12 +46,6 @@ def ssd_settled(r):
 def server_ms(r):
     sec, usec = r.time()
     return sec * 1000 + usec // 1000
-
-
-def value_for(key, size):
-    """A distinct, recognisable value of ``size`` bytes for ``key``."""
-    head = key.encode() if isinstance(key, str) else key
-    return (head + b"|" + bytes(range(256)) * (size // 256 + 1))[:size]
 
 
 def write_many(r, keys, size):
