@@ -1,9 +1,10 @@
 """Parallel copies for restores: the chunk copies of a large restore shared by a few persistent threads.
 
 numpy's ``copyto`` releases the GIL while it moves bytes, so several threads copy at once. One core's copy is
-bound by the cache misses it can keep in flight (roughly 10-20 GB/s on server CPUs), while a many-core host's
-memory gives several times that: this is how LMCache- and Mooncake-class systems restore at memory bandwidth.
-A host whose memory one core already saturates (a small VM) gains nothing, and loses nothing either (below).
+bound by the cache misses it can keep in flight, while the memory of a many-core host serves several cores at
+once, so there a restore should scale with threads up to memory bandwidth (not measured: no such host was
+available). A host whose memory one core already saturates gains nothing: on the 2-core dev VM two or four
+threads measured within noise of one (BENCHMARKS.md, "Restore: parallel copy").
 
 ``CopyPool.copy(pairs)`` copies each ``(dst, src)`` pair: on the calling thread alone when the pool has one
 thread or the pairs hold less than ``min_bytes`` (a hand-off costs tens of microseconds), else cut into
@@ -45,7 +46,8 @@ def copy_threads(value: int | None) -> int:
 def byte_views(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``dst`` and ``src`` as uint8 views when they allow it: a value's payload in the arena follows its header
     at an odd offset, and numpy copies misaligned arrays of wider types several times slower than bytes."""
-    if dst.ndim and dst.strides[-1] == dst.itemsize and src.flags.c_contiguous and src.dtype == dst.dtype:
+    if (dst.ndim and src.ndim and dst.strides[-1] == dst.itemsize and src.flags.c_contiguous
+            and src.dtype == dst.dtype):
         return dst.view(np.uint8), src.view(np.uint8)
     return dst, src
 
