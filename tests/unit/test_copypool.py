@@ -205,9 +205,16 @@ def test_a_forked_child_copies_without_its_parents_helpers(pools) -> None:
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_copy_threads_option() -> None:
-    assert copy_threads(None) == max(1, min(4, os.cpu_count() or 1))
+def test_copy_threads_option(monkeypatch) -> None:
+    monkeypatch.delenv("KVSTRATA_COPY_THREADS", raising=False)
+    assert copy_threads(None) == max(1, min(4, copypool.usable_cpus() // 2))
     assert copy_threads(3) == 3
     for bad in (0, -1, 1.5, True, "2"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="copy_threads"):
             copy_threads(bad)  # type: ignore[arg-type]
+    monkeypatch.setenv("KVSTRATA_COPY_THREADS", "3")
+    assert copy_threads(None) == 3 and copy_threads(1) == 1  # the argument wins over the environment
+    for bad in ("0", "two", "-4"):
+        monkeypatch.setenv("KVSTRATA_COPY_THREADS", bad)
+        with pytest.raises(ValueError, match="KVSTRATA_COPY_THREADS"):
+            copy_threads(None)

@@ -31,13 +31,32 @@ DEFAULT_MIN_BYTES = 16 * MiB  # below this a copy runs on the calling thread
 MIN_PIECE = 1 * MiB
 MAX_PIECE = 8 * MiB
 PIECES_PER_THREAD = 4
-MAX_THREADS = 4  # the default's cap: a restore shares the host with the inference engine
+MAX_THREADS = 4  # the default's cap
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def copy_threads(value: int | None) -> int:
-    """A ``copy_threads`` option checked: a positive integer, or None for ``min(4, os.cpu_count())``."""
+    """A ``copy_threads`` option checked: a positive integer; None for ``$KVSTRATA_COPY_THREADS`` when set, else
+    half the usable CPUs, at least 1 and at most 4. Half: a restore shares the host with the inference engine
+    and, on the local data plane, with the server; and on the 2-core dev VM, whose memory one core already
+    saturates, a second copying thread measured 0.85-1.04x of one in most runs (BENCHMARKS.md)."""
     if value is None:
-        return max(1, min(MAX_THREADS, os.cpu_count() or 1))
+        env = os.environ.get("KVSTRATA_COPY_THREADS", "").strip()
+        if not env:
+            return max(1, min(MAX_THREADS, usable_cpus() // 2))
+        try:
+            value = int(env)
+        except ValueError:
+            raise ValueError(f"KVSTRATA_COPY_THREADS must be a positive integer, not {env!r}") from None
+        if value < 1:
+            raise ValueError(f"KVSTRATA_COPY_THREADS must be a positive integer, not {env!r}")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"copy_threads must be a positive integer, not {value!r}")
     return value
