@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import threading
 import warnings
 
@@ -201,7 +202,14 @@ def test_a_forked_child_copies_without_its_parents_helpers(pools) -> None:
             os._exit(0 if np.array_equal(dst, src) and helpers == 2 else 1)
         finally:
             os._exit(2)
-    _, status = os.waitpid(pid, 0)
+    status = None
+    try:
+        _, status = wait_for(lambda: (r := os.waitpid(pid, os.WNOHANG))[0] and r, timeout=30,
+                             what="the forked child to exit")
+    finally:
+        if status is None:  # hung: do not leave it behind
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 
 
