@@ -2,8 +2,9 @@
 
 ``_ArenaReads`` is a part of ``KVCacheClient`` (it uses the connection state set up in its ``__init__``):
 finding the server's Unix socket, this thread's ``ArenaClient`` (``kvstrata.client.arena``, imported on first
-use), leasing and decoding the leading chunks as views of the mapping, and releasing the lease
-(docs/dataplane.md).
+use), leasing and decoding the leading chunks as views of the mapping, releasing the lease (docs/dataplane.md), and
+the client's ``CopyPool`` that shares a large restore's copies out of the mapping (and into ``retrieve(out=)``
+over the socket) among ``copy_threads`` threads.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import CodecError, FormatVersionError, decode
+from kvstrata.client.copypool import CopyPool
 from kvstrata.client.filler import _copied
 from kvstrata.client.planning import _Base
 
@@ -125,12 +127,29 @@ class _ArenaReads(_Base):
             self._drop_arena(ac, exc)
             return None
         if copy:
-            out.extend(_copied(a) for a in mine)
+            out.extend(_copied(mine, self._copier()))
             ac.release(lease)
         else:
             out.extend(mine)
             self._tls.lease = lease
         return first + n
+
+    def _copier(self) -> CopyPool:
+        """The pool of ``copy_threads`` threads that shares this client's large copies (threads started on its
+        first parallel copy, ended by ``close()``)."""
+        pool = self._copies
+        if pool is None:
+            with self._lock:
+                if self._copies is None:
+                    self._copies = CopyPool(self.copy_threads)
+                pool = self._copies
+        return pool
+
+    def _close_copier(self) -> None:
+        with self._lock:
+            pool, self._copies = self._copies, None
+        if pool is not None:
+            pool.close()
 
     def _arena_done(self) -> None:
         lease = getattr(self._tls, "lease", 0)

@@ -2,8 +2,9 @@
 
 ``_Filler`` is the chunk list a retrieve into ``out`` fills: each chunk goes to the next slot along the token
 axis, either copied as it is decoded (``append``) or received there directly by a scatter read (``place`` then
-``commit``, ``kvstrata.client.scatter``). ``_copy_bytes``, ``_copied`` and ``_joined_shape`` are the copy
-helpers of the arena read path.
+``commit``, ``kvstrata.client.scatter``). ``_copy_along``, ``_copied`` and ``_joined_shape`` are the copy
+helpers of the arena read path. Every copy here goes through the client's ``CopyPool``
+(``kvstrata.client.copypool``) when one is given: a large one is shared by its threads.
 """
 
 from __future__ import annotations
@@ -13,28 +14,30 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import DTYPES
+from kvstrata.client.copypool import CopyPool, copy_pair
 from kvstrata.client.scatter import slot_fits
 
 
-def _copy_bytes(dst: np.ndarray, src: np.ndarray) -> None:
-    """np.copyto through byte views: a value's payload in the arena follows its header at an odd offset, and
-    numpy copies misaligned arrays of wider types several times slower than bytes."""
-    if dst.ndim and dst.strides[-1] == dst.itemsize and src.flags.c_contiguous and src.dtype == dst.dtype:
-        np.copyto(dst.view(np.uint8), src.view(np.uint8))
+def _copy_bytes(dst: np.ndarray, src: np.ndarray, copies: CopyPool | None = None) -> None:
+    """``src`` into ``dst`` through byte views where possible (``copypool.byte_views``); shared by the threads
+    of ``copies`` when it is large."""
+    if copies is None:
+        copy_pair(dst, src)
     else:
-        np.copyto(dst, src, casting="no")
+        copies.copy([(dst, src)])
 
 
 class _Filler(list):  # type: ignore[type-arg]
     """The chunk list of ``retrieve(out=)``: each appended chunk is copied at once into the next slot of ``out``
     along the token axis (the list keeps those filled slots)."""
 
-    def __init__(self, out: np.ndarray | None, axis: int, tokens: int = 0) -> None:
+    def __init__(self, out: np.ndarray | None, axis: int, tokens: int = 0, copies: CopyPool | None = None) -> None:
         """``out=None``: ``out`` is made on the first chunk, ``tokens`` long on the token axis (np.empty: pages
-        never written cost nothing)."""
+        never written cost nothing). ``copies``: the pool that shares each large chunk's copy."""
         super().__init__()
         self.dest: np.ndarray = out  # type: ignore[assignment]
         self.axis, self.pos, self.tokens = axis, 0, tokens
+        self.copies = copies
 
     def _make(self, shape: tuple[int, ...], dtype: Any) -> None:
         if self.dest is None:
@@ -54,7 +57,7 @@ class _Filler(list):  # type: ignore[type-arg]
             raise ValueError(f"chunk of {chunk.shape[self.axis]} tokens does not fit at {self.pos} of "
                              f"{self.dest.shape[self.axis]}")
         slot = self._slot(self.pos, end)
-        _copy_bytes(slot, chunk.view(self.dest.dtype) if chunk.dtype != self.dest.dtype else chunk)
+        _copy_bytes(slot, chunk.view(self.dest.dtype) if chunk.dtype != self.dest.dtype else chunk, self.copies)
         self.pos = end
         super().append(slot)
 
@@ -95,10 +98,35 @@ class _Filler(list):  # type: ignore[type-arg]
         return np.ascontiguousarray(self.filled())
 
 
-def _copied(a: np.ndarray) -> np.ndarray:
-    out = np.empty(a.shape, a.dtype)
-    _copy_bytes(out, a)
+def _copied(arrays: list[np.ndarray], copies: CopyPool | None = None) -> list[np.ndarray]:
+    """Each array copied into a new one of its own (one batch for ``copies``)."""
+    out = [np.empty(a.shape, a.dtype) for a in arrays]
+    pairs = list(zip(out, arrays, strict=True))
+    if copies is None:
+        for d, s in pairs:
+            copy_pair(d, s)
+    else:
+        copies.copy(pairs)
     return out
+
+
+def _copy_along(chunks: list[np.ndarray], out: np.ndarray, axis: int, copies: CopyPool | None = None) -> np.ndarray:
+    """``chunks`` one after the other along ``axis`` into ``out`` (chunks of another dtype of the same width are
+    viewed as ``out``'s), as one batch for ``copies``; returns the filled part of ``out``."""
+    index: list[Any] = [slice(None)] * out.ndim
+    pairs = []
+    pos = 0
+    for c in chunks:
+        index[axis] = slice(pos, pos + c.shape[axis])
+        pairs.append((out[tuple(index)], c.view(out.dtype) if c.dtype != out.dtype else c))
+        pos += c.shape[axis]
+    if copies is None:
+        for d, s in pairs:
+            copy_pair(d, s)
+    else:
+        copies.copy(pairs)
+    index[axis] = slice(0, pos)
+    return out[tuple(index)]
 
 
 def _joined_shape(chunks: list[np.ndarray], axis: int) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ from kvstrata.client.codec import (
     prepare_parts,
     seal_parts,
 )
+from kvstrata.client.copypool import copy_threads as checked_copy_threads
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
 from kvstrata.engine.entry import Entry
@@ -71,7 +72,7 @@ class _Base:
                  compression: str | None = None, fp8_scale: str = "head",
                  ttl_classes: dict[str, float | None] | None = None, default_ttl_class: str = DEFAULT_TTL_CLASS,
                  local_tier: LocalTier | int | None = None, shard_key: str | None = None,
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, copy_threads: int | None = None) -> None:
         if chunk_size <= 0 or batch_size <= 0 or prefetch_window < 0:
             raise ValueError("chunk_size and batch_size must be positive, prefetch_window >= 0")
         self.namespace = namespace if isinstance(namespace, Namespace) else Namespace(model=str(namespace))
@@ -82,6 +83,9 @@ class _Base:
         self.prefetch_window = prefetch_window
         # retrieve_chunks: fetch window i+1 while window i is decoded (False: one batch after the other).
         self.overlap = overlap
+        # Threads that share a large restore's copy into the caller's memory (kvstrata.client.copypool); 1: the
+        # calling thread alone. The pool itself belongs to the synchronous client, which does the copies.
+        self.copy_threads = checked_copy_threads(copy_threads)
         self.compression = check_codec(compression) if compression else default_codec()
         if fp8_scale not in ("tensor", "head"):
             raise ValueError("fp8_scale must be 'tensor' or 'head'")

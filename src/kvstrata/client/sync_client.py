@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.arena_reads import _ArenaReads
+from kvstrata.client.copypool import CopyPool
 from kvstrata.client.fast import nbytes
-from kvstrata.client.filler import _copy_bytes, _Filler, _joined_shape
+from kvstrata.client.filler import _copy_along, _Filler, _joined_shape
 from kvstrata.client.keys import Namespace
 from kvstrata.client.planning import KVSource
 from kvstrata.client.socket_reads import _SocketReads
@@ -72,12 +73,14 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         # reads its next window itself after decoding, as without overlap, instead of queueing behind that call.
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._fetch_slot = threading.Lock()
+        self._copies: CopyPool | None = None  # made on first use (_copier), ended by close()
 
     def close(self) -> None:
         with self._lock:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True)  # no fetch may still be using a connection closed below
+        self._close_copier()
         self._arena_done()  # this thread's leased views end here (their release goes out as the client closes)
         with self._lock:
             fast, self._fast_clients = self._fast_clients, []
@@ -266,7 +269,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
                 self._arena_done()
         if out is not None:
             layout = self._layout()
-            filler = _Filler(out, layout.index("T") if "T" in layout else 0)
+            filler = _Filler(out, layout.index("T") if "T" in layout else 0, copies=self._copier())
             keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
             # Over a socket: each value received straight into its slot of ``out`` (scatter receive).
             if self._scatter_reads():
@@ -282,7 +285,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             # Over a socket, into one array made on the first chunk: each value received straight into its
             # place, no concatenation afterwards.
             keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
-            filler = _Filler(None, layout.index("T"), len(keys) * self.chunk_size)
+            filler = _Filler(None, layout.index("T"), len(keys) * self.chunk_size, self._copier())
             try:
                 done = self._retrieve_scatter(keys, filler)
             except ValueError:  # chunks of another length than chunk_size: read them the general way below
@@ -297,15 +300,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         if not chunks:
             return None
         layout = self._layout()
-        axis = layout.index("T") if "T" in layout else 0
-        index: list[Any] = [slice(None)] * out.ndim
-        pos = 0
-        for c in chunks:
-            index[axis] = slice(pos, pos + c.shape[axis])
-            _copy_bytes(out[tuple(index)], c.view(out.dtype) if c.dtype != out.dtype else c)
-            pos += c.shape[axis]
-        index[axis] = slice(0, pos)
-        return out[tuple(index)]
+        return _copy_along(chunks, out, layout.index("T") if "T" in layout else 0, self._copier())
 
     def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
         """Ask the server to promote the chunks of ``tokens`` to DRAM (TAIR.KV.PREFETCH); returns how many it
