@@ -19,7 +19,7 @@ from kvstrata.client.afast import AsyncFastClient, AsyncFastPool
 from kvstrata.client.codec import FLAG_FP8, FLAG_ZSTD, FLAGS_OFFSET
 from kvstrata.client.fast import pack
 from kvstrata.client.keys import Namespace
-from kvstrata.client.planning import KVSource, _Base
+from kvstrata.client.planning import CLEAR_BATCH, KVSource, _Base
 from kvstrata.client.rediserrors import reply_error, socket_error
 from kvstrata.client.resp import RespError
 from kvstrata.client.sync_client import KVCacheClient, _auth
@@ -382,31 +382,39 @@ class AsyncKVCacheClient(_Base):
                 return False
         return True
 
+    async def _checked(self, commands: list[list[Any]], doing: str) -> list[Any]:
+        """``_exchange``'s replies, its first error raised (as redis-py's pipeline raises it)."""
+        replies, _ = await self._exchange(commands, doing)
+        self._raise_first(replies)
+        return replies
+
     async def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
         keys = self.keys(tokens)[:max_chunks]
         if not keys or await self._is_plain():
             return 0
-        queued = 0
-        for i in range(0, len(keys), self.batch_size):
-            queued += int(await self.redis.execute_command("TAIR.KV.PREFETCH", *keys[i:i + self.batch_size]))
-        return queued
+        return sum(int(n) for n in await self._checked(
+            [["TAIR.KV.PREFETCH", *batch] for batch in self._batches(keys)], "prefetching"))
 
     async def delete(self, tokens: Sequence[int]) -> int:
         keys = self.keys(tokens)
         if self.local is not None:
             for k in keys:
                 self.local.delete(k)
-        n = 0
-        for i in range(0, len(keys), self.batch_size):
-            n += int(await self.redis.delete(*keys[i:i + self.batch_size]))
-        return n
+        if not keys:
+            return 0
+        return sum(int(n) for n in await self._checked([["DEL", *batch] for batch in self._batches(keys)],
+                                                       "deleting"))
 
     async def clear(self) -> int:
         prefix = self.namespace.prefix
         if self.local is not None:
             self.local.clear(prefix)
-        keys = [k async for k in self.redis.scan_iter(match=prefix + b"*", count=1000)]
-        n = 0
-        for i in range(0, len(keys), 1000):
-            n += int(await self.redis.delete(*keys[i:i + 1000]))
-        return n
+        keys: list[bytes] = []
+        cursor: Any = b"0"
+        while True:  # every page first, then the deletes (as the sync client)
+            ((cursor, found),) = await self._checked([self._scan_command(cursor, prefix + b"*")], "scanning")
+            keys += found
+            if int(cursor) == 0:
+                break
+        return sum(int(n) for n in await self._checked(
+            [["DEL", *batch] for batch in self._batches(keys, CLEAR_BATCH)], "deleting"))
