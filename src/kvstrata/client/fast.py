@@ -406,15 +406,17 @@ class FastClient(RespReader):
         self.send(b"GET", key)
         return self.read_reply(into=buf)  # type: ignore[no-any-return]
 
-    def mget_into(self, keys: Sequence[Any], bufs: Sequence[Any],
-                  before: Sequence[Any] | None = None) -> list[int | None]:
+    def mget_into(self, keys: Sequence[Any], bufs: Sequence[Any], before: Sequence[Any] | None = None,
+                  command: bytes = b"MGET") -> list[int | None]:
         """One MGET whose values land in ``bufs`` (one per key); lengths, None for missing keys. ``before``: a
-        command sent in the same write ahead of it (its reply is read and dropped; an error reply raises)."""
+        command sent in the same write ahead of it (its reply is read and dropped; an error reply raises).
+        ``command``: ``b"TAIR.KV.MGET"`` on kvstrata, as the SDK reads (its consistency level and ACL rules,
+        not plain MGET's); the default speaks to any Redis."""
         if before:
-            self.send_many((before, (b"MGET", *keys)))
+            self.send_many((before, (command, *keys)))
             self.read_reply()
         else:
-            self.send(b"MGET", *keys)
+            self.send(command, *keys)
         return self._array_into(bufs)
 
     def get_many_into(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[int | None]:

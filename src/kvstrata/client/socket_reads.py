@@ -73,9 +73,9 @@ class _SocketReads(_Base):
         return bufs
 
     def _mget_into(self, keys: list[bytes], bufs: list[bytearray], offset: int,
-                   before: list[bytes] | None = None) -> list[memoryview | None] | None:
-        """MGET on this thread's FastClient into ``bufs[offset ..]`` (a call's other windows keep theirs), after
-        ``before`` in the same write; None when that path is unavailable for this batch."""
+                   before: list[bytes] | None = None, command: bytes = b"TAIR.KV.MGET") -> list[memoryview | None] | None:
+        """``command`` (the window's MGET) on this thread's FastClient into ``bufs[offset ..]`` (a call's other
+        windows keep theirs), after ``before`` in the same write; None when that path is unavailable."""
         if not self._size_hint:
             return None
         fc = self._fast()
@@ -90,7 +90,7 @@ class _SocketReads(_Base):
                 bufs[j] = bytearray(self._size_hint)
         mine = bufs[offset: offset + len(keys)]
         try:
-            lengths = fc.mget_into(keys, mine, before)
+            lengths = fc.mget_into(keys, mine, before, command)
         except ValueTooLarge:
             return None  # read again through redis-py, which raises the size hint
         except (OSError, RespError):
@@ -129,7 +129,7 @@ class _SocketReads(_Base):
         """PREFETCH ``ahead``, then MGET ``keys`` (into ``bufs[offset ..]`` when given and possible), in one round
         trip (``_window_commands``)."""
         prefetch, mget = self._window_commands(keys, ahead, plain)
-        values = self._mget_into(keys, bufs, offset, prefetch) if bufs is not None else None
+        values = self._mget_into(keys, bufs, offset, prefetch, mget[0]) if bufs is not None else None
         if values is None:
             pipe = self.redis.pipeline(transaction=False)
             if prefetch is not None:
