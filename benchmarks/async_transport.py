@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""AsyncKVCacheClient store + retrieve throughput over TCP, for comparing two client source trees.
+"""SDK store + retrieve throughput over TCP, asyncio and sync clients, for comparing two client source trees.
 
     python benchmarks/async_transport.py --compare /work/main/src src [--rounds 6] [--chunks 16] [--json]
 
 Starts one kvstrata server (this interpreter's source), then in every round runs a child process per source tree
 (``PYTHONPATH=<tree>``), in alternating order, that stores ``--chunks`` chunks of SmolLM2-135M-shaped fp32 KV
-(2.9 MB per 64-token chunk, raw codec, ``skip_existing=False``) with the asyncio client and retrieves them,
-``--repeats`` times each after a warm-up, and reports the median GB/s of each. Prints per tree the range and the
+(2.9 MB per 64-token chunk, raw codec, ``skip_existing=False``) with the asyncio client and retrieves them, then
+the same with the sync client (``retrieve_chunks`` as bytes, and ``retrieve``), ``--repeats`` times each after a
+warm-up, and reports the median GB/s of each. Prints per tree the range and the
 median over rounds, and the ratio of medians (second / first). ``--url`` runs one child's measurement against a
 running server.
 """
@@ -28,30 +29,63 @@ import numpy as np
 LAYERS, KV_HEADS, HEAD_DIM = 30, 3, 64  # SmolLM2-135M
 
 
-async def _measure(url: str, ns: str, chunks: int, chunk_tokens: int, repeats: int) -> dict[str, float]:
+def _kv(chunks: int, chunk_tokens: int) -> np.ndarray:
+    n_tokens = chunks * chunk_tokens
+    return np.random.default_rng(0).standard_normal((LAYERS, 2, KV_HEADS, n_tokens, HEAD_DIM), dtype=np.float32)
+
+
+async def _measure_async(url: str, ns: str, kv: np.ndarray, chunk_tokens: int,
+                         repeats: int) -> dict[str, float]:
     from kvstrata.client import AsyncKVCacheClient, Namespace
 
-    n_tokens = chunks * chunk_tokens
-    kv = np.random.default_rng(0).standard_normal((LAYERS, 2, KV_HEADS, n_tokens, HEAD_DIM), dtype=np.float32)
-    tokens = list(range(n_tokens))
-    store_s: list[float] = []
-    read_s: list[float] = []
+    tokens = list(range(kv.shape[3]))
+    times: dict[str, list[float]] = {"async_store": [], "async_retrieve": []}
     async with AsyncKVCacheClient(url, Namespace(ns, kv_dtype="float32"), chunk_size=chunk_tokens,
                                   compression="raw", local_plane=False) as c:
         for r in range(repeats + 1):  # the first round warms up (connections, probe, page cache)
             t = time.perf_counter()
-            assert await c.store(tokens, kv, skip_existing=False) == chunks
+            await c.store(tokens, kv, skip_existing=False)
             t1 = time.perf_counter()
             n, back = await c.retrieve(tokens)
             t2 = time.perf_counter()
-            assert n == n_tokens and back is not None and back.shape == kv.shape
+            if n != len(tokens) or not np.array_equal(back, kv):
+                raise SystemExit("retrieved KV differs from what was stored")
             if r:
-                store_s.append(t1 - t)
-                read_s.append(t2 - t1)
-        if not np.array_equal(back, kv):
-            raise SystemExit("retrieved KV differs from what was stored")
-    return {"store_gbps": kv.nbytes / statistics.median(store_s) / 1e9,
-            "retrieve_gbps": kv.nbytes / statistics.median(read_s) / 1e9}
+                times["async_store"].append(t1 - t)
+                times["async_retrieve"].append(t2 - t1)
+    return {k: kv.nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
+
+
+def _measure_sync(url: str, ns: str, kv: np.ndarray, chunk_tokens: int, repeats: int) -> dict[str, float]:
+    from kvstrata.client import KVCacheClient, Namespace
+
+    tokens = list(range(kv.shape[3]))
+    times: dict[str, list[float]] = {"sync_store": [], "sync_retrieve_chunks": [], "sync_retrieve": []}
+    with KVCacheClient(url, Namespace(ns, kv_dtype="float32"), chunk_size=chunk_tokens, compression="raw",
+                       local_plane=False) as c:
+        for r in range(repeats + 1):
+            t = time.perf_counter()
+            c.store(tokens, kv, skip_existing=False)
+            t1 = time.perf_counter()
+            n, chunks = c.retrieve_chunks(tokens)
+            t2 = time.perf_counter()
+            m, back = c.retrieve(tokens)
+            t3 = time.perf_counter()
+            if n != len(tokens) or m != n or not np.array_equal(back, kv):
+                raise SystemExit("retrieved KV differs from what was stored")
+            del chunks
+            if r:
+                times["sync_store"].append(t1 - t)
+                times["sync_retrieve_chunks"].append(t2 - t1)
+                times["sync_retrieve"].append(t3 - t2)
+    return {k: kv.nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
+
+
+def _measure(url: str, ns: str, chunks: int, chunk_tokens: int, repeats: int) -> dict[str, float]:
+    kv = _kv(chunks, chunk_tokens)
+    out = asyncio.run(_measure_async(url, ns + "/a", kv, chunk_tokens, repeats))
+    out.update(_measure_sync(url, ns + "/s", kv, chunk_tokens, repeats))
+    return out
 
 
 def _child(tree: str, url: str, ns: str, args: argparse.Namespace) -> dict[str, float]:
@@ -79,18 +113,20 @@ def _compare(args: argparse.Namespace) -> dict[str, Any]:
         srv.stop()
     machine = describe_machine()
     result: dict[str, Any] = {"machine": machine, "trees": [a, b], "rounds": args.rounds, "runs": runs}
-    for metric in ("store_gbps", "retrieve_gbps"):
+    metrics = list(runs[a][0])
+    for metric in metrics:
         med = {t: statistics.median(x[metric] for x in runs[t]) for t in (a, b)}
         result[metric] = {t: {"median": med[t], "min": min(x[metric] for x in runs[t]),
                               "max": max(x[metric] for x in runs[t])} for t in (a, b)}
         result[metric]["ratio"] = med[b] / med[a]
     if not args.json:
         print(machine_summary(machine))
-        for metric in ("store_gbps", "retrieve_gbps"):
+        for metric in metrics:
             m = result[metric]
             for t in (a, b):
-                print(f"{metric:14s} {t:24s} median {m[t]['median']:.2f}  range {m[t]['min']:.2f}-{m[t]['max']:.2f}")
-            print(f"{metric:14s} ratio {b} / {a}: {m['ratio']:.2f}")
+                print(f"{metric:20s} {t:16s} GB/s median {m[t]['median']:.2f}  "
+                      f"range {m[t]['min']:.2f}-{m[t]['max']:.2f}")
+            print(f"{metric:20s} ratio {b} / {a}: {m['ratio']:.2f}")
     return result
 
 
@@ -106,7 +142,7 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     if args.url:
-        print(json.dumps(asyncio.run(_measure(args.url, args.ns, args.chunks, args.chunk_tokens, args.repeats))))
+        print(json.dumps(_measure(args.url, args.ns, args.chunks, args.chunk_tokens, args.repeats)))
     elif args.compare:
         result = _compare(args)
         if args.json:

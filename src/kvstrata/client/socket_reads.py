@@ -30,8 +30,8 @@ class _SocketReads(_Base):
 
     # ---- reads into reusable buffers (kvstrata.client.fast) ----
     def _fast(self) -> Any:
-        """This thread's ``FastClient`` (values received straight into reusable buffers), or None when the
-        connection is not a plain TCP one without a database number (then redis-py reads them)."""
+        """This thread's ``FastClient`` (the SDK's connection for every command), or None when the connection is
+        not a plain TCP or Unix one without a database number (then redis-py carries them)."""
         if not self._fast_ok:
             return None
         fc = getattr(self._tls, "fast", None)
@@ -92,7 +92,7 @@ class _SocketReads(_Base):
         try:
             lengths = fc.mget_into(keys, mine, before, command)
         except ValueTooLarge:
-            return None  # read again through redis-py, which raises the size hint
+            return None  # read again as bytes (_small), which raises the size hint
         except (OSError, RespError):
             self._drop_fast(fc)
             return None
@@ -130,12 +130,10 @@ class _SocketReads(_Base):
         trip (``_window_commands``)."""
         prefetch, mget = self._window_commands(keys, ahead, plain)
         values = self._mget_into(keys, bufs, offset, prefetch, mget[0]) if bufs is not None else None
-        if values is None:
-            pipe = self.redis.pipeline(transaction=False)
-            if prefetch is not None:
-                pipe.execute_command(*prefetch)
-            pipe.execute_command(*mget)
-            values = pipe.execute()[-1]
+        if values is None:  # values as bytes, on the same connection (redis-py's for TLS / a database number)
+            replies = self._small([mget] if prefetch is None else [prefetch, mget], "reading")
+            self._raise_first(replies)
+            values = replies[-1]
         return values
 
     def _read_sequential(self, keys: list[bytes], i: int, out: list[np.ndarray],
@@ -203,11 +201,11 @@ class _SocketReads(_Base):
         each raw value received straight into its slot of ``out`` and verified on the way
         (``kvstrata.client.scatter``). Returns the chunks restored, or None when that connection is unavailable.
         A connection failing mid-value drops it, and the chunks not yet verified are read again the usual way
-        (redis-py reconnects, or raises): the slot being filled is never counted."""
+        (on a new connection, or it raises redis-py's error): the slot being filled is never counted."""
         try:
             fc = self._fast()
         except OSError:
-            return None  # cannot connect: the redis-py path below raises its usual error (or reconnects)
+            return None  # cannot connect: the windowed read below tries once more, or raises redis-py's error
         if fc is None:
             return None
         from kvstrata.client.fast import RespError
