@@ -58,7 +58,10 @@ def test_async_client_stores_and_reads_without_redis_py(make_server, sockdir) ->
             assert n == 3 * CS and np.array_equal(np.concatenate(chunks, axis=3), kv[:, :, :, :3 * CS])
             assert _redis_py_connections(c) == 0  # every command went out on AsyncFastClient
             assert 1 <= c._conns.created <= 2  # reused, not one per command (two while a window overlaps)
-            return {k: v for k, v in c.stats.as_dict().items() if k != "errors"}
+            idle = list(c._conns._idle)
+            assert idle
+        assert c._conns._idle == [] and all(conn.sock.fileno() < 0 for conn in idle)  # aclose closed them
+        return {k: v for k, v in c.stats.as_dict().items() if k != "errors"}
 
     for url in (f"redis://{srv.host}:{srv.port}", f"unix://{path}"):
         for ns, kv in (("small", small), ("big", big)):

@@ -186,6 +186,7 @@ class AsyncFastPool:
         self._idle: list[AsyncFastClient] = []
         self.max_idle = max_idle
         self.created = 0  # connections made (tests and diagnostics)
+        self.closed = False
 
     async def get(self) -> AsyncFastClient:
         while self._idle:
@@ -198,12 +199,14 @@ class AsyncFastPool:
         return conn
 
     def put(self, conn: AsyncFastClient, clean: bool) -> None:
-        if clean and len(self._idle) < self.max_idle:
+        if clean and not self.closed and len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
             conn.close()
 
     def close(self) -> None:
+        """Close the idle connections; one still lent is closed when it is given back."""
+        self.closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()

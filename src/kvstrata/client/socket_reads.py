@@ -52,6 +52,7 @@ class _SocketReads(_Base):
                             timeout=kw.get("socket_timeout"), password=kw.get("password"),
                             username=kw.get("username"),
                             unix_path=kw.get("path") if cls is redis.UnixDomainSocketConnection else None)
+            fc.keep_bytearrays = True  # retrieve_chunks' values: decoded in place, never changed
             self._tls.fast = fc
             with self._lock:
                 self._fast_clients.append(fc)
