@@ -81,17 +81,21 @@ def _measure_sync(url: str, ns: str, kv: np.ndarray, chunk_tokens: int, repeats:
     return {k: kv.nbytes / statistics.median(v) / 1e9 for k, v in times.items()}
 
 
-def _measure(url: str, ns: str, chunks: int, chunk_tokens: int, repeats: int) -> dict[str, float]:
+def _measure(url: str, ns: str, chunks: int, chunk_tokens: int, repeats: int, clients: str) -> dict[str, float]:
     kv = _kv(chunks, chunk_tokens)
-    out = asyncio.run(_measure_async(url, ns + "/a", kv, chunk_tokens, repeats))
-    out.update(_measure_sync(url, ns + "/s", kv, chunk_tokens, repeats))
+    out: dict[str, float] = {}
+    if clients in ("both", "async"):
+        out.update(asyncio.run(_measure_async(url, ns + "/a", kv, chunk_tokens, repeats)))
+    if clients in ("both", "sync"):
+        out.update(_measure_sync(url, ns + "/s", kv, chunk_tokens, repeats))
     return out
 
 
 def _child(tree: str, url: str, ns: str, args: argparse.Namespace) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     out = subprocess.run([sys.executable, __file__, "--url", url, "--ns", ns, "--chunks", str(args.chunks),
-                          "--chunk-tokens", str(args.chunk_tokens), "--repeats", str(args.repeats)],
+                          "--chunk-tokens", str(args.chunk_tokens), "--repeats", str(args.repeats),
+                          "--clients", args.clients],
                          env=env, check=True, capture_output=True, text=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -139,10 +143,12 @@ def main() -> None:
     p.add_argument("--chunks", type=int, default=16)
     p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--clients", choices=("both", "async", "sync"), default="both",
+                   help="which clients a child measures (both: the async one first, in the same process)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     if args.url:
-        print(json.dumps(_measure(args.url, args.ns, args.chunks, args.chunk_tokens, args.repeats)))
+        print(json.dumps(_measure(args.url, args.ns, args.chunks, args.chunk_tokens, args.repeats, args.clients)))
     elif args.compare:
         result = _compare(args)
         if args.json:
