@@ -14,6 +14,10 @@ server with, so the client costs the same against each):
   bulk value piece by piece straight into several buffers (a strided tensor's contiguous runs) with
   ``recvmsg_into``, seeing each filled piece while it is still in cache (``kvstrata.client.scatter`` hashes it).
 
+The waiting is all this module adds: the receive buffer, reply parsing and connection health are the sans-IO
+``kvstrata.client.resp`` (shared with the asyncio ``kvstrata.client.afast.AsyncFastClient``, which also reuses
+``pack`` and the vectored-send bookkeeping here).
+
 Any object with a C-contiguous buffer works as a destination (``bytearray``, ``memoryview``, a numpy array, a
 torch CPU tensor through ``tensor.numpy()``). A value longer than its destination raises ``ValueTooLarge``
 after the reply has been consumed, so the connection stays usable.
