@@ -1,6 +1,8 @@
-"""AsyncKVCacheClient: the asyncio client, the same operations as KVCacheClient on redis-py's asyncio API.
+"""AsyncKVCacheClient: the asyncio client, the same operations as KVCacheClient on the same RESP transport.
 
-Reads overlap the next window's receive with this window's decoding (a task), decode in a thread only when
+Commands go out on ``AsyncFastClient`` connections (kvstrata.client.afast: FastClient's framing, parsing and
+error mapping around non-blocking I/O), lent by an ``AsyncFastPool``; redis-py's asyncio pool only parses the URL
+and carries the connections AsyncFastClient does not make (TLS, a database number). Reads overlap the next window's receive with this window's decoding (a task), decode in a thread only when
 that is worth the hop (``OFFLOAD_*``), and go through a synchronous client in a worker thread for a local
 server's arena and for ``retrieve(out=)``.
 """
@@ -13,10 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from kvstrata.client.afast import AsyncFastClient, AsyncFastPool
 from kvstrata.client.codec import FLAG_FP8, FLAG_ZSTD, FLAGS_OFFSET
 from kvstrata.client.fast import pack
 from kvstrata.client.keys import Namespace
-from kvstrata.client.planning import KVSource, _Base
+from kvstrata.client.planning import CLEAR_BATCH, KVSource, _Base
+from kvstrata.client.rediserrors import reply_error, socket_error
+from kvstrata.client.resp import RespError
 from kvstrata.client.sync_client import KVCacheClient, _auth
 
 # The asyncio client decodes a window in a thread (asyncio.to_thread, ~75 us a hop here) only when decoding
@@ -45,9 +50,23 @@ class AsyncKVCacheClient(_Base):
         self._local_ok = local_plane
         self._reader: KVCacheClient | None = None  # retrieve(out=) over the socket, in a worker thread
         self.url = url
+        # redis-py's pool connects nothing until asked: it parses the URL (and carries TLS / database-number
+        # URLs, which AsyncFastClient does not speak); every other command goes out on self._conns.
         self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
                                                    socket_timeout=socket_timeout, **_auth(username, password))
         self.redis = aredis.Redis(connection_pool=self.pool)
+        kw = self.pool.connection_kwargs
+        cls = self.pool.connection_class
+        self._conns: AsyncFastPool | None = None
+        if cls in (aredis.Connection, aredis.UnixDomainSocketConnection) and not kw.get("db", 0):
+            unix = kw.get("path") if cls is aredis.UnixDomainSocketConnection else None
+
+            async def connect() -> AsyncFastClient:
+                return await AsyncFastClient.connect(
+                    kw.get("host", "localhost"), int(kw.get("port", 6379)), timeout=kw.get("socket_timeout"),
+                    password=kw.get("password"), username=kw.get("username"), unix_path=unix)
+
+            self._conns = AsyncFastPool(connect, max_connections)
         self._plain_redis: bool | None = None
 
     async def aclose(self) -> None:
@@ -55,6 +74,8 @@ class AsyncKVCacheClient(_Base):
             if sync is not None:
                 sync.close()
         self._local = self._reader = None
+        if self._conns is not None:
+            self._conns.close()
         await self.redis.aclose()
         await self.pool.disconnect()
 
@@ -68,40 +89,69 @@ class AsyncKVCacheClient(_Base):
         if self._plain_redis is None:
             import redis
 
-            try:
-                await self.redis.execute_command("TAIR.KV.VERSION", "kvstrata:probe")
-                self._plain_redis = False
-            except redis.ResponseError:
-                self._plain_redis = True
+            (reply,), _ = await self._exchange([["TAIR.KV.VERSION", "kvstrata:probe"]], "probing the server")
+            if isinstance(reply, Exception) and not isinstance(reply, redis.ResponseError):
+                raise reply
+            self._plain_redis = isinstance(reply, redis.ResponseError)
         return self._plain_redis
 
-    async def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
-        import redis
-
-        conn = await self.pool.get_connection()
+    async def _conn(self) -> AsyncFastClient:
+        """A connection of ``self._conns``; connection and AUTH failures raise as redis-py's exceptions."""
+        assert self._conns is not None
         try:
-            parts: list[Any] = []
-            size = sum(pack(cmd, parts) for cmd in commands)
-            await conn.send_packed_command(parts, check_health=False)  # writelines: buffers are not joined
-            replies = []
+            return await self._conns.get()
+        except OSError as exc:
+            raise socket_error(exc, "connecting") from exc
+        except RespError as exc:
+            raise reply_error(str(exc)) from exc
+
+    async def _exchange(self, commands: list[list[Any]], doing: str) -> tuple[list[Any], int]:
+        """Send ``commands`` pipelined in vectored writes (values unjoined) and read every reply; an error reply
+        comes back in its place as the exception redis-py would raise (as ``KVCacheClient._roundtrip``), a
+        socket failure closes the connection and raises redis-py's ConnectionError or TimeoutError. Returns the
+        replies and the bytes sent."""
+        if self._conns is None:
+            return await self._exchange_redis(commands)
+        conn = await self._conn()
+        parts: list[Any] = []
+        size = sum(pack(cmd, parts) for cmd in commands)
+        replies: list[Any] = []
+        clean = False
+        try:
+            await conn.send_parts(parts)
             for _ in commands:
                 try:
-                    replies.append(await conn.read_response())
-                except redis.ResponseError as exc:
-                    replies.append(exc)
-            self._count(bytes_sent=size)
-            return replies
-        except BaseException:
-            await conn.disconnect()
-            raise
+                    replies.append(await conn.read_reply())
+                except RespError as exc:
+                    replies.append(reply_error(str(exc)))
+            clean = True
+        except OSError as exc:
+            raise socket_error(exc, doing) from exc
         finally:
-            await self.pool.release(conn)
+            self._conns.put(conn, clean)  # closed unless every reply was read
+        return replies, size
+
+    async def _exchange_redis(self, commands: list[list[Any]]) -> tuple[list[Any], int]:
+        """``_exchange`` on redis-py's asyncio pipeline, for connections AsyncFastClient does not make (TLS, a
+        database number): each value is joined into one bytes object first."""
+        pipe = self.redis.pipeline(transaction=False)
+        size = 0
+        for cmd in commands:
+            size += pack(cmd, [])
+            pipe.execute_command(*[b"".join(a) if isinstance(a, list) else a for a in cmd])
+        replies = await pipe.execute(raise_on_error=False)
+        return list(replies), size
+
+    async def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
+        """A batch of writes (``_exchange``), its bytes counted as sent."""
+        replies, size = await self._exchange(commands, "while storing")
+        self._count(bytes_sent=size)
+        return replies
 
     async def _exists_each(self, keys: list[bytes]) -> list[bool]:
-        pipe = self.redis.pipeline(transaction=False)
-        for k in keys:
-            pipe.exists(k)
-        return [bool(x) for x in await pipe.execute()]
+        replies, _ = await self._exchange([["EXISTS", k] for k in keys], "checking keys")
+        self._raise_first(replies)
+        return [bool(x) for x in replies]
 
     async def lookup(self, tokens: Sequence[int]) -> int:
         keys = self.keys(tokens)
@@ -180,12 +230,22 @@ class AsyncKVCacheClient(_Base):
         the caller goes on to decode, even when it decodes on the event loop."""
         before, mget = self._window_commands(keys, ahead, plain)
         cmds = [mget] if before is None else [before, mget]
-        conn = await self.pool.get_connection()
+        if self._conns is None:
+            rconn = await self.pool.get_connection()
+            try:
+                await rconn.send_packed_command(rconn.pack_commands(cmds), check_health=False)
+            except BaseException:
+                await rconn.disconnect()
+                await self.pool.release(rconn)
+                raise
+            return rconn, len(cmds)
+        conn = await self._conn()
         try:
-            await conn.send_packed_command(conn.pack_commands(cmds), check_health=False)
-        except BaseException:
-            await conn.disconnect()
-            await self.pool.release(conn)
+            await conn.send_many(cmds)
+        except BaseException as exc:
+            self._conns.put(conn, False)
+            if isinstance(exc, OSError):
+                raise socket_error(exc, "sending a read") from exc
             raise
         return conn, len(cmds)
 
@@ -193,13 +253,28 @@ class AsyncKVCacheClient(_Base):
         """Read the replies of ``_send_window``; returns the MGET's values. The connection is given back by the
         caller (``_done_with``), not here: a task cancelled before it started never runs its own ``finally``."""
         reply = None
-        for _ in range(n_replies):
-            reply = await conn.read_response()
+        if not isinstance(conn, AsyncFastClient):
+            for _ in range(n_replies):
+                reply = await conn.read_response()
+            return reply  # type: ignore[return-value]
+        try:
+            for _ in range(n_replies):
+                reply = await conn.read_reply()
+        except RespError as exc:
+            raise reply_error(str(exc)) from None
+        except OSError as exc:
+            raise socket_error(exc, "reading") from exc
         return reply  # type: ignore[return-value]
 
     async def _done_with(self, conn: Any, clean: bool) -> None:
+        """Give ``conn`` back: kept when every reply was read (``clean``), else closed (replies may be left
+        unread: an error, a dropped window)."""
+        if isinstance(conn, AsyncFastClient):
+            assert self._conns is not None
+            self._conns.put(conn, clean)
+            return
         if not clean:
-            await conn.disconnect()  # replies may be left unread (an error, a dropped window)
+            await conn.disconnect()
         await self.pool.release(conn)
 
     async def _recv_and_release(self, conn: Any, n_replies: int) -> list[Any]:
@@ -307,31 +382,39 @@ class AsyncKVCacheClient(_Base):
                 return False
         return True
 
+    async def _checked(self, commands: list[list[Any]], doing: str) -> list[Any]:
+        """``_exchange``'s replies, its first error raised (as redis-py's pipeline raises it)."""
+        replies, _ = await self._exchange(commands, doing)
+        self._raise_first(replies)
+        return replies
+
     async def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
         keys = self.keys(tokens)[:max_chunks]
         if not keys or await self._is_plain():
             return 0
-        queued = 0
-        for i in range(0, len(keys), self.batch_size):
-            queued += int(await self.redis.execute_command("TAIR.KV.PREFETCH", *keys[i:i + self.batch_size]))
-        return queued
+        return sum(int(n) for n in await self._checked(
+            [["TAIR.KV.PREFETCH", *batch] for batch in self._batches(keys)], "prefetching"))
 
     async def delete(self, tokens: Sequence[int]) -> int:
         keys = self.keys(tokens)
         if self.local is not None:
             for k in keys:
                 self.local.delete(k)
-        n = 0
-        for i in range(0, len(keys), self.batch_size):
-            n += int(await self.redis.delete(*keys[i:i + self.batch_size]))
-        return n
+        if not keys:
+            return 0
+        return sum(int(n) for n in await self._checked([["DEL", *batch] for batch in self._batches(keys)],
+                                                       "deleting"))
 
     async def clear(self) -> int:
         prefix = self.namespace.prefix
         if self.local is not None:
             self.local.clear(prefix)
-        keys = [k async for k in self.redis.scan_iter(match=prefix + b"*", count=1000)]
-        n = 0
-        for i in range(0, len(keys), 1000):
-            n += int(await self.redis.delete(*keys[i:i + 1000]))
-        return n
+        keys: list[bytes] = []
+        cursor: Any = b"0"
+        while True:  # every page first, then the deletes (as the sync client)
+            ((cursor, found),) = await self._checked([self._scan_command(cursor, prefix + b"*")], "scanning")
+            keys += found
+            if int(cursor) == 0:
+                break
+        return sum(int(n) for n in await self._checked(
+            [["DEL", *batch] for batch in self._batches(keys, CLEAR_BATCH)], "deleting"))

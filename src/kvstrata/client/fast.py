@@ -14,6 +14,10 @@ server with, so the client costs the same against each):
   bulk value piece by piece straight into several buffers (a strided tensor's contiguous runs) with
   ``recvmsg_into``, seeing each filled piece while it is still in cache (``kvstrata.client.scatter`` hashes it).
 
+The waiting is all this module adds: the receive buffer, reply parsing and connection health are the sans-IO
+``kvstrata.client.resp`` (shared with the asyncio ``kvstrata.client.afast.AsyncFastClient``, which also reuses
+``pack`` and the vectored-send bookkeeping here).
+
 Any object with a C-contiguous buffer works as a destination (``bytearray``, ``memoryview``, a numpy array, a
 torch CPU tensor through ``tensor.numpy()``). A value longer than its destination raises ``ValueTooLarge``
 after the reply has been consumed, so the connection stays usable.
@@ -23,13 +27,17 @@ from __future__ import annotations
 
 import mmap
 import os
-import select
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from kvstrata.client.resp import ARRAY, BULK, RECV_BUFFER, RespError, RespReader, ValueTooLarge, reply_head
+
+__all__ = ["LARGE", "FastClient", "RespError", "ValueTooLarge", "nbytes", "pack", "sendmsg_all",
+           "widen_unix_send_buffer"]
+
 LARGE = 16 * 1024
-_RECV = 256 * 1024
+_RECV = RECV_BUFFER
 _IOV_MAX = 512
 # Bytes one recvmsg_into of a scatter receive asks for: small enough that the pieces it fills are still in the
 # CPU cache when the caller hashes them right after (the verify pass then costs no memory traffic), large enough
@@ -39,14 +47,6 @@ SCATTER_BYTES = 512 * 1024
 # server has read it; at the default (~208 KiB) a 15 MB KV chunk costs ~70 wake-ups on each side. 4 MiB (the
 # usual net.core.wmem_max; the kernel caps it there) measured +20% on the SDK's Unix store. TCP autotunes.
 UNIX_SNDBUF = 4 << 20
-
-
-class RespError(Exception):
-    """An error reply from the server."""
-
-
-class ValueTooLarge(Exception):
-    """A value did not fit the destination buffer given for it."""
 
 
 def _bytes_view(buf: Any) -> memoryview:
@@ -123,27 +123,43 @@ def widen_unix_send_buffer(sock: socket.socket) -> None:
             pass  # a sandbox refusing it only costs speed
 
 
+def send_views(parts: list[Any]) -> list[Any]:
+    """``parts`` as ``sendmsg`` takes them (bytes, or flat byte views), empty ones left out."""
+    return [p if isinstance(p, bytes) else _bytes_view(p) for p in parts if nbytes(p)]
+
+
+def advance(views: list[Any], i: int, sent: int) -> int:
+    """After a ``sendmsg`` of ``views[i:]`` moved ``sent`` bytes: the index of the first view not all sent (a
+    partly sent one is cut to its rest in place)."""
+    while sent:
+        n = len(views[i])
+        if sent >= n:
+            sent -= n
+            i += 1
+        else:
+            views[i] = memoryview(views[i])[sent:]
+            sent = 0
+    return i
+
+
 def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
     """Send every buffer in order with vectored writes (``sendmsg``, never joined), continuing after partial
     sends; returns the bytes sent."""
-    views = [p if isinstance(p, bytes) else _bytes_view(p) for p in parts if nbytes(p)]
+    views = send_views(parts)
     total = 0
     i = 0
     while i < len(views):
         sent = sock.sendmsg(views[i:i + _IOV_MAX])
         total += sent
-        while sent:
-            n = len(views[i])
-            if sent >= n:
-                sent -= n
-                i += 1
-            else:
-                views[i] = memoryview(views[i])[sent:]
-                sent = 0
+        i = advance(views, i, sent)
     return total
 
 
-class FastClient:
+class FastClient(RespReader):
+    # A value too large for the receive buffer is received into a bytearray of its own: returned as it is when
+    # True (the SDK's connections: one copy fewer, as AsyncFastClient does), else copied into bytes.
+    keep_bytearrays = False
+
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
                  password: str | None = None, *, unix_path: str | None = None,
                  username: str | None = None, connect_timeout: float | None = None) -> None:
@@ -164,37 +180,13 @@ class FastClient:
                 (host, port), timeout=timeout if connect_timeout is None else connect_timeout)
             self.sock.settimeout(timeout)
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._pid = os.getpid()  # a connection inherited by a forked child is the parent's: never used there
-        self._rbuf = bytearray(_RECV)
-        self._rview = memoryview(self._rbuf)
-        self._start = 0
-        self._end = 0
+        self._init_buffer()
         if password is not None:
             try:
                 self.call(b"AUTH", *([username] if username else []), password)
             except BaseException:
                 self.sock.close()  # a refused AUTH must not leak the socket
                 raise
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def broken(self) -> bool:
-        """Whether this connection, idle between commands, must not be used again: the peer closed it (a
-        restart, CLIENT KILL, an idle timeout), it has failed, bytes arrived that no command asked for, or this
-        process is a fork of the one that connected (the socket is shared with the parent). A pool checks the
-        same before handing out a connection; one ``poll``, no wait."""
-        if self._start != self._end or os.getpid() != self._pid:
-            return True
-        try:
-            fd = self.sock.fileno()
-            if fd < 0:
-                return True
-            p = select.poll()
-            p.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-            return bool(p.poll(0))
-        except (OSError, ValueError):
-            return True
 
     def __enter__(self) -> FastClient:
         return self
@@ -240,43 +232,28 @@ class FastClient:
         sendmsg_all(self.sock, parts)
         return count
 
-    # ---- receiving ----
+    # ---- receiving (the buffer's bookkeeping is RespReader's, shared with the asyncio client) ----
     def _fill(self) -> None:
-        if self._start == self._end:
-            self._start = self._end = 0
-        elif self._end == len(self._rbuf):
-            # Move the unread tail to the front (a header never exceeds the buffer).
-            n = self._end - self._start
-            self._rbuf[:n] = self._rbuf[self._start : self._end]
-            self._start, self._end = 0, n
-        k = self.sock.recv_into(self._rview[self._end :])
-        if k == 0:
-            raise ConnectionError("server closed the connection")
-        self._end += k
+        self._received(self.sock.recv_into(self._room()))
 
     def _line(self) -> bytes:
         while True:
-            i = self._rbuf.find(b"\r\n", self._start, self._end)
-            if i >= 0:
-                line = bytes(self._rview[self._start : i])
-                self._start = i + 2
+            line = self._buffered_line()
+            if line is not None:
                 return line
             self._fill()
 
     def _bulk(self, n: int, into: memoryview | None) -> Any:
-        """A bulk value of n bytes (then CRLF): as bytes, or into ``into`` (returns n)."""
+        """A bulk value of n bytes (then CRLF): as bytes (see ``keep_bytearrays``), or into ``into`` (returns n)."""
         if into is None or n > into.nbytes:
-            while self._end - self._start < n + 2:
-                if n + 2 > len(self._rbuf) - self._start:
+            while (data := self._buffered_bulk(n)) is None:
+                if not self._bulk_fits(n):
                     # Larger than what is left of the receive buffer: receive into a buffer of its own.
-                    data = bytearray(n)
-                    self._recv_exact(_bytes_view(data), n)
-                    if into is not None:
-                        raise ValueTooLarge(f"value of {n} bytes does not fit a buffer of {into.nbytes}")
-                    return bytes(data)
+                    big = bytearray(n)
+                    self._recv_exact(_bytes_view(big), n)
+                    data = big if self.keep_bytearrays else bytes(big)
+                    break
                 self._fill()
-            data = bytes(self._rview[self._start : self._start + n])
-            self._start += n + 2
             if into is not None:
                 raise ValueTooLarge(f"value of {n} bytes does not fit a buffer of {into.nbytes}")
             return data
@@ -284,20 +261,15 @@ class FastClient:
         return n
 
     def _recv_exact(self, into: memoryview, n: int) -> None:
-        have = min(self._end - self._start, n)
-        if have:
-            into[:have] = self._rview[self._start : self._start + have]
-            self._start += have
-        got = have
+        got = self._drain_into(into, n)
         recv_into = self.sock.recv_into
         while got < n:
             k = recv_into(into[got:n])
             if k == 0:
                 raise ConnectionError("server closed the connection")
             got += k
-        while self._end - self._start < 2:
+        while not self._buffered_crlf():
             self._fill()
-        self._start += 2
 
     # ---- piecewise reading (scatter receive) ----
     def read_array_len(self) -> int | None:
@@ -389,25 +361,12 @@ class FastClient:
 
     def read_reply(self, into: Any = None) -> Any:
         """One reply; a bulk value goes into ``into`` when given (returns its length)."""
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            return self._bulk(n, None if into is None else _bytes_view(into))
-        if kind == b"+":
-            return rest
-        if kind == b":":
-            return int(rest)
-        if kind == b"-":
-            raise RespError(rest.decode(errors="replace"))
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read_reply() for _ in range(n)]
-        if kind == b"_":
-            return None
-        raise RespError(f"unexpected reply type {line[:20]!r}")
+        kind, value = reply_head(self._line())
+        if kind == BULK:
+            return self._bulk(value, None if into is None else _bytes_view(into))
+        if kind == ARRAY:
+            return [self.read_reply() for _ in range(value)]
+        return value
 
     def _array_into(self, bufs: Sequence[Any]) -> list[int | None]:
         line = self._line()
@@ -455,15 +414,17 @@ class FastClient:
         self.send(b"GET", key)
         return self.read_reply(into=buf)  # type: ignore[no-any-return]
 
-    def mget_into(self, keys: Sequence[Any], bufs: Sequence[Any],
-                  before: Sequence[Any] | None = None) -> list[int | None]:
+    def mget_into(self, keys: Sequence[Any], bufs: Sequence[Any], before: Sequence[Any] | None = None,
+                  command: bytes = b"MGET") -> list[int | None]:
         """One MGET whose values land in ``bufs`` (one per key); lengths, None for missing keys. ``before``: a
-        command sent in the same write ahead of it (its reply is read and dropped; an error reply raises)."""
+        command sent in the same write ahead of it (its reply is read and dropped; an error reply raises).
+        ``command``: ``b"TAIR.KV.MGET"`` on kvstrata, as the SDK reads (its consistency level and ACL rules,
+        not plain MGET's); the default speaks to any Redis."""
         if before:
-            self.send_many((before, (b"MGET", *keys)))
+            self.send_many((before, (command, *keys)))
             self.read_reply()
         else:
-            self.send(b"MGET", *keys)
+            self.send(command, *keys)
         return self._array_into(bufs)
 
     def get_many_into(self, keys: Sequence[Any], bufs: Sequence[Any]) -> list[int | None]:

@@ -38,6 +38,8 @@ DEFAULT_PREFETCH_WINDOW = 4
 # Seconds; None = no expiry. Session context ages in minutes, user profiles in a day, shared knowledge never.
 DEFAULT_TTL_CLASSES: dict[str, float | None] = {"session": 30 * 60.0, "profile": 24 * 3600.0, "shared": None}
 DEFAULT_TTL_CLASS = "session"
+# clear(): keys asked for per SCAN page, and deleted per DEL.
+CLEAR_BATCH = 1000
 
 KV = Any  # a numpy array or a torch tensor
 KVSource = KV | Callable[[int, int], KV]
@@ -148,11 +150,17 @@ class _Base:
         keys = self.keys(tokens) if keys is None else keys
         return keys, list(range(start // self.chunk_size, len(keys)))
 
-    def _batches(self, items: list[Any]) -> Iterator[list[Any]]:
-        """``items`` (chunk indexes or keys) in batches of ``batch_size``: one pipelined EXISTS, or one
-        pipelined write, per batch."""
-        for b in range(0, len(items), self.batch_size):
-            yield items[b:b + self.batch_size]
+    def _batches(self, items: list[Any], size: int | None = None) -> Iterator[list[Any]]:
+        """``items`` (chunk indexes or keys) in batches of ``size`` (default ``batch_size``): one pipelined
+        EXISTS, one pipelined write, one DEL or PREFETCH per batch."""
+        size = size or self.batch_size
+        for b in range(0, len(items), size):
+            yield items[b:b + size]
+
+    @staticmethod
+    def _scan_command(cursor: Any, pattern: bytes) -> list[Any]:
+        """One page of ``clear``'s SCAN; its reply is (next cursor, keys), the cursor 0 after the last page."""
+        return ["SCAN", cursor, "MATCH", pattern, "COUNT", CLEAR_BATCH]
 
     @staticmethod
     def _leading(found: Sequence[Any]) -> int:

@@ -30,8 +30,8 @@ class _SocketReads(_Base):
 
     # ---- reads into reusable buffers (kvstrata.client.fast) ----
     def _fast(self) -> Any:
-        """This thread's ``FastClient`` (values received straight into reusable buffers), or None when the
-        connection is not a plain TCP one without a database number (then redis-py reads them)."""
+        """This thread's ``FastClient`` (the SDK's connection for every command), or None when the connection is
+        not a plain TCP or Unix one without a database number (then redis-py carries them)."""
         if not self._fast_ok:
             return None
         fc = getattr(self._tls, "fast", None)
@@ -52,6 +52,7 @@ class _SocketReads(_Base):
                             timeout=kw.get("socket_timeout"), password=kw.get("password"),
                             username=kw.get("username"),
                             unix_path=kw.get("path") if cls is redis.UnixDomainSocketConnection else None)
+            fc.keep_bytearrays = True  # retrieve_chunks' values: decoded in place, never changed
             self._tls.fast = fc
             with self._lock:
                 self._fast_clients.append(fc)
@@ -73,9 +74,9 @@ class _SocketReads(_Base):
         return bufs
 
     def _mget_into(self, keys: list[bytes], bufs: list[bytearray], offset: int,
-                   before: list[bytes] | None = None) -> list[memoryview | None] | None:
-        """MGET on this thread's FastClient into ``bufs[offset ..]`` (a call's other windows keep theirs), after
-        ``before`` in the same write; None when that path is unavailable for this batch."""
+                   before: list[bytes] | None = None, command: bytes = b"TAIR.KV.MGET") -> list[memoryview | None] | None:
+        """``command`` (the window's MGET) on this thread's FastClient into ``bufs[offset ..]`` (a call's other
+        windows keep theirs), after ``before`` in the same write; None when that path is unavailable."""
         if not self._size_hint:
             return None
         fc = self._fast()
@@ -90,9 +91,9 @@ class _SocketReads(_Base):
                 bufs[j] = bytearray(self._size_hint)
         mine = bufs[offset: offset + len(keys)]
         try:
-            lengths = fc.mget_into(keys, mine, before)
+            lengths = fc.mget_into(keys, mine, before, command)
         except ValueTooLarge:
-            return None  # read again through redis-py, which raises the size hint
+            return None  # read again as bytes (_small), which raises the size hint
         except (OSError, RespError):
             self._drop_fast(fc)
             return None
@@ -129,13 +130,11 @@ class _SocketReads(_Base):
         """PREFETCH ``ahead``, then MGET ``keys`` (into ``bufs[offset ..]`` when given and possible), in one round
         trip (``_window_commands``)."""
         prefetch, mget = self._window_commands(keys, ahead, plain)
-        values = self._mget_into(keys, bufs, offset, prefetch) if bufs is not None else None
-        if values is None:
-            pipe = self.redis.pipeline(transaction=False)
-            if prefetch is not None:
-                pipe.execute_command(*prefetch)
-            pipe.execute_command(*mget)
-            values = pipe.execute()[-1]
+        values = self._mget_into(keys, bufs, offset, prefetch, mget[0]) if bufs is not None else None
+        if values is None:  # values as bytes, on the same connection (redis-py's for TLS / a database number)
+            replies = self._small([mget] if prefetch is None else [prefetch, mget], "reading")
+            self._raise_first(replies)
+            values = replies[-1]
         return values
 
     def _read_sequential(self, keys: list[bytes], i: int, out: list[np.ndarray],
@@ -203,11 +202,11 @@ class _SocketReads(_Base):
         each raw value received straight into its slot of ``out`` and verified on the way
         (``kvstrata.client.scatter``). Returns the chunks restored, or None when that connection is unavailable.
         A connection failing mid-value drops it, and the chunks not yet verified are read again the usual way
-        (redis-py reconnects, or raises): the slot being filled is never counted."""
+        (on a new connection, or it raises redis-py's error): the slot being filled is never counted."""
         try:
             fc = self._fast()
         except OSError:
-            return None  # cannot connect: the redis-py path below raises its usual error (or reconnects)
+            return None  # cannot connect: the windowed read below tries once more, or raises redis-py's error
         if fc is None:
             return None
         from kvstrata.client.fast import RespError

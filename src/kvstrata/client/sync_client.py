@@ -20,7 +20,8 @@ from kvstrata.client.copypool import CopyPool
 from kvstrata.client.fast import nbytes
 from kvstrata.client.filler import _copy_along, _Filler, _joined_shape
 from kvstrata.client.keys import Namespace
-from kvstrata.client.planning import KVSource
+from kvstrata.client.planning import CLEAR_BATCH, KVSource
+from kvstrata.client.rediserrors import reply_error, socket_error
 from kvstrata.client.socket_reads import _SocketReads
 from kvstrata.client.store_path import _StorePath
 from kvstrata.engine.entry import Entry
@@ -99,25 +100,50 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _small(self, commands: list[list[Any]], doing: str) -> list[Any]:
+        """Small commands (EXISTS, DEL, SCAN, PREFETCH, the probe) pipelined on this thread's ``FastClient``, the
+        connection the stores and reads use; each error reply in its place as the exception redis-py would raise,
+        a socket failure as redis-py's ConnectionError / TimeoutError (the connection dropped). Connections
+        FastClient does not make (TLS, a database number) use redis-py's pipeline."""
+        from kvstrata.client.fast import RespError
+
+        fc = self._store_conn()
+        if fc is None:
+            pipe = self.redis.pipeline(transaction=False)
+            for cmd in commands:
+                pipe.execute_command(*cmd)
+            return list(pipe.execute(raise_on_error=False))
+        try:
+            replies = fc.pipeline(commands)
+        except OSError as exc:
+            self._drop_fast(fc)
+            raise socket_error(exc, doing) from exc
+        except BaseException:
+            self._drop_fast(fc)  # interrupted between a command and its reply: out of step, never reused
+            raise
+        return [reply_error(str(r)) if isinstance(r, RespError) else r for r in replies]
+
+    def _checked(self, commands: list[list[Any]], doing: str) -> list[Any]:
+        """``_small``'s replies, its first error raised (as redis-py's pipeline raises it)."""
+        replies = self._small(commands, doing)
+        self._raise_first(replies)
+        return replies
+
     def _is_plain(self) -> bool:
         if self._plain_redis is None:
             import redis
 
-            try:
-                self.redis.execute_command("TAIR.KV.VERSION", "kvstrata:probe")
-                self._plain_redis = False
-            except redis.ResponseError:
-                self._plain_redis = True
+            (reply,) = self._small([["TAIR.KV.VERSION", "kvstrata:probe"]], "probing the server")
+            if isinstance(reply, Exception) and not isinstance(reply, redis.ResponseError):
+                raise reply
+            self._plain_redis = isinstance(reply, redis.ResponseError)
         return self._plain_redis
 
     def _server_leading(self, keys: list[bytes]) -> int:
         """How many leading keys exist on the server (pipelined EXISTS, batch by batch, stops at a miss)."""
         n = 0
         for batch in self._batches(keys):
-            pipe = self.redis.pipeline(transaction=False)
-            for k in batch:
-                pipe.exists(k)
-            hit = self._leading(pipe.execute())
+            hit = self._leading(self._checked([["EXISTS", k] for k in batch], "checking keys"))
             n += hit
             if hit < len(batch):
                 break
@@ -179,10 +205,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             return [i for i in idx if self._local_get(keys[i]) is None]
         out = []
         for batch in self._batches(idx):
-            pipe = self.redis.pipeline(transaction=False)
-            for i in batch:
-                pipe.exists(keys[i])
-            out += self._absent_of(batch, pipe.execute())
+            out += self._absent_of(batch, self._checked([["EXISTS", keys[i]] for i in batch], "checking keys"))
         return out
 
     def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None, skip_chunks: int = 0,
@@ -308,10 +331,8 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         keys = self.keys(tokens)[:max_chunks]
         if not keys or self.redis is None or self._is_plain():
             return 0
-        queued = 0
-        for i in range(0, len(keys), self.batch_size):
-            queued += int(self.redis.execute_command("TAIR.KV.PREFETCH", *keys[i:i + self.batch_size]))
-        return queued
+        return sum(int(n) for n in self._checked(
+            [["TAIR.KV.PREFETCH", *batch] for batch in self._batches(keys)], "prefetching"))
 
     def delete(self, tokens: Sequence[int]) -> int:
         """Delete the chunks of ``tokens`` (server and local tier); returns how many the server deleted."""
@@ -321,8 +342,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
                 self.local.delete(k)
         if not keys or self.redis is None:
             return 0
-        return sum(int(self.redis.delete(*keys[i:i + self.batch_size]))
-                   for i in range(0, len(keys), self.batch_size))
+        return sum(int(n) for n in self._checked([["DEL", *batch] for batch in self._batches(keys)], "deleting"))
 
     def clear(self) -> int:
         """Delete every chunk of this namespace (SCAN by key prefix); returns how many the server deleted."""
@@ -331,16 +351,18 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             self.local.clear(prefix)
         if self.redis is None:
             return 0
-        n = 0
-        batch: list[bytes] = []
-        for key in self.redis.scan_iter(match=prefix + b"*", count=1000):
-            batch.append(key)
-            if len(batch) >= 1000:
-                n += int(self.redis.delete(*batch))
-                batch = []
-        if batch:
-            n += int(self.redis.delete(*batch))
-        return n
+        return sum(int(n) for n in self._checked(
+            [["DEL", *batch] for batch in self._batches(self._scan(prefix + b"*"), CLEAR_BATCH)], "deleting"))
+
+    def _scan(self, pattern: bytes) -> list[bytes]:
+        """Every key matching ``pattern`` (SCAN, all pages, before anything is deleted)."""
+        keys: list[bytes] = []
+        cursor: Any = b"0"
+        while True:
+            ((cursor, found),) = self._checked([self._scan_command(cursor, pattern)], "scanning")
+            keys += found
+            if int(cursor) == 0:
+                return keys
 
 
 def _auth(username: str | None, password: str | None) -> dict[str, str]:

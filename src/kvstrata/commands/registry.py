@@ -70,6 +70,7 @@ class CommandSpec:
     parent: CommandSpec | None = None
     subcommands: dict[bytes, CommandSpec] = field(default_factory=dict)
     write: bool = False
+    denyoom: bool = False  # may use more memory: refused with -OOM while DRAM is over budget (connection.execute)
     noauth: bool = False
     key_specs: tuple[KeySpec, ...] = ()
     # Commands with options after their keys: the function that picks the keys out (options never are keys).
@@ -177,6 +178,7 @@ def command(
             since=since,
             syntax=syntax or _default_syntax(name, arity, keys),
             write=write,
+            denyoom="denyoom" in flagset,
             noauth="no_auth" in flagset,
             key_specs=(KeySpec.from_range(*keys, write),) if keys[0] else (),
             getkeys=getkeys,

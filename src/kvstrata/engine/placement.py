@@ -57,20 +57,50 @@ class PlacementMixin:
             return
         if self.keeper is None and self.noeviction:
             raise OutOfMemoryError()
-        kept = dram.pinned_bytes + dram.held_bytes  # leased-but-dropped arena bytes cannot move
+        own = 0  # the key's current value stays until the write replaces it
         current = dram.entries.get(exclude) if exclude is not None else None
         if current is not None and not current.pinned:
-            kept += self.dram.size(exclude, current.value)  # type: ignore[arg-type]
-        if kept + nbytes > dram.budget:
-            raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
-                                   "pinned keys.")
+            own = self.dram.size(exclude, current.value)  # type: ignore[arg-type]
+        # Pinned keys, leased-but-dropped arena slots and two-phase reservations cannot move.
+        if dram.pinned_bytes + dram.held_bytes + own + nbytes > dram.budget:
+            raise OutOfMemoryError(self._no_room_text(nbytes, own))
         need = dram.used + nbytes - dram.budget
         chosen = self._choose_victims(need, exclude)
         # Leased arena slots free only their key when demoted (docs/dataplane.md): refuse rather than overshoot.
-        if sum(dram.size(k, dram.entries[k].value) for k in chosen) < need:
-            raise OutOfMemoryError("command not allowed: the value does not fit in the DRAM budget beside the "
-                                   "pinned and leased values.")
+        freed = sum(dram.size(k, dram.entries[k].value) for k in chosen)
+        if freed < need:
+            raise OutOfMemoryError(f"command not allowed: moving out every value that can move frees {freed} of "
+                                   f"the {need} bytes needed in the DRAM budget (values under a lease stay "
+                                   "charged until their leases end).")
         self._move_out(chosen)
+
+    def _no_room_text(self, nbytes: int, own: int) -> str:
+        """-OOM's text when what cannot move leaves no room: says what holds the budget, as far as it is not 0."""
+        dram = self.dram
+        arena = dram.arena
+        held = ", ".join(f"{n} bytes {what}" for n, what in (
+            (dram.pinned_bytes, "pinned"),
+            (arena.deferred_bytes if arena is not None else 0, "leased (dropped values held until their leases end)"),
+            (arena.reserved_bytes if arena is not None else 0, "reserved by two-phase writes"),
+            (own, "of the current value of the key written")) if n)
+        if nbytes > 0:
+            text = f"command not allowed: {nbytes} more bytes do not fit in the DRAM budget of {dram.budget} bytes"
+        else:
+            text = f"command not allowed: DRAM is over its budget of {dram.budget} bytes and cannot get under it"
+        return f"{text} beside {held}." if held else f"{text}."
+
+    def refuse_denyoom(self) -> str | None:
+        """Redis's rule for the commands that may use more memory (``denyoom``): while DRAM is over its budget (a
+        budget lowered at run time, leased or reserved bytes), first move out what can move; the -OOM text when
+        it still cannot get under the budget (the command is refused before it runs), None when it may run."""
+        dram = self.dram
+        if dram.used <= dram.budget:
+            return None
+        try:
+            self.make_room(0)
+        except OutOfMemoryError as exc:
+            return exc.message
+        return None
 
     def _move_out(self, chosen: list[bytes]) -> None:
         """Demote ``chosen`` (or, in the last tier, evict them); -OOM, with nothing moved, if the SSD cannot take them."""

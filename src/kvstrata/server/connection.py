@@ -502,6 +502,11 @@ class Connection(asyncio.BufferedProtocol):
             counts.failed += 1
             self._error(subcommand_syntax_error(args).message)
             return None
+        if spec.denyoom and self.store.dram.used > self.store.dram.budget:
+            refused = self.store.refuse_denyoom()
+            if refused is not None:  # as Redis: refused before it runs, a rejected call
+                self._reject(spec, refused)
+                return None
         if self.tiered:
             return self._tiered(spec, args, counts)
         t0 = perf_counter_ns()

@@ -1,0 +1,212 @@
+"""The asyncio counterpart of FastClient: the same RESP client (framing, buffer, parsing) around non-blocking I/O.
+
+``AsyncFastClient`` is what ``AsyncKVCacheClient`` stores and reads on. It shares everything but the waiting with
+the blocking ``FastClient``: commands are framed by ``fast.pack`` (large values stay the caller's buffers) and
+sent with ``sendmsg`` in vectored writes (``fast.send_views``/``fast.advance``); replies are parsed by
+``resp.RespReader``/``resp.reply_head``. What differs is only that a receive or a send that would block waits
+for the socket on the event loop (``add_reader``/``add_writer``) under the connection's timeout, instead of
+blocking the thread. A bulk value too large for the receive buffer is received straight into a buffer of its
+own and returned as that ``bytearray`` (no copy into a ``bytes``).
+
+``AsyncFastPool`` lends connections to concurrent tasks (the overlapped reads use two at a time): an idle
+connection is checked with ``broken()`` before it is lent, as a pool checks, and one given back unclean (an
+error or a cancellation between a command and its reply) is closed, never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from kvstrata.client.fast import _IOV_MAX, _bytes_view, advance, pack, send_views, widen_unix_send_buffer
+from kvstrata.client.resp import ARRAY, BULK, RespReader, reply_head
+
+
+class AsyncFastClient(RespReader):
+    """One connection; make it with ``await AsyncFastClient.connect(...)``. ``timeout`` bounds each wait for
+    the socket (as redis-py's ``socket_timeout``); exceeding it raises ``TimeoutError``."""
+
+    def __init__(self, sock: socket.socket, timeout: float | None) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.timeout = timeout
+        self._init_buffer()
+
+    @classmethod
+    async def connect(cls, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
+                      password: str | None = None, *, unix_path: str | None = None,
+                      username: str | None = None) -> AsyncFastClient:
+        """TCP to ``host:port`` (each address the name resolves to, in order), or the Unix socket
+        ``unix_path``; then AUTH when a password is given. A refused AUTH closes the socket and raises
+        ``RespError``."""
+        loop = asyncio.get_running_loop()
+        if unix_path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                async with asyncio.timeout(timeout):
+                    await loop.sock_connect(sock, unix_path)
+            except BaseException:
+                sock.close()
+                raise
+            widen_unix_send_buffer(sock)
+        else:
+            sock = await _connect_tcp(loop, host, port, timeout)
+        conn = cls(sock, timeout)
+        if password is not None:
+            try:
+                await conn.call(b"AUTH", *([username] if username else []), password)
+            except BaseException:
+                conn.close()  # a refused AUTH must not leak the socket
+                raise
+        return conn
+
+    # ---- waiting for the socket ----
+    async def _wait(self, add: Callable[..., Any], remove: Callable[[int], Any]) -> None:
+        fd = self.sock.fileno()
+        fut = asyncio.get_running_loop().create_future()
+        add(fd, _wake, fut)
+        try:
+            async with asyncio.timeout(self.timeout):
+                await fut
+        finally:
+            remove(fd)
+
+    async def _recv_into(self, view: memoryview) -> int:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return self.sock.recv_into(view)
+            except (BlockingIOError, InterruptedError):
+                await self._wait(loop.add_reader, loop.remove_reader)
+
+    # ---- sending ----
+    async def send_parts(self, parts: list[Any]) -> int:
+        """Send ``parts`` (``pack``'s output) in vectored writes, waiting while the socket's buffer is full;
+        returns the bytes sent."""
+        loop = asyncio.get_running_loop()
+        views = send_views(parts)
+        total = 0
+        i = 0
+        while i < len(views):
+            try:
+                sent = self.sock.sendmsg(views[i:i + _IOV_MAX])
+            except (BlockingIOError, InterruptedError):
+                await self._wait(loop.add_writer, loop.remove_writer)
+                continue
+            total += sent
+            i = advance(views, i, sent)
+        return total
+
+    async def send_many(self, commands: Sequence[Sequence[Any]]) -> int:
+        """Send ``commands`` in one write (pipelined); returns the bytes sent."""
+        parts: list[Any] = []
+        for args in commands:
+            pack(args, parts)
+        return await self.send_parts(parts)
+
+    # ---- receiving ----
+    async def _fill(self) -> None:
+        self._received(await self._recv_into(self._room()))
+
+    async def _line(self) -> bytes:
+        while True:
+            line = self._buffered_line()
+            if line is not None:
+                return line
+            await self._fill()
+
+    async def _bulk(self, n: int) -> bytes | bytearray:
+        while (data := self._buffered_bulk(n)) is None:
+            if not self._bulk_fits(n):
+                # Larger than what is left of the receive buffer: straight into a buffer of its own.
+                big = bytearray(n)
+                view = _bytes_view(big)
+                got = self._drain_into(view, n)
+                while got < n:
+                    k = await self._recv_into(view[got:])
+                    if k == 0:
+                        raise ConnectionError("server closed the connection")
+                    got += k
+                while not self._buffered_crlf():
+                    await self._fill()
+                return big
+            await self._fill()
+        return data
+
+    async def read_reply(self) -> Any:
+        """One reply (an error reply raises ``RespError``, after it has been read: the connection stays in
+        step)."""
+        kind, value = reply_head(await self._line())
+        if kind == BULK:
+            return await self._bulk(value)
+        if kind == ARRAY:
+            return [await self.read_reply() for _ in range(value)]
+        return value
+
+    async def call(self, *args: Any) -> Any:
+        await self.send_many([args])
+        return await self.read_reply()
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _connect_tcp(loop: asyncio.AbstractEventLoop, host: str, port: int,
+                       timeout: float | None) -> socket.socket:
+    error: OSError | None = None
+    async with asyncio.timeout(timeout):
+        for family, kind, proto, _name, addr in await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, addr)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+    raise error if error is not None else OSError(f"no address for {host!r}")
+
+
+class AsyncFastPool:
+    """Connections lent to one task at a time: ``get`` an idle healthy one (or connect a new one), ``put`` it
+    back when its replies have all been read (``clean``), else it is closed. At most ``max_idle`` are kept."""
+
+    def __init__(self, connect: Callable[[], Awaitable[AsyncFastClient]], max_idle: int) -> None:
+        self._connect = connect
+        self._idle: list[AsyncFastClient] = []
+        self.max_idle = max_idle
+        self.created = 0  # connections made (tests and diagnostics)
+        self.closed = False
+
+    async def get(self) -> AsyncFastClient:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.broken():
+                return conn
+            conn.close()
+        conn = await self._connect()
+        self.created += 1
+        return conn
+
+    def put(self, conn: AsyncFastClient, clean: bool) -> None:
+        if clean and not self.closed and len(self._idle) < self.max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections; one still lent is closed when it is given back."""
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

@@ -1,0 +1,83 @@
+"""Memory refusals say what holds the DRAM budget, and ``denyoom`` commands are refused the Redis way.
+
+A server with a tiny budget and no lower tier: once DRAM is over its budget (here: the budget lowered at run
+time) and nothing can be moved out (noeviction, or pinned keys), every command flagged ``denyoom`` is refused
+with -OOM before it runs (a rejected call in INFO commandstats), even one that would write nothing (SETNX of an
+existing key) or shrink a value; reads and deletes still run, and writes run again once DRAM is back under the
+budget. The -OOM text names what blocks: pinned keys, two-phase reservations, leased values."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import redis
+from tests.integration.support import memory_info, unix_server
+
+from kvstrata.client.fast import RespError
+from kvstrata.client.stage import StageWriter
+
+KB = 1024
+MB = 1024 * KB
+
+
+def _rejected(r: redis.Redis, name: str) -> int:
+    return int(r.info("commandstats").get(f"cmdstat_{name}", {}).get("rejected_calls", 0))
+
+
+def test_denyoom_commands_are_refused_while_over_budget_with_nothing_to_move(make_server) -> None:
+    srv = make_server({"dram-size": "2mb", "maxmemory-policy": "noeviction"})
+    r = srv.client()
+    keys = [b"k%d" % i for i in range(8)]
+    values = {k: os.urandom(128 * KB) for k in keys}
+    for k in keys:
+        r.set(k, values[k])
+    r.config_set("maxmemory", "512kb")  # below what is stored; noeviction: nothing moves
+    info = memory_info(r)
+    assert info["dram_used"] > info["dram_budget"]
+    for call in (lambda: r.setnx(b"k0", b"x"),  # would write nothing (k0 exists): refused all the same
+                 lambda: r.set(b"k1", b"small"),  # would shrink a value
+                 lambda: r.incr(b"counter"),
+                 lambda: r.execute_command("TAIR.KV.SETEX", b"kv", 0, b"v")):
+        with pytest.raises(redis.exceptions.OutOfMemoryError, match="maxmemory"):
+            call()
+    assert _rejected(r, "setnx") == 1 and _rejected(r, "incrby") == 1  # redis-py sends INCR as INCRBY
+    assert all(r.get(k) == values[k] for k in keys) and r.exists(b"counter", b"kv") == 0  # nothing changed
+    assert r.delete(*keys[:6]) == 6  # deletes and reads still run
+    assert memory_info(r)["dram_used"] <= 512 * KB
+    assert r.setnx(b"k6", b"x") is False and r.incr(b"counter") == 1  # under budget: writes run again
+    assert r.ping()
+
+
+def test_oom_text_names_pinned_keys(make_server) -> None:
+    srv = make_server({"dram-size": "2mb"})
+    r = srv.client()
+    assert r.execute_command("TAIR.KV.MARKHOT", b"pin:*") == 0
+    for i in range(6):
+        r.set(b"pin:%d" % i, os.urandom(128 * KB))  # 768 KB pinned (at most half the budget)
+    r.set(b"plain", os.urandom(64 * KB))
+    r.config_set("maxmemory", "512kb")  # the pinned keys alone are over it
+    with pytest.raises(redis.exceptions.OutOfMemoryError) as err:
+        r.set(b"x", b"1")
+    text = str(err.value)
+    assert "over its budget of 524288 bytes" in text and "bytes pinned" in text
+    assert "reserved" not in text and "leased" not in text
+    assert r.exists(b"plain") == 1  # nothing moves when moving everything movable would not be enough
+    assert r.get(b"x") is None
+
+
+def test_oom_text_names_reserved_bytes(make_server, sockdir) -> None:
+    srv, path = unix_server(make_server, sockdir, **{"dram-size": "4mb", "stage-size": "16mb"})
+    r = srv.client()
+    w = StageWriter(path)
+    try:
+        w.reserve([1536 * KB, 1536 * KB])
+        with pytest.raises(redis.exceptions.OutOfMemoryError) as err:
+            r.set(b"big", b"\0" * (2 * MB))
+        text = str(err.value)
+        assert "do not fit in the DRAM budget of 4194304 bytes" in text
+        assert "reserved by two-phase writes" in text and "pinned" not in text
+        with pytest.raises(RespError, match="OOM .*reserved by two-phase writes"):
+            w.reserve([2 * MB])  # a reservation is refused the same way
+    finally:
+        w.close()
