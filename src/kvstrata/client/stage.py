@@ -13,12 +13,14 @@ docs/dataplane.md.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import xxhash
 
-from kvstrata.client.fast import FastClient, RespError, nbytes
+from kvstrata.client.codec import parts_nbytes
+from kvstrata.client.fast import FastClient, RespError
 
 PAGE = 4096
 PIECE = 256 * 1024  # copied then hashed at once: the hash reads the piece from (L2) cache
@@ -35,6 +37,23 @@ def _span(n: int) -> int:
 def _byte_view(p: Any) -> memoryview:
     mv = p if isinstance(p, memoryview) else memoryview(p)
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def _blocks(shape: tuple[int, ...], piece: int) -> Iterator[tuple[Any, ...]]:
+    """Indexes that cut a C-ordered array of bytes with ``shape`` into consecutive blocks of about ``piece``
+    bytes (whole rows of one axis; a row larger than ``piece`` is cut along the next axis): each block is
+    contiguous in a C-contiguous array of that shape."""
+    row = 1
+    for n in shape[1:]:
+        row *= n
+    if len(shape) > 1 and row > piece:
+        for i in range(shape[0]):
+            for idx in _blocks(shape[1:], piece):
+                yield (i, *idx)
+        return
+    step = max(1, piece // max(row, 1))
+    for a in range(0, shape[0], step):
+        yield (slice(a, a + step),)
 
 
 class StageWriter(FastClient):
@@ -71,6 +90,10 @@ class StageWriter(FastClient):
         h = xxhash.xxh3_64()
         pos = offset
         for p in parts:
+            if isinstance(p, np.ndarray):  # a strided chunk (codec.prepare_parts(strided=True)): numpy copies it
+                self._copy_array(pos, p, h)
+                pos += p.nbytes
+                continue
             src = _byte_view(p)
             n = src.nbytes
             for o in range(0, n, PIECE):
@@ -84,11 +107,22 @@ class StageWriter(FastClient):
             view[offset + sum_at:offset + sum_at + 8] = digest.to_bytes(8, "little")
         return digest
 
+    def _copy_array(self, pos: int, arr: np.ndarray, h: Any) -> None:
+        """Copy ``arr`` (any strides, last axis contiguous) in C order into the segment at ``pos``, block by
+        block (numpy copies each block's strided runs in one call), hashing each block right after it is
+        copied, while it is in cache."""
+        src = arr.view(np.uint8)  # bytes: the payload may sit at any alignment after the codec header
+        dst = np.frombuffer(self.mm, np.uint8, src.size, pos).reshape(src.shape)
+        for idx in _blocks(src.shape, PIECE):
+            d = dst[idx]
+            np.copyto(d, src[idx])
+            h.update(d)
+
     def put_many(self, items: Sequence[tuple[Any, int, Sequence[Any]]], sum_at: int | None = None) -> list[Any]:
         """Store each (key, ttl_ms, parts) through the segment; one reply per item (the new version, or a
         RespError). Every value must ``fit``. ``sum_at``: each value carries its own checksum there (see
         ``write``; the SDK codec's header, ``codec.prepare_parts``): the client then hashes each value once."""
-        sizes = [sum(nbytes(p) for p in parts) for _, _, parts in items]
+        sizes = [parts_nbytes(parts) for _, _, parts in items]
         out: list[Any] = []
         i = 0
         while i < len(items):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kvstrata.client.codec import CHECKSUM_OFFSET, seal_parts
-from kvstrata.client.fast import nbytes, pack, sendmsg_all
+from kvstrata.client.codec import CHECKSUM_OFFSET, parts_nbytes, seal_parts
+from kvstrata.client.fast import pack, sendmsg_all
 from kvstrata.client.planning import _Base
 from kvstrata.client.rediserrors import reply_error, socket_error
 
@@ -137,4 +137,4 @@ class _StorePath(_Base):
                 pass
             replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
         self._raise_first([reply_error(str(r)) if isinstance(r, RespError) else r for r in replies])
-        self._count(bytes_sent=sum(nbytes(p) for _, _, parts in items for p in parts))
+        self._count(bytes_sent=sum(parts_nbytes(parts) for _, _, parts in items))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.arena_reads import _ArenaReads
-from kvstrata.client.fast import nbytes
+from kvstrata.client.codec import parts_nbytes
 from kvstrata.client.filler import _copy_bytes, _Filler, _joined_shape
 from kvstrata.client.keys import Namespace
 from kvstrata.client.planning import KVSource
@@ -151,8 +151,8 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             staged: list[tuple[bytes, int, list[Any]]] = []
             stager = self._stager() if self.redis is not None else None
             for i in batch:
-                parts = self._chunk_parts(kv, i)
-                size = sum(nbytes(p) for p in parts)
+                parts = self._chunk_parts(kv, i, strided=stager is not None)
+                size = parts_nbytes(parts)
                 self._size_hint = max(self._size_hint, size)
                 stage = stager is not None and stager.fits(size)
                 if stage:
