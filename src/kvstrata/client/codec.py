@@ -199,6 +199,21 @@ def payload_buffers(parts: list[Any]) -> list[Any]:
     return out
 
 
+def raw_header(shape: tuple[int, ...], dtype: str, layout: str = "") -> bytes:
+    """The header of a raw value of ``shape`` and dtype name ``dtype`` (DTYPES), its checksum field zero: what
+    ``prepare_parts`` puts before a C-ordered payload, for a writer that places the payload itself
+    (``kvstrata.client.stage``: an engine filling a reservation)."""
+    if dtype not in DTYPES:
+        raise CodecError(f"unsupported dtype {dtype}")
+    shape = tuple(int(s) for s in shape)
+    layout_b = layout.encode("ascii")
+    if len(layout_b) > 255 or len(shape) > 255:
+        raise CodecError("layout or ndim too long")
+    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype][1]).itemsize
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, 0, DTYPES[dtype][0], 1, len(shape), len(layout_b), 0, n, n, 0, 0)
+    return fixed + struct.pack(f"<{len(shape)}Q", *shape) + layout_b
+
+
 def parts_nbytes(parts: Any) -> int:
     """Bytes in a value given as parts (bytes, memoryviews, numpy arrays)."""
     return sum(p.nbytes if isinstance(p, (memoryview, np.ndarray)) else len(p) for p in parts)

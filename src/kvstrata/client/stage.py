@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kvstrata.client.codec import parts_nbytes
+from kvstrata.client.codec import CHECKSUM_OFFSET, parts_nbytes
 from kvstrata.client.fast import FastClient, RespError
 
 PAGE = 4096
 PIECE = 256 * 1024  # copied then hashed at once: the hash reads the piece from (L2) cache
+ALIGN = 64  # a reserved value's payload starts this aligned (its header is placed before it: COMMIT ... SKIP)
 
 
 class StageUnavailable(Exception):
@@ -54,6 +55,23 @@ def _blocks(shape: tuple[int, ...], piece: int) -> Iterator[tuple[Any, ...]]:
     step = max(1, piece // max(row, 1))
     for a in range(0, shape[0], step):
         yield (slice(a, a + step),)
+
+
+class StagedValue:
+    """A value reserved for its writer to fill in place: ``array`` is a writable numpy view of its payload in the
+    segment (``ALIGN``-aligned, C-ordered), placed right after ``header`` (the codec header, checksum zero).
+    Valid until committed or given back: the segment's room is reused after that."""
+
+    __slots__ = ("array", "header", "key", "off", "rid", "skip", "ttl_ms")
+
+    def __init__(self, key: Any, ttl_ms: int, rid: int, off: int, skip: int, header: bytes,
+                 array: np.ndarray) -> None:
+        self.key, self.ttl_ms, self.rid, self.off, self.skip = key, ttl_ms, rid, off, skip
+        self.header, self.array = header, array
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.header) + self.array.nbytes
 
 
 class StageWriter(FastClient):
@@ -180,6 +198,57 @@ class StageWriter(FastClient):
             # (a commit that ran ended it already; UNRESERVE then counts nothing).
             self.call(b"TAIR.KV.UNRESERVE", *failed)
         return out
+
+    # ---- values written in place by the caller (an engine's own copy lands in the segment) ----
+    def stage_values(self, items: Sequence[tuple[Any, int, bytes, tuple[int, ...], Any]]) -> list[StagedValue]:
+        """Reserve room for each (key, ttl_ms, header, shape, numpy dtype) (all or none: RespError when refused):
+        the header (``codec.raw_header``, checksum zero) is written, and the payload is left for the caller to
+        fill through ``StagedValue.array``. Commit with ``commit_values``, or give back with ``unreserve_values``."""
+        pads = [-len(h) % ALIGN for _, _, h, _, _ in items]
+        lengths = [pad + len(h) + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                   for pad, (_, _, h, shape, dt) in zip(pads, items, strict=True)]
+        if sum(_span(n) for n in lengths) > self.size:
+            raise ValueError(f"{sum(lengths)} bytes do not fit the staging segment ({self.size})")
+        out = []
+        for pad, (key, ttl_ms, header, shape, dt), (rid, off) in zip(pads, items, self.reserve(lengths),
+                                                                     strict=True):
+            start = off + pad
+            self.view[start:start + len(header)] = header
+            count = int(np.prod(shape, dtype=np.int64))
+            arr = np.frombuffer(self.mm, np.dtype(dt), count, start + len(header)).reshape(shape)
+            out.append(StagedValue(key, ttl_ms, rid, off, pad, bytes(header), arr))
+        return out
+
+    def commit_values(self, values: Sequence[StagedValue]) -> list[Any]:
+        """Hash each filled value in the segment (one pass: its header's checksum field is zero there), fill in
+        its checksum and send its COMMIT at once (the server verifies and stores one value while this client
+        hashes the next); one reply per value (the new version, or a RespError)."""
+        sent = 0
+        try:
+            for v in values:
+                start = v.off + v.skip
+                digest = xxhash.xxh3_64_intdigest(self.view[start:start + v.nbytes])
+                self.view[start + CHECKSUM_OFFSET:start + CHECKSUM_OFFSET + 8] = digest.to_bytes(8, "little")
+                self.send(b"TAIR.KV.COMMIT", v.key, v.ttl_ms, v.rid, b"%016x" % digest, b"SUMAT", CHECKSUM_OFFSET,
+                          b"SKIP", v.skip)
+                sent += 1
+        finally:
+            out: list[Any] = []
+            for _ in range(sent):
+                try:
+                    out.append(self.read_reply())
+                except RespError as exc:
+                    out.append(exc)
+            if sent < len(values):
+                self.unreserve_values(values[sent:])
+        failed = [v for v, r in zip(values, out, strict=False) if isinstance(r, RespError)]
+        if failed:  # refused before it ran (ACL...): its reservation is still held
+            self.unreserve_values(failed)
+        return out
+
+    def unreserve_values(self, values: Sequence[StagedValue]) -> None:
+        if values:
+            self.call(b"TAIR.KV.UNRESERVE", *[v.rid for v in values])
 
     def close(self) -> None:
         self.view.release()

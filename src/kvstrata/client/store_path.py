@@ -3,15 +3,20 @@
 ``_StorePath`` is a part of ``KVCacheClient`` (it uses the connection state set up in its ``__init__``):
 ``_roundtrip`` sends a batch of writes in vectored writes on this thread's ``FastClient`` (redis-py's pipeline
 where that cannot connect), and ``_stager``/``_put_staged`` write through a local server's staging segment
-(``kvstrata.client.stage``, imported on first use), falling back to the socket.
+(``kvstrata.client.stage``, imported on first use), falling back to the socket. ``reserve`` hands an engine
+the room of its next chunks to write its KV into (the staging segment itself when the server is local).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kvstrata.client.codec import CHECKSUM_OFFSET, parts_nbytes, seal_parts
+import numpy as np
+
+from kvstrata.client.codec import CHECKSUM_OFFSET, DTYPES, parts_nbytes, raw_header, seal_parts
 from kvstrata.client.fast import pack, sendmsg_all
 from kvstrata.client.planning import _Base
 from kvstrata.client.rediserrors import reply_error, socket_error
@@ -138,3 +143,92 @@ class _StorePath(_Base):
             replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
         self._raise_first([reply_error(str(r)) if isinstance(r, RespError) else r for r in replies])
         self._count(bytes_sent=sum(parts_nbytes(parts) for _, _, parts in items))
+
+    # ---- KV written in place by the caller ----
+    @contextlib.contextmanager
+    def reserve(self, tokens: Sequence[int], shape: Sequence[int], *, dtype: str | None = None, start: int = 0,
+                ttl_class: str | None = None, ttl: float | None = None,
+                keys: list[bytes] | None = None) -> Iterator[list[np.ndarray]]:
+        """Room for the KV of ``tokens``' full chunks from token ``start``, stored when the block ends::
+
+            with client.reserve(tokens, (layers, 2, heads, client.chunk_size, dim)) as slots:
+                for i, slot in enumerate(slots):    # C-contiguous numpy arrays, one per chunk
+                    torch.from_numpy(slot).copy_(kv_chunk(i))   # or the engine's device-to-host copy
+
+        ``shape``: one chunk's tensor shape (the namespace's layout, its T axis ``chunk_size``); ``dtype``: a
+        codec dtype name (default the namespace's ``kv_dtype``; bfloat16 slots are uint16 arrays:
+        ``torch.from_numpy(slot).view(torch.bfloat16)``). With a local server, ``stage_writes`` and the raw codec
+        the slots are views of this client's staging segment, payload 64-byte aligned: leaving the block hashes
+        each value once and commits it (the server verifies its own copy), so the caller's copy into the slots
+        is the only one this client makes. Otherwise they are ordinary arrays, stored on exit with ``store``. An
+        exception in the block stores nothing; the slots must not be used after it."""
+        keys, todo = self._store_todo(tokens, start, keys)
+        ttl_ms = self.ttl_ms(ttl_class, ttl)
+        name = dtype or self.namespace.kv_dtype
+        if name not in DTYPES:
+            raise ValueError(f"unsupported dtype {name!r}; known: {', '.join(DTYPES)}")
+        shape = tuple(int(n) for n in shape)
+        storage = np.dtype(DTYPES[name][1])
+        staged = self._stage_slots(keys, todo, ttl_ms, shape, name, storage)
+        if staged is None:
+            arrays = [np.empty(shape, storage) for _ in todo]
+            yield arrays
+            by_chunk = dict(zip(todo, arrays, strict=True))
+            cs = self.chunk_size
+            self.store(tokens, lambda a, _b: _named(by_chunk[a // cs], name), start=start, skip_existing=False,
+                       keys=keys)
+            return
+        sw, values = staged
+        try:
+            yield [v.array for v in values]
+        except BaseException:
+            with contextlib.suppress(OSError, ConnectionError):
+                sw.unreserve_values(values)
+            raise
+        self._commit_slots(sw, values)
+
+    def _stage_slots(self, keys: list[bytes], todo: list[int], ttl_ms: int, shape: tuple[int, ...], name: str,
+                     storage: np.dtype) -> tuple[Any, list[Any]] | None:
+        """(StageWriter, StagedValue per chunk of ``todo``) when they can be reserved in this client's staging
+        segment, else None (no local server or staging, a local tier or a codec to apply, more than fits)."""
+        from kvstrata.client.fast import RespError
+
+        if not todo or self.redis is None or self.local is not None or self.compression != "raw":
+            return None
+        sw = self._stager()
+        if sw is None:
+            return None
+        header = raw_header(shape, name, self._layout())
+        try:
+            return sw, sw.stage_values([(keys[i], ttl_ms, header, shape, storage) for i in todo])
+        except (ValueError, RespError) as exc:
+            log.info("kvstrata: reserving in ordinary memory (%s)", exc)
+            return None
+
+    def _commit_slots(self, sw: Any, values: list[Any]) -> None:
+        """Commit filled reservations; a connection lost on the way stores them over the socket from the mapping
+        (still this process's memory)."""
+        from kvstrata.client.fast import RespError
+
+        try:
+            replies = sw.commit_values(values)
+        except (OSError, ConnectionError) as exc:
+            log.warning("kvstrata: staged commit failed (%s); storing over the socket", exc)
+            self._tls.stage = None
+            with self._lock:
+                if sw in self._fast_clients:
+                    self._fast_clients.remove(sw)
+            replies = self._roundtrip([["TAIR.KV.SETEX", v.key, v.ttl_ms,
+                                        seal_parts([v.header, memoryview(v.array.reshape(-1).view(np.uint8))])]
+                                       for v in values])
+        self._raise_first([reply_error(str(r)) if isinstance(r, RespError) else r for r in replies])
+        self._count(bytes_sent=sum(v.nbytes for v in values), stored_chunks=len(values))
+
+
+def _named(arr: np.ndarray, name: str) -> Any:
+    """``arr`` as the codec will name its dtype: bfloat16 and float8 arrays (kept in uint storage) as torch views."""
+    if arr.dtype.name == name:
+        return arr
+    import torch
+
+    return torch.from_numpy(arr).view(getattr(torch, name))
