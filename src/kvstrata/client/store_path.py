@@ -88,9 +88,9 @@ class _StorePath(_Base):
         return list(replies)
 
     # ---- two-phase writes through a staging segment (kvstrata.client.stage) ----
-    # stage_writes is off by default: on the 2-core VM staged writes did not win over the socket (0.73-0.99x in
-    # a quieter run) and they move the copy and the hash from the client to the shared server (BENCHMARKS.md,
-    # "Restore: two-phase writes").
+    # stage_writes is on by default: with numpy block copies and resident pages, staged stores beat the store
+    # through the Unix socket in every case of every same-run comparison on the 2-core VM (BENCHMARKS.md,
+    # "Store: block copies, resident pages, reserve"); stage_writes=False keeps stores on the socket.
 
     def _stager(self) -> Any:
         """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the

@@ -36,13 +36,14 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
     def __init__(self, url: str | None = "redis://127.0.0.1:6379", namespace: Namespace | str = "default",
                  *, max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
                  password: str | None = None, local_plane: bool = True, verify_local: bool = False,
-                 lease_ms: int = 10_000, stage_writes: bool = False, **kw: Any) -> None:
+                 lease_ms: int = 10_000, stage_writes: bool = True, **kw: Any) -> None:
         """``url``: ``redis://host:port`` or ``unix:///path/to/socket``. ``local_plane``: read through the
         server's shared-memory arena when it is local (a ``unix://`` URL, or TCP to a loopback address of a
         server whose ``unixsocket`` this process can open): one copy from the server's memory, no socket
         transfer (docs/dataplane.md). ``verify_local``: check each arena read against the value's checksum
         too (leased bytes cannot change, so this is off by default). ``stage_writes``: store through a staging
-        segment of a local server (two-phase writes) instead of the socket."""
+        segment when the server is local (two-phase writes; on by default: faster than the socket there,
+        BENCHMARKS.md "Store"), ``False`` for the socket."""
         super().__init__(namespace, **kw)
         self.url = url
         self.redis = None
