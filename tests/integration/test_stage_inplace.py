@@ -184,3 +184,41 @@ def test_commit_skip_and_a_wrong_checksum(make_server, sockdir) -> None:
         assert _info(tcp)["stage_checksum_failures"] == 1
     finally:
         w.close()
+
+
+def test_strided_chunks_larger_than_the_segment_go_over_the_socket_exactly(make_server, sockdir) -> None:
+    # Chunks of 4.5 MB and a segment of 1 MB (the server rounds it up to at most 2 MB): the strided arrays go
+    # over the socket, turned back into their runs; the bytes are the same.
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb", "stage-size": "1mb"})
+    tcp = srv.client()
+    kv = np.random.default_rng(4).standard_normal((6, 2, 3, 512, 192), dtype=np.float32)
+    tokens = list(range(512))
+    small = _client(path)
+    try:
+        assert small.store(tokens, kv, skip_existing=False) == 2
+        assert _info(tcp)["stage_commits"] == 0  # did not fit: the socket
+        n, got = small.retrieve(tokens)
+        assert n == 512 and np.array_equal(got, kv)
+    finally:
+        small.close()
+
+
+def test_staged_store_with_a_local_tier_keeps_sealed_exact_values_there(make_server, sockdir) -> None:
+    from kvstrata.client import LocalTier
+
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb"})
+    tcp = srv.client()
+    kv = _kv(5)
+    tokens = list(range(512))
+    tier = LocalTier(8 * MB)
+    c = KVCacheClient(f"unix://{path}", Namespace("inplace-local", kv_dtype="float32"), local_tier=tier)
+    try:
+        assert c.store(tokens, kv, skip_existing=False) == 2
+        assert _info(tcp)["stage_commits"] == 2  # staged (the default with a local server)
+        for key in c.keys(tokens):
+            local = c._local_get(key)
+            assert local is not None and bytes(local) == tcp.get(key)
+        n, got = c.retrieve(tokens)
+        assert n == 512 and np.array_equal(got, kv)
+    finally:
+        c.close()
