@@ -142,6 +142,39 @@ def test_reserve_stores_nothing_when_the_block_raises_and_gives_the_room_back(ma
         c.close()
 
 
+def test_slots_marked_done_are_committed_at_once_and_survive_an_exception(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb"})
+    tcp = srv.client()
+    c = _client(path)
+    try:
+        kv = _kv(6)
+        tokens = list(range(768))  # 3 chunks
+        keys = c.keys(tokens)
+        with pytest.raises(RuntimeError, match="engine failed"):
+            with c.reserve(tokens, (*SHAPE[:3], 256, SHAPE[4])) as slots:
+                assert len(slots) == 3
+                for i in (1, 0):  # any order
+                    slots[i][...] = (kv[:, :, :, i * 256:(i + 1) * 256] if i < 2 else 0)
+                    slots.done(i)
+                    slots.done(i)  # twice: once
+                raise RuntimeError("engine failed")
+        # The two slots marked done were stored exactly; the third was given back.
+        for i in (0, 1):
+            assert np.array_equal(decode(tcp.get(keys[i]))[0], kv[:, :, :, i * 256:(i + 1) * 256])
+        assert tcp.get(keys[2]) is None
+        info = _info(tcp)
+        assert info["stage_commits"] == 2 and info["stage_reservations"] == 0 and info["stage_reserved_bytes"] == 0
+        # Without an exception: done() for some, the rest committed when the block ends.
+        with c.reserve(tokens[:512], (*SHAPE[:3], 256, SHAPE[4])) as slots:
+            for i, slot in enumerate(slots):
+                np.copyto(slot, kv[:, :, :, i * 256:(i + 1) * 256] + 1.0)
+            slots.done(1)
+        n, got = c.retrieve(tokens[:512])
+        assert n == 512 and np.array_equal(got, kv[:, :, :, :512] + 1.0)
+    finally:
+        c.close()
+
+
 def test_reserve_without_a_local_server_stores_ordinary_arrays(make_server) -> None:
     srv = make_server({"dram-size": "64mb", "http-port": "0"})
     c = KVCacheClient(f"redis://127.0.0.1:{srv.port}", Namespace("inplace-tcp", kv_dtype="float32"),
@@ -152,6 +185,7 @@ def test_reserve_without_a_local_server_stores_ordinary_arrays(make_server) -> N
         with c.reserve(tokens, (*SHAPE[:3], 256, SHAPE[4])) as slots:
             for i, slot in enumerate(slots):
                 slot[...] = kv[:, :, :, i * 256:(i + 1) * 256]
+                slots.done(i)  # ordinary arrays: stored when the block ends
         n, got = c.retrieve(tokens)
         assert n == 512 and np.array_equal(got, kv)
     finally:

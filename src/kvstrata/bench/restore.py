@@ -25,8 +25,8 @@ the caller (no page faults in any mode) by:
 Stores are timed the same way: ``store-stage`` (the SDK with ``stage_writes=True`` and a local server: a two-phase write,
 each chunk copied once into the client's own staging segment, then committed with its checksum, which the
 server verifies on its own copy), ``store-reserve`` (the same client's ``reserve``: the caller copies each chunk
-into its reservation itself, as an engine's device-to-host copy would, then leaving the block hashes and
-commits; waves of up to ``STAGE_WAVE`` bytes), ``store-unix`` and ``store-tcp`` (the same store with
+into its reservation itself, as an engine's device-to-host copy would, and marks it ``done``, which hashes and
+commits it at once; waves of up to ``STAGE_WAVE`` bytes), ``store-unix`` and ``store-tcp`` (the same store with
 ``local_plane=False``: over the Unix socket each value is received straight into its arena slot),
 ``store-lmcache``.
 
@@ -175,6 +175,7 @@ def _reserve_store(client: Any, case: Case) -> None:
             for j, slot in enumerate(slots):
                 t = (first + j) * CHUNK
                 np.copyto(slot, kv[:, :, :, t:t + CHUNK])
+                slots.done(j)  # hashed and committed while still in cache; verified while the next is copied
 
 
 def _timed(fn: Callable[[], Any]) -> float:

@@ -219,29 +219,39 @@ class StageWriter(FastClient):
             out.append(StagedValue(key, ttl_ms, rid, off, pad, bytes(header), arr))
         return out
 
-    def commit_values(self, values: Sequence[StagedValue]) -> list[Any]:
-        """Hash each filled value in the segment (one pass: its header's checksum field is zero there), fill in
-        its checksum and send its COMMIT at once (the server verifies and stores one value while this client
-        hashes the next); one reply per value (the new version, or a RespError)."""
-        sent = 0
+    def send_commit(self, v: StagedValue) -> None:
+        """Hash a filled value in the segment (one pass: its header's checksum field is zero there), fill in its
+        checksum and send its COMMIT without waiting (``commit_values`` reads the reply)."""
+        start = v.off + v.skip
+        digest = xxhash.xxh3_64_intdigest(self.view[start:start + v.nbytes])
+        self.view[start + CHECKSUM_OFFSET:start + CHECKSUM_OFFSET + 8] = digest.to_bytes(8, "little")
+        self.send(b"TAIR.KV.COMMIT", v.key, v.ttl_ms, v.rid, b"%016x" % digest, b"SUMAT", CHECKSUM_OFFSET,
+                  b"SKIP", v.skip)
+
+    def commit_values(self, values: Sequence[StagedValue], sent: Sequence[StagedValue] = ()) -> list[Any]:
+        """Commit ``values`` (``sent``: those whose COMMIT ``send_commit`` sent already, in that order); each
+        COMMIT goes out as soon as its value is hashed (the server verifies and stores one value while this
+        client hashes the next). One reply per value of ``values``, in their order (the new version, or a
+        RespError)."""
+        order = list(sent)
         try:
+            done = {id(v) for v in order}
             for v in values:
-                start = v.off + v.skip
-                digest = xxhash.xxh3_64_intdigest(self.view[start:start + v.nbytes])
-                self.view[start + CHECKSUM_OFFSET:start + CHECKSUM_OFFSET + 8] = digest.to_bytes(8, "little")
-                self.send(b"TAIR.KV.COMMIT", v.key, v.ttl_ms, v.rid, b"%016x" % digest, b"SUMAT", CHECKSUM_OFFSET,
-                          b"SKIP", v.skip)
-                sent += 1
+                if id(v) not in done:
+                    self.send_commit(v)
+                    order.append(v)
         finally:
-            out: list[Any] = []
-            for _ in range(sent):
+            replies: dict[int, Any] = {}
+            for v in order:
                 try:
-                    out.append(self.read_reply())
+                    replies[id(v)] = self.read_reply()
                 except RespError as exc:
-                    out.append(exc)
-            if sent < len(values):
-                self.unreserve_values(values[sent:])
-        failed = [v for v, r in zip(values, out, strict=False) if isinstance(r, RespError)]
+                    replies[id(v)] = exc
+            rest = [v for v in values if id(v) not in replies]
+            if rest:
+                self.unreserve_values(rest)
+        out = [replies[id(v)] for v in values]
+        failed = [v for v, r in zip(values, out, strict=True) if isinstance(r, RespError)]
         if failed:  # refused before it ran (ACL...): its reservation is still held
             self.unreserve_values(failed)
         return out

@@ -148,20 +148,23 @@ class _StorePath(_Base):
     @contextlib.contextmanager
     def reserve(self, tokens: Sequence[int], shape: Sequence[int], *, dtype: str | None = None, start: int = 0,
                 ttl_class: str | None = None, ttl: float | None = None,
-                keys: list[bytes] | None = None) -> Iterator[list[np.ndarray]]:
+                keys: list[bytes] | None = None) -> Iterator[Slots]:
         """Room for the KV of ``tokens``' full chunks from token ``start``, stored when the block ends::
 
             with client.reserve(tokens, (layers, 2, heads, client.chunk_size, dim)) as slots:
                 for i, slot in enumerate(slots):    # C-contiguous numpy arrays, one per chunk
                     torch.from_numpy(slot).copy_(kv_chunk(i))   # or the engine's device-to-host copy
+                    slots.done(i)                   # optional: commit this one now
 
         ``shape``: one chunk's tensor shape (the namespace's layout, its T axis ``chunk_size``); ``dtype``: a
         codec dtype name (default the namespace's ``kv_dtype``; bfloat16 slots are uint16 arrays:
         ``torch.from_numpy(slot).view(torch.bfloat16)``). With a local server, ``stage_writes`` and the raw codec
-        the slots are views of this client's staging segment, payload 64-byte aligned: leaving the block hashes
-        each value once and commits it (the server verifies its own copy), so the caller's copy into the slots
-        is the only one this client makes. Otherwise they are ordinary arrays, stored on exit with ``store``. An
-        exception in the block stores nothing; the slots must not be used after it."""
+        the slots are views of this client's staging segment, payload 64-byte aligned: each value is hashed once
+        and committed (the server verifies its own copy) when the block ends, or as soon as ``slots.done(i)``
+        says slot ``i`` is filled (hashed while still in cache, verified while the next is written), so the
+        caller's copy into the slots is the only one this client makes. Otherwise they are ordinary arrays,
+        stored with ``store`` on exit. An exception in the block stores nothing but the slots already marked
+        done; the slots must not be used after the block."""
         keys, todo = self._store_todo(tokens, start, keys)
         ttl_ms = self.ttl_ms(ttl_class, ttl)
         name = dtype or self.namespace.kv_dtype
@@ -172,20 +175,33 @@ class _StorePath(_Base):
         staged = self._stage_slots(keys, todo, ttl_ms, shape, name, storage)
         if staged is None:
             arrays = [np.empty(shape, storage) for _ in todo]
-            yield arrays
+            yield Slots(arrays)
             by_chunk = dict(zip(todo, arrays, strict=True))
             cs = self.chunk_size
             self.store(tokens, lambda a, _b: _named(by_chunk[a // cs], name), start=start, skip_existing=False,
                        keys=keys)
             return
         sw, values = staged
+        sent: list[Any] = []
+
+        def commit_now(i: int) -> None:
+            if values[i] not in sent:
+                sw.send_commit(values[i])
+                sent.append(values[i])
+
         try:
-            yield [v.array for v in values]
+            yield Slots([v.array for v in values], commit_now)
         except BaseException:
+            # The slots marked done were sent: their replies are read (the connection stays in step); the rest
+            # is given back. The block's own exception is the one raised.
             with contextlib.suppress(OSError, ConnectionError):
-                sw.unreserve_values(values)
+                if sent:
+                    sw.commit_values(sent, sent)
+                rest = [v for v in values if v not in sent]
+                if rest:
+                    sw.unreserve_values(rest)
             raise
-        self._commit_slots(sw, values)
+        self._commit_slots(sw, values, sent)
 
     def _stage_slots(self, keys: list[bytes], todo: list[int], ttl_ms: int, shape: tuple[int, ...], name: str,
                      storage: np.dtype) -> tuple[Any, list[Any]] | None:
@@ -205,13 +221,14 @@ class _StorePath(_Base):
             log.info("kvstrata: reserving in ordinary memory (%s)", exc)
             return None
 
-    def _commit_slots(self, sw: Any, values: list[Any]) -> None:
-        """Commit filled reservations; a connection lost on the way stores them over the socket from the mapping
-        (still this process's memory)."""
+    def _commit_slots(self, sw: Any, values: list[Any], sent: list[Any]) -> None:
+        """Commit filled reservations (``sent``: those already sent by ``Slots.done``; any others held are given
+        back); a connection lost on the way stores them over the socket from the mapping (still this process's
+        memory)."""
         from kvstrata.client.fast import RespError
 
         try:
-            replies = sw.commit_values(values)
+            replies = sw.commit_values(values, sent)
         except (OSError, ConnectionError) as exc:
             log.warning("kvstrata: staged commit failed (%s); storing over the socket", exc)
             self._tls.stage = None
@@ -223,6 +240,19 @@ class _StorePath(_Base):
                                        for v in values])
         self._raise_first([reply_error(str(r)) if isinstance(r, RespError) else r for r in replies])
         self._count(bytes_sent=sum(v.nbytes for v in values), stored_chunks=len(values))
+
+
+class Slots(list[np.ndarray]):
+    """The arrays ``KVCacheClient.reserve`` yields; ``done(i)``: slot ``i`` is filled, commit it now (a no-op when
+    the slots are ordinary arrays, stored when the block ends)."""
+
+    def __init__(self, arrays: list[np.ndarray], commit: Any = None) -> None:
+        super().__init__(arrays)
+        self._commit = commit
+
+    def done(self, i: int) -> None:
+        if self._commit is not None:
+            self._commit(i)
 
 
 def _named(arr: np.ndarray, name: str) -> Any:
