@@ -11,6 +11,8 @@ Medians of ``--repeats`` rounds in alternating order, one process unless said ot
   gets huge pages only where the kernel's shmem THP setting allows;
 * ``copy+hash``: a copy into the memfd with each 256 KiB piece hashed (xxh3-64) right after it is copied, as
   a two-phase write does on both sides;
+* ``memcpy-fresh-memfd``: the copy into the memfd after its pages were given back (``MADV_REMOVE``): what a
+  write into never-touched (or trimmed) shared memory costs, page faults and zero-filling included;
 * ``memcpy-2proc``: the same memcpy in two processes at once (does a second core add bandwidth?);
 * ``process_vm_readv``: one process copying another's memory with the kernel's cross-memory attach.
 
@@ -125,11 +127,14 @@ def main(argv: list[str]) -> int:
         "memcpy": lambda: np.copyto(anon, src),
         "memcpy-memfd": lambda: np.copyto(shm, src),
         "copy+hash": lambda: _copy_hash(memoryview(shm), memoryview(src)),
+        "memcpy-fresh-memfd": lambda: np.copyto(shm, src),
     }
     times: dict[str, list[float]] = {m: [] for m in modes}
     for rnd in range(args.repeats + 1):
         order = list(modes) if rnd % 2 else list(modes)[::-1]
         for m in order:
+            if m == "memcpy-fresh-memfd":
+                mm.madvise(mmap.MADV_REMOVE, 0, n)  # the pages go back; the timed copy touches fresh ones
             dt = _timed(modes[m])
             if rnd:
                 times[m].append(dt)

@@ -137,6 +137,9 @@ PARAMS: tuple[Param, ...] = (
           mutable=True),
     Param("stage-reserve-ms", _int, 60_000, "How long a two-phase write reservation lasts uncommitted.",
           mutable=True),
+    Param("stage-idle-ms", _int, 60_000,
+          "How long a staging segment keeps its pages without reservations before they go back to the kernel "
+          "(kept pages make the next two-phase write fast; they are outside the DRAM budget).", mutable=True),
     Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),

@@ -326,10 +326,10 @@ def test_sdk_stores_through_the_segment(make_server, sockdir) -> None:
             assert n == 1024 and np.array_equal(out, kv)
     info = _info(srv.client())
     assert info["stage_commits"] == 8
-    # By default (stage_writes=False) stores go over the socket (reads still go through the arena); so do they
-    # with local_plane=False.
+    # With stage_writes=False stores go over the socket (reads still go through the arena); so do they with
+    # local_plane=False.
     before = _info(srv.client())["stage_commits"]
-    with KVCacheClient(f"unix://{path}", ns, chunk_size=256) as c:
+    with KVCacheClient(f"unix://{path}", ns, chunk_size=256, stage_writes=False) as c:
         c.clear()
         assert c.store(tokens, kv) == 4
         n, out = c.retrieve(tokens)

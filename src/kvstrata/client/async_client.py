@@ -37,7 +37,7 @@ class AsyncKVCacheClient(_Base):
 
     def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
                  max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
-                 password: str | None = None, local_plane: bool = True, stage_writes: bool = False,
+                 password: str | None = None, local_plane: bool = True, stage_writes: bool = True,
                  **kw: Any) -> None:
         super().__init__(namespace, **kw)
         import redis.asyncio as aredis

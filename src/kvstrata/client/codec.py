@@ -174,7 +174,9 @@ def encode_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale:
 
 
 def seal_parts(parts: list[Any]) -> list[Any]:
-    """Fill in the checksum of ``prepare_parts``' header (one pass over the payload)."""
+    """Fill in the checksum of ``prepare_parts``' header (one pass over the payload). A strided array among the
+    parts (``prepare_parts(strided=True)``) is given back as its contiguous runs."""
+    parts = [parts[0], *payload_buffers(parts[1:])]
     header = bytearray(parts[0])
     header[CHECKSUM_OFFSET:CHECKSUM_OFFSET + 8] = bytes(8)
     h = xxhash.xxh3_64(header)
@@ -184,15 +186,52 @@ def seal_parts(parts: list[Any]) -> list[Any]:
     return [bytes(header), *parts[1:]]
 
 
+def payload_buffers(parts: list[Any]) -> list[Any]:
+    """``parts`` with each numpy array among them (``prepare_parts(strided=True)``) replaced by byte views of its
+    contiguous runs (a copy when they are too small to be worth it)."""
+    out: list[Any] = []
+    for p in parts:
+        if isinstance(p, np.ndarray):
+            runs = contiguous_runs(p) if not p.flags.c_contiguous else None
+            out += runs if runs is not None else [memoryview(np.ascontiguousarray(p).reshape(-1).view(np.uint8))]
+        else:
+            out.append(p)
+    return out
+
+
+def raw_header(shape: tuple[int, ...], dtype: str, layout: str = "") -> bytes:
+    """The header of a raw value of ``shape`` and dtype name ``dtype`` (DTYPES), its checksum field zero: what
+    ``prepare_parts`` puts before a C-ordered payload, for a writer that places the payload itself
+    (``kvstrata.client.stage``: an engine filling a reservation)."""
+    if dtype not in DTYPES:
+        raise CodecError(f"unsupported dtype {dtype}")
+    shape = tuple(int(s) for s in shape)
+    layout_b = layout.encode("ascii")
+    if len(layout_b) > 255 or len(shape) > 255:
+        raise CodecError("layout or ndim too long")
+    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype][1]).itemsize
+    fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, 0, DTYPES[dtype][0], 1, len(shape), len(layout_b), 0, n, n, 0, 0)
+    return fixed + struct.pack(f"<{len(shape)}Q", *shape) + layout_b
+
+
+def parts_nbytes(parts: Any) -> int:
+    """Bytes in a value given as parts (bytes, memoryviews, numpy arrays)."""
+    return sum(p.nbytes if isinstance(p, (memoryview, np.ndarray)) else len(p) for p in parts)
+
+
 def prepare_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale: str = "head",
-                  zstd_level: int = 3) -> list[Any]:
+                  zstd_level: int = 3, strided: bool = False) -> list[Any]:
     """``[header, payload...]`` with the header's checksum field still zero: the value's xxh3-64 over these
     bytes is that checksum. ``seal_parts`` fills it in; a two-phase write (kvstrata.client.stage) computes it
-    while copying the parts into place, saving a pass over the tensor."""
+    while copying the parts into place, saving a pass over the tensor. ``strided``: a raw non-contiguous
+    array whose last axis is contiguous is given as the array itself, ``[header, array]``, for a writer that
+    copies it with numpy (``seal_parts`` and ``payload_buffers`` turn it into runs)."""
     codec = check_codec(codec)
     arr, dtype = as_array(value)
     runs = None
-    if not arr.flags.c_contiguous:
+    if strided and codec == "raw" and not arr.flags.c_contiguous and arr.size and arr.strides[-1] == arr.itemsize:
+        runs = [arr]  # the payload is the array's bytes in C order: copied block by block by the writer
+    elif not arr.flags.c_contiguous:
         # A chunk sliced out of a larger KV tensor along its token axis: send its contiguous runs (one per
         # layer, K/V and head) as they are instead of gathering them into a copy first.
         runs = contiguous_runs(arr) if codec == "raw" else None
@@ -237,7 +276,7 @@ def prepare_parts(value: Any, codec: str = "raw", layout: str = "", *, fp8_scale
         parts_payload = runs
     else:
         parts_payload = [scales, data] if scales else [data]
-    payload_len = sum(len(p) if not isinstance(p, memoryview) else p.nbytes for p in parts_payload)
+    payload_len = parts_nbytes(parts_payload)
     dtype_code = DTYPES[dtype][0]
     fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, flags, dtype_code, planes, len(shape), len(layout_b), 0,
                         raw_len, payload_len, nscales, 0)

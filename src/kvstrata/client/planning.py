@@ -175,10 +175,11 @@ class _Base:
     def _count_skipped(self, keys: list[bytes], start: int, todo: list[int]) -> None:
         self._count(skipped_chunks=max(0, len(keys) - start // self.chunk_size - len(todo)))
 
-    def _chunk_parts(self, kv: KVSource, i: int) -> list[Any]:
-        """Chunk ``i`` of ``kv`` encoded, its checksum not yet filled in (``seal_parts``, or the staging copy)."""
+    def _chunk_parts(self, kv: KVSource, i: int, strided: bool = False) -> list[Any]:
+        """Chunk ``i`` of ``kv`` encoded, its checksum not yet filled in (``seal_parts``, or the staging copy;
+        ``strided``: a strided raw chunk as the array itself, for the staging copy, ``codec.prepare_parts``)."""
         cs = self.chunk_size
-        return self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs), sealed=False)
+        return self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs), sealed=False, strided=strided)
 
     def _sealed(self, key: bytes, parts: list[Any], ttl_ms: int) -> list[Any]:
         """``parts`` sealed, and kept in the local tier when there is one."""
@@ -215,10 +216,10 @@ class _Base:
         index[axis] = slice(start, end)
         return arr[tuple(index)]
 
-    def encode_chunk(self, value: Any, *, sealed: bool = True) -> list[Any]:
+    def encode_chunk(self, value: Any, *, sealed: bool = True, strided: bool = False) -> list[Any]:
         """``[header, payload...]``; ``sealed=False`` leaves the header's checksum to be filled in while the
         parts are copied into place (a two-phase write: one pass over the tensor instead of two)."""
-        parts = prepare_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale)
+        parts = prepare_parts(value, self.compression, self._layout(), fp8_scale=self.fp8_scale, strided=strided)
         return seal_parts(parts) if sealed else parts
 
     def _decode(self, key: bytes, value: Any) -> np.ndarray | None:

@@ -13,15 +13,18 @@ docs/dataplane.md.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import xxhash
 
-from kvstrata.client.fast import FastClient, RespError, nbytes
+from kvstrata.client.codec import CHECKSUM_OFFSET, parts_nbytes
+from kvstrata.client.fast import FastClient, RespError
 
 PAGE = 4096
 PIECE = 256 * 1024  # copied then hashed at once: the hash reads the piece from (L2) cache
+ALIGN = 64  # a reserved value's payload starts this aligned (its header is placed before it: COMMIT ... SKIP)
 
 
 class StageUnavailable(Exception):
@@ -35,6 +38,40 @@ def _span(n: int) -> int:
 def _byte_view(p: Any) -> memoryview:
     mv = p if isinstance(p, memoryview) else memoryview(p)
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def _blocks(shape: tuple[int, ...], piece: int) -> Iterator[tuple[Any, ...]]:
+    """Indexes that cut a C-ordered array of bytes with ``shape`` into consecutive blocks of about ``piece``
+    bytes (whole rows of one axis; a row larger than ``piece`` is cut along the next axis): each block is
+    contiguous in a C-contiguous array of that shape."""
+    row = 1
+    for n in shape[1:]:
+        row *= n
+    if len(shape) > 1 and row > piece:
+        for i in range(shape[0]):
+            for idx in _blocks(shape[1:], piece):
+                yield (i, *idx)
+        return
+    step = max(1, piece // max(row, 1))
+    for a in range(0, shape[0], step):
+        yield (slice(a, a + step),)
+
+
+class StagedValue:
+    """A value reserved for its writer to fill in place: ``array`` is a writable numpy view of its payload in the
+    segment (``ALIGN``-aligned, C-ordered), placed right after ``header`` (the codec header, checksum zero).
+    Valid until committed or given back: the segment's room is reused after that."""
+
+    __slots__ = ("array", "header", "key", "off", "rid", "skip", "ttl_ms")
+
+    def __init__(self, key: Any, ttl_ms: int, rid: int, off: int, skip: int, header: bytes,
+                 array: np.ndarray) -> None:
+        self.key, self.ttl_ms, self.rid, self.off, self.skip = key, ttl_ms, rid, off, skip
+        self.header, self.array = header, array
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.header) + self.array.nbytes
 
 
 class StageWriter(FastClient):
@@ -71,6 +108,10 @@ class StageWriter(FastClient):
         h = xxhash.xxh3_64()
         pos = offset
         for p in parts:
+            if isinstance(p, np.ndarray):  # a strided chunk (codec.prepare_parts(strided=True)): numpy copies it
+                self._copy_array(pos, p, h)
+                pos += p.nbytes
+                continue
             src = _byte_view(p)
             n = src.nbytes
             for o in range(0, n, PIECE):
@@ -84,11 +125,22 @@ class StageWriter(FastClient):
             view[offset + sum_at:offset + sum_at + 8] = digest.to_bytes(8, "little")
         return digest
 
+    def _copy_array(self, pos: int, arr: np.ndarray, h: Any) -> None:
+        """Copy ``arr`` (any strides, last axis contiguous) in C order into the segment at ``pos``, block by
+        block (numpy copies each block's strided runs in one call), hashing each block right after it is
+        copied, while it is in cache."""
+        src = arr.view(np.uint8)  # bytes: the payload may sit at any alignment after the codec header
+        dst = np.frombuffer(self.mm, np.uint8, src.size, pos).reshape(src.shape)
+        for idx in _blocks(src.shape, PIECE):
+            d = dst[idx]
+            np.copyto(d, src[idx])
+            h.update(d)
+
     def put_many(self, items: Sequence[tuple[Any, int, Sequence[Any]]], sum_at: int | None = None) -> list[Any]:
         """Store each (key, ttl_ms, parts) through the segment; one reply per item (the new version, or a
         RespError). Every value must ``fit``. ``sum_at``: each value carries its own checksum there (see
         ``write``; the SDK codec's header, ``codec.prepare_parts``): the client then hashes each value once."""
-        sizes = [sum(nbytes(p) for p in parts) for _, _, parts in items]
+        sizes = [parts_nbytes(parts) for _, _, parts in items]
         out: list[Any] = []
         i = 0
         while i < len(items):
@@ -146,6 +198,67 @@ class StageWriter(FastClient):
             # (a commit that ran ended it already; UNRESERVE then counts nothing).
             self.call(b"TAIR.KV.UNRESERVE", *failed)
         return out
+
+    # ---- values written in place by the caller (an engine's own copy lands in the segment) ----
+    def stage_values(self, items: Sequence[tuple[Any, int, bytes, tuple[int, ...], Any]]) -> list[StagedValue]:
+        """Reserve room for each (key, ttl_ms, header, shape, numpy dtype) (all or none: RespError when refused):
+        the header (``codec.raw_header``, checksum zero) is written, and the payload is left for the caller to
+        fill through ``StagedValue.array``. Commit with ``commit_values``, or give back with ``unreserve_values``."""
+        pads = [-len(h) % ALIGN for _, _, h, _, _ in items]
+        lengths = [pad + len(h) + int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                   for pad, (_, _, h, shape, dt) in zip(pads, items, strict=True)]
+        if sum(_span(n) for n in lengths) > self.size:
+            raise ValueError(f"{sum(lengths)} bytes do not fit the staging segment ({self.size})")
+        out = []
+        for pad, (key, ttl_ms, header, shape, dt), (rid, off) in zip(pads, items, self.reserve(lengths),
+                                                                     strict=True):
+            start = off + pad
+            self.view[start:start + len(header)] = header
+            count = int(np.prod(shape, dtype=np.int64))
+            arr = np.frombuffer(self.mm, np.dtype(dt), count, start + len(header)).reshape(shape)
+            out.append(StagedValue(key, ttl_ms, rid, off, pad, bytes(header), arr))
+        return out
+
+    def send_commit(self, v: StagedValue) -> None:
+        """Hash a filled value in the segment (one pass: its header's checksum field is zero there), fill in its
+        checksum and send its COMMIT without waiting (``commit_values`` reads the reply)."""
+        start = v.off + v.skip
+        digest = xxhash.xxh3_64_intdigest(self.view[start:start + v.nbytes])
+        self.view[start + CHECKSUM_OFFSET:start + CHECKSUM_OFFSET + 8] = digest.to_bytes(8, "little")
+        self.send(b"TAIR.KV.COMMIT", v.key, v.ttl_ms, v.rid, b"%016x" % digest, b"SUMAT", CHECKSUM_OFFSET,
+                  b"SKIP", v.skip)
+
+    def commit_values(self, values: Sequence[StagedValue], sent: Sequence[StagedValue] = ()) -> list[Any]:
+        """Commit ``values`` (``sent``: those whose COMMIT ``send_commit`` sent already, in that order); each
+        COMMIT goes out as soon as its value is hashed (the server verifies and stores one value while this
+        client hashes the next). One reply per value of ``values``, in their order (the new version, or a
+        RespError)."""
+        order = list(sent)
+        try:
+            done = {id(v) for v in order}
+            for v in values:
+                if id(v) not in done:
+                    self.send_commit(v)
+                    order.append(v)
+        finally:
+            replies: dict[int, Any] = {}
+            for v in order:
+                try:
+                    replies[id(v)] = self.read_reply()
+                except RespError as exc:
+                    replies[id(v)] = exc
+            rest = [v for v in values if id(v) not in replies]
+            if rest:
+                self.unreserve_values(rest)
+        out = [replies[id(v)] for v in values]
+        failed = [v for v, r in zip(values, out, strict=True) if isinstance(r, RespError)]
+        if failed:  # refused before it ran (ACL...): its reservation is still held
+            self.unreserve_values(failed)
+        return out
+
+    def unreserve_values(self, values: Sequence[StagedValue]) -> None:
+        if values:
+            self.call(b"TAIR.KV.UNRESERVE", *[v.rid for v in values])
 
     def close(self) -> None:
         self.view.release()

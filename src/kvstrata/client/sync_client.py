@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.arena_reads import _ArenaReads
+from kvstrata.client.codec import parts_nbytes
 from kvstrata.client.copypool import CopyPool
-from kvstrata.client.fast import nbytes
 from kvstrata.client.filler import _copy_along, _Filler, _joined_shape
 from kvstrata.client.keys import Namespace
 from kvstrata.client.planning import CLEAR_BATCH, KVSource
@@ -38,13 +38,14 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
     def __init__(self, url: str | None = "redis://127.0.0.1:6379", namespace: Namespace | str = "default",
                  *, max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
                  password: str | None = None, local_plane: bool = True, verify_local: bool = False,
-                 lease_ms: int = 10_000, stage_writes: bool = False, **kw: Any) -> None:
+                 lease_ms: int = 10_000, stage_writes: bool = True, **kw: Any) -> None:
         """``url``: ``redis://host:port`` or ``unix:///path/to/socket``. ``local_plane``: read through the
         server's shared-memory arena when it is local (a ``unix://`` URL, or TCP to a loopback address of a
         server whose ``unixsocket`` this process can open): one copy from the server's memory, no socket
         transfer (docs/dataplane.md). ``verify_local``: check each arena read against the value's checksum
         too (leased bytes cannot change, so this is off by default). ``stage_writes``: store through a staging
-        segment of a local server (two-phase writes) instead of the socket."""
+        segment when the server is local (two-phase writes; on by default: faster than the socket there,
+        BENCHMARKS.md "Store"), ``False`` for the socket."""
         super().__init__(namespace, **kw)
         self.url = url
         self.redis = None
@@ -180,8 +181,8 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             staged: list[tuple[bytes, int, list[Any]]] = []
             stager = self._stager() if self.redis is not None else None
             for i in batch:
-                parts = self._chunk_parts(kv, i)
-                size = sum(nbytes(p) for p in parts)
+                parts = self._chunk_parts(kv, i, strided=stager is not None)
+                size = parts_nbytes(parts)
                 self._size_hint = max(self._size_hint, size)
                 stage = stager is not None and stager.fits(size)
                 if stage:

@@ -4,7 +4,8 @@
 ``TAIR.KV.RESERVE`` reserves room there; the client writes a value into its reservation and
 ``TAIR.KV.COMMIT`` stores it under a key once the server's copy of it matches the client's xxh3-64 (the
 checksum ``TAIR.KV.MGETREF`` reports; with ``SUMAT offset``, of a value that carries its own xxh3-64 at that
-offset, computed with the field zeroed: the SDK codec's header, so the client hashes the tensor only once). The engine part is ``kvstrata.engine.staging``; the design and the
+offset, computed with the field zeroed: the SDK codec's header, so the client hashes the tensor only once; with
+``SKIP n``, the value is the reservation's bytes after its first n, so a writer can align the payload). The engine part is ``kvstrata.engine.staging``; the design and the
 security model are in docs/dataplane.md.
 """
 
@@ -97,7 +98,7 @@ def kv_unreserve(ctx: Context, args: list[bytes]) -> Any:
 
 @command("tair.kv.commit", -5, "write denyoom", keys=(1, 1, 1), group="tairkv", since="0.2.0",
          summary="Stores a reservation's bytes under a key once they match the checksum; replies with the version.",
-         syntax="TAIR.KV.COMMIT key ttl_ms reservation checksum [SUMAT offset] [VER expected_version]")
+         syntax="TAIR.KV.COMMIT key ttl_ms reservation checksum [SUMAT offset] [SKIP bytes] [VER expected_version]")
 def kv_commit(ctx: Context, args: list[bytes]) -> Any:
     staging = _staging(ctx)
     arena = _arena(ctx)
@@ -109,6 +110,7 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
     checksum = _checksum(args[4])
     expected: int | None = None
     sum_at: int | None = None
+    skip = 0
     i = 5
     while i < len(args):
         opt = bytes(args[i]).upper()
@@ -116,6 +118,8 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
             expected = parse_int(bytes(args[i + 1]))
         elif opt == b"SUMAT" and i + 1 < len(args):
             sum_at = parse_int(bytes(args[i + 1]))
+        elif opt == b"SKIP" and i + 1 < len(args):
+            skip = parse_int(bytes(args[i + 1]))
         else:
             raise syntax_error()
         i += 2
@@ -125,12 +129,19 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
     except StageError as exc:
         raise CommandError(str(exc), raw=True) from None
     # The server's own copy is what gets verified and stored: the writer may still change its segment.
-    view: Any = arena.held_slot(res.length) if res.length >= arena.min_size else None
+    # Slots of values overwritten by earlier commits are reused first, while their pages are resident: a fresh
+    # shared-memory page costs far more than the copy into it (10x a memcpy on the 2-core VM).
+    try:
+        n = staging.value_length(res, skip)
+    except StageError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    arena.collect_unreferenced()
+    view: Any = arena.held_slot(n) if n >= arena.min_size else None
     if view is None:
-        view = bytearray(res.length)
+        view = bytearray(n)
     try:
         try:
-            digest = staging.copy_verified(seg, res, view, checksum, sum_at)
+            digest = staging.copy_verified(seg, res, view, checksum, sum_at, skip)
         except StageError as exc:
             raise CommandError(str(exc), raw=True) from None
         slot = arena.slot(view)

@@ -42,6 +42,7 @@ import heapq
 import itertools
 import mmap
 import os
+import sys
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -369,6 +370,15 @@ class ArenaPool:
                     self._try_free(s, gen)
                 else:
                     self._gated.append((s, gen))
+
+    def collect_unreferenced(self) -> None:
+        """``collect()`` from inside a command (before ``held_slot``), where plain ``collect()`` is unsafe: limbo
+        exists because a handler of the same batch may have returned a dropped value, and the reply holding it
+        takes its hold only when the batch's replies are flushed (or a transaction's results are). So this
+        collects only while no slot in limbo is referenced outside the arena (reference count: the slot's own
+        and the call's); otherwise nothing now (the background cycle or the next value received will)."""
+        if self._limbo and all(sys.getrefcount(s.view) <= 2 for s, _ in self._limbo):
+            self.collect()
 
     def _current(self, s: Slot, gen: int) -> bool:
         return s.gen == gen and s.holds == 0 and self._slots.get(id(s.view)) is s

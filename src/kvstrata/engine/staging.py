@@ -15,10 +15,10 @@ under a reader's lease and under the SSD writer demoting it, breaking "leased by
 (docs/dataplane.md weighs both).
 
 Bounds. A segment is ``size`` bytes (sparse: only touched pages use memory), one per client, closed when the
-client is gone, its pages given back after ``idle_ms`` without reservations. Reservations are bounded per client in number (``max_reservations``), in bytes (the segment),
-and in time (``reserve_ms``); reserved bytes are charged to the DRAM budget (``ArenaPool.reserved_bytes``,
-counted as unmovable by the engine's ``make_room``) until they are committed, given back, expired or their
-client is gone.
+client is gone, its pages given back after ``idle_ms`` (``stage-idle-ms``) without reservations. Reservations
+are bounded per client in number (``max_reservations``), in bytes (the segment), and in time (``reserve_ms``);
+reserved bytes are charged to the DRAM budget (``ArenaPool.reserved_bytes``, counted as unmovable by the
+engine's ``make_room``) until they are committed, given back, expired or their client is gone.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class Staging:
     """
 
     def __init__(self, size: int, *, max_reservations: int = 256, reserve_ms: int = 60_000,
-                 hugepages: bool = False, charge_of: Callable[[int], int] | None = None,
+                 idle_ms: int = 60_000, hugepages: bool = False, charge_of: Callable[[int], int] | None = None,
                  charge: Callable[[int], None] | None = None,
                  uncharge: Callable[[int], None] | None = None) -> None:
         self.size = size
@@ -103,8 +103,10 @@ class Staging:
         self._ids = itertools.count(1)
         self.reserved_bytes = 0
         # A segment without reservations for this long gets its pages back from the kernel: an idle writer
-        # keeps no memory outside the DRAM budget (a busy one keeps its pages: reusing them is what is fast).
-        self.idle_ms = 10_000
+        # keeps no memory outside the DRAM budget (a busy one keeps its pages: reusing them is what is fast; on
+        # the 2-core VM a write into fresh pages ran at a tenth of a copy into resident ones, so a writer that
+        # stores every few seconds should find its pages still there: ``stage-idle-ms``).
+        self.idle_ms = idle_ms
         self.trims = 0
         self.commits = 0
         self.checksum_failures = 0
@@ -228,17 +230,25 @@ class Staging:
         return n
 
     # ---- commit ----
+    @staticmethod
+    def value_length(res: Reservation, skip: int) -> int:
+        """Bytes of the value a commit stores: the reservation's after its first ``skip`` (StageError when none)."""
+        if not 0 <= skip < res.length:
+            raise StageError(f"ERR SKIP {skip} leaves no value in a reservation of {res.length} bytes")
+        return res.length - skip
+
     def copy_verified(self, seg: Segment, res: Reservation, dst: Any, checksum: int,
-                      sum_at: int | None = None) -> int:
-        """Copy the reservation's bytes into ``dst`` (a writable buffer of ``res.length`` bytes that only the
-        server can write), hashing each piece of the copy; StageError when the copy's xxh3-64 is not
+                      sum_at: int | None = None, skip: int = 0) -> int:
+        """Copy the reservation's bytes from ``skip`` on into ``dst`` (a writable buffer of that many bytes that
+        only the server can write), hashing each piece of the copy; StageError when the copy's xxh3-64 is not
         ``checksum``. With ``sum_at`` the value carries its own checksum there (8 bytes, little-endian, computed
         with that field zeroed, as the SDK codec's header does): the hash reads that field as zero and the field
-        must hold ``checksum``. Returns the digest."""
-        n = res.length
+        must hold ``checksum``. ``skip``: the value starts that far into the reservation (a writer that places
+        its payload aligned). Returns the digest."""
+        n = self.value_length(res, skip)
         if sum_at is not None and not 0 <= sum_at <= n - 8:
             raise StageError(f"ERR SUMAT {sum_at} is outside the value ({n} bytes)")
-        src = seg.region.view[res.off:res.off + n]
+        src = seg.region.view[res.off + skip:res.off + skip + n]
         out = memoryview(dst).cast("B") if not isinstance(dst, memoryview) else dst
         lo, hi = (sum_at, sum_at + 8) if sum_at is not None else (n, n)
         h = xxhash.xxh3_64()

@@ -68,6 +68,7 @@ def setup_staging(server: Server, arena: ArenaPool) -> None:
     arena.staging = Staging(int(config.get("stage-size")),
                             max_reservations=int(config.get("stage-max-reservations")),
                             reserve_ms=int(config.get("stage-reserve-ms")),
+                            idle_ms=int(config.get("stage-idle-ms")),
                             hugepages=bool(config.get("arena-hugepages")),
                             charge_of=arena.charge, charge=charge, uncharge=dram._uncharge)
 
@@ -80,6 +81,7 @@ def apply_config(server: Server) -> None:
         if arena.staging is not None:
             arena.staging.max_reservations = int(server.config.get("stage-max-reservations"))
             arena.staging.reserve_ms = int(server.config.get("stage-reserve-ms"))
+            arena.staging.idle_ms = int(server.config.get("stage-idle-ms"))
 
 
 def tick(server: Server) -> None:
