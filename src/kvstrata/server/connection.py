@@ -673,8 +673,9 @@ class Connection(asyncio.BufferedProtocol):
                 await srv.wait_commit(ssd.enqueued_seq)
             if spec.settle and not ssd.settled:
                 await srv.wait_commit(ssd.enqueued_seq)
-        srv.prefetcher.expect(spec, keys, self.client.id)  # [prefetch hook, issue 19] what follows a chunk read
-        await self._load(keys, spec.load == "meta")
+        # [prefetch hook, issue 19] what follows a chunk read: queued, its first chunks loaded with this one
+        along = srv.prefetcher.expect(spec, keys, self.client.id, srv.prefetcher.along)
+        await self._load(keys + along if along else keys, spec.load == "meta")
         waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:
             await waiter
