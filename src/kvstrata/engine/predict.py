@@ -29,8 +29,8 @@ server's prefetch queue), minus those already read by then: a multi-key read (MG
 it reads itself.
 
 :meth:`Predictor.read` and :meth:`Predictor.write` only log the access, and the log is processed in one batch when
-the predictions are asked for (the server does so at the end of each command; a multi-key read pays once), with
-the same predictions as processing each access at once.
+the predictions are asked for (the server does so after each command, once its reply went out; a multi-key read
+pays once), with the same predictions as processing each access at once.
 """
 
 from __future__ import annotations
