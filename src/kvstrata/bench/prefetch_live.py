@@ -199,6 +199,8 @@ def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int,
                                          "prefetch_wasted", "prefetch_rejected")},
         "prefetch_accuracy": _num(pf, "prefetch_accuracy") if _num(pf, "prefetch_issued") else None,
         "prefetch_coverage": _num(pf, "prefetch_coverage"),
+        # Where walks started: GET misses predicted before their load (expects), returning sessions, all.
+        **{k: int(_num(pf, k)) for k in ("predict_expects", "predict_session_walks", "predict_walks")},
     }
 
 
@@ -211,6 +213,9 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
       it (the server takes the predictions at the end of every command); ``cost_us``, their difference, is the
       predictor's cost on the hot path;
     * ``log_us``: of that, the get alone (the access only logged), minus the get without the predictor;
+    * ``reply_us``: what a GET's reply waits for: the server takes the predictions after the replies of the
+      batch of commands went out (``Connection._run``), so before the reply only the logging is paid (``log_us``);
+      ``cost_us`` is still the CPU each access costs the server's one event loop;
     * ``batched_us``: the predictor's cost per read when its predictions are taken once every ``batch`` reads
       (one command reading many chunks: the log is processed in one batch).
     """
@@ -275,7 +280,7 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
     logged = statistics.median(times["get"])
     batched = statistics.median([g + d for g, d in zip(times["get"], times["drain"], strict=True)])
     return {"get_us_without": round(off, 3), "get_us_with": round(each, 3), "cost_us": round(each - off, 3),
-            "log_us": round(logged - off, 3), "batched_us": round(batched - off, 3)}
+            "log_us": round(logged - off, 3), "reply_us": round(logged - off, 3), "batched_us": round(batched - off, 3)}
 
 
 def run_live(traces: Sequence[str] = LIVE_TRACES, fractions: Sequence[float] = LIVE_FRACTIONS, *,
@@ -371,6 +376,8 @@ def live_targets(rows: Sequence[dict[str, Any]], cost: dict[str, float]) -> dict
         "hit_ratio_higher_with_predictor_at_5pct": not misses["hit_ratio"],
         "p99_not_worse_at_5pct": not misses["p99"],
         "predictor_cost_le_3us": cost["cost_us"] <= TARGET_COST_US,
+        # The same target on what a reply waits for (the predictions are taken after the replies went out).
+        "predictor_reply_path_le_3us": cost.get("reply_us", cost["cost_us"]) <= TARGET_COST_US,
     }
     out["missed"] = {k: v for k, v in misses.items() if v}
     return out
@@ -392,7 +399,8 @@ def format_table(result: dict[str, Any]) -> str:
     cost = result["predictor_cost"]
     lines += ["", f"predictor cost: {cost['cost_us']} us per DRAM-hit GET "
                   f"({cost['get_us_without']} us without, {cost['get_us_with']} us with; logging the read "
-                  f"{cost['log_us']} us; {cost['batched_us']} us per read taken in batches)", ""]
+                  f"{cost['log_us']} us, which is all a reply waits for; {cost['batched_us']} us per read taken "
+                  "in batches)", ""]
     for k, v in result["targets"].items():
         if k != "missed":
             lines.append(f"{'PASS' if v else 'MISS'}  {k}")
@@ -433,7 +441,8 @@ def write_markdown(result: dict[str, Any]) -> str:
             f"{r['p50_us']:.0f} | {r['p99_us']:.0f} |")
     out += ["", f"Predictor cost on the hot path (DRAM-hit `Store.get`, same process, alternating, thread CPU "
                 f"time): {cost['get_us_without']} us without, {cost['get_us_with']} us with: {cost['cost_us']} us "
-                f"(logging the read: {cost['log_us']} us; per read when the predictions are taken once per 16 "
+                f"(logging the read: {cost['log_us']} us, which is all a GET's reply waits for: the server takes "
+                f"the predictions after the replies went out; per read when the predictions are taken once per 16 "
                 f"reads: {cost['batched_us']} us).", "",
             "| target (5% DRAM, every trace, both rates) | met |", "|---|---|"]
     for k, v in result["targets"].items():

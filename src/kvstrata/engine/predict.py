@@ -29,15 +29,16 @@ server's prefetch queue), minus those already read by then: a multi-key read (MG
 it reads itself.
 
 :meth:`Predictor.read` and :meth:`Predictor.write` only log the access, and the log is processed in one batch when
-the predictions are asked for (the server does so at the end of each command; a multi-key read pays once), with
-the same predictions as processing each access at once.
+the predictions are asked for (the server does so after each command, once its reply went out; a multi-key read
+pays once), with the same predictions as processing each access at once.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterable
 
-from kvstrata.clock import Clock
+from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.profile import BOUNDARY, BRANCH, COUNT_MAX, PRIOR_WEIGHT, AccessProfiles
 
 LANES_PER_STREAM = 16
@@ -46,8 +47,17 @@ LINK_MIN = 16
 """Accesses two keys of a lane may always be apart and still link (a stream's gap is not known at first)."""
 DUE_MAX = 65536
 """Most predicted keys whose expected use is remembered (the oldest are forgotten first)."""
+FAMILIES_MAX = 65536
+"""Distinct key families whose bytes are shared among their keys' profiles (beyond, the table starts over)."""
 LOG_MAX = 4096
 """Accesses logged before a read or write processes the log itself (nobody asked for predictions meanwhile)."""
+
+
+def _arrays(p: AccessProfiles) -> tuple:  # type: ignore[type-arg]
+    """The profile table's dict and arrays, in the order _drain and _grow unpack them (one tuple unpack instead
+    of a dozen attribute loads per batch: most batches hold one access)."""
+    return (p.slots, p.tick_at, p.heat, p.ival, p.last, p.ref, p.gen, p.next, p.next_gen, p.pred, p.pred_gen,
+            p.flags, p.cont, p.stop, p.keys, p.family)
 
 
 def family(key: bytes) -> bytes:
@@ -88,8 +98,10 @@ class Predictor:
                  min_confidence: float = 0.6, link_window: float = 8.0, half_life: float = 1.0,
                  max_streams: int = 4096) -> None:
         self.clock = clock
-        self._now = clock.monotonic
+        # The system clock's reading without its Python frame (read() runs on every profiled access).
+        self._now = time.monotonic if type(clock) is SystemClock else clock.monotonic
         self._profiles = AccessProfiles(clock, max_keys=max_keys, half_life=half_life)
+        self._arrays = _arrays(self._profiles)
         # Accesses not processed yet: (key, stream, is_read, monotonic time), see read().
         self._log: list[tuple[bytes, int, bool, float]] = []
         self.window = window
@@ -104,6 +116,10 @@ class Predictor:
         self._streams: dict[int, _Stream] = {}
         self._dirty: dict[int, _Lane] = {}
         self._announced: list[bytes] = []
+        self._families: dict[bytes, bytes] = {}
+        # Whether take() may have something (accesses logged, predictions not handed out yet): an attribute, not
+        # a property, as the server asks after every command; take() resets it.
+        self.pending = False
         self._due: dict[bytes, tuple[int, float]] = {}
         self.walks = 0
         self.session_walks = 0
@@ -148,10 +164,12 @@ class Predictor:
         """Forget every profile and stream (FLUSHALL: the chains they describe are gone)."""
         p = self.profiles
         self._profiles = AccessProfiles(self.clock, max_keys=p.max_keys, half_life=p.half_life)
+        self._arrays = _arrays(self._profiles)
         self._streams.clear()
         self._dirty.clear()
         self._announced.clear()
         self._due.clear()
+        self.pending = False
 
     def forget_stream(self, sid: int) -> None:
         """The stream ended (a connection closed, a request finished): drop its state and pending predictions."""
@@ -173,12 +191,14 @@ class Predictor:
     def write(self, key: bytes, sid: int) -> None:
         log = self._log
         log.append((key, sid, False, self._now()))
+        self.pending = True
         if len(log) >= LOG_MAX:
             self._drain()
 
     def read(self, key: bytes, sid: int) -> None:
         log = self._log
         log.append((key, sid, True, self._now()))
+        self.pending = True
         if key not in self.resident or len(log) >= LOG_MAX:
             # A read from a lower tier (rare, and slow anyway) is processed at once, while DRAM is as the read
             # found it: the store brings the key up (and may drop others) right after.
@@ -191,16 +211,18 @@ class Predictor:
             return
         self._log = []
         p = self._profiles
-        slots = p.slots
-        tick_at, heat, ival, last, ref = p.tick_at, p.heat, p.ival, p.last, p.ref
-        gen, nxt, next_gen, pred, pred_gen, flags = p.gen, p.next, p.next_gen, p.pred, p.pred_gen, p.flags
-        cont = p.cont
+        slots, tick_at, heat, ival, last, ref, gen, nxt, next_gen, pred, pred_gen, flags, cont, _, _, fams = \
+            self._arrays
+        families = self._families
         streams = self._streams
         dirty = self._dirty
         due = self._due
         link_window = self.link_window
         horizon = p.horizon
         tick = p.tick
+        # Kept in locals for the batch and written back before anything else reads them (the table's access
+        # count: nothing called from this loop reads it; the overall gap: _stream and _reach do).
+        all_gap = self.gap
         last_sid: int | None = None  # consecutive accesses of one stream (a batch, an MGET) share a lookup
         st: _Stream
         for key, sid, is_read, now in log:
@@ -208,7 +230,7 @@ class Predictor:
             if s is None:
                 s = p.slot(key)
             # AccessProfiles.touch, inline.
-            p.tick = tick = tick + 1
+            tick += 1
             at = tick_at[s]
             h = heat[s]
             if at:
@@ -228,21 +250,29 @@ class Predictor:
             if sid != last_sid:
                 st = streams.get(sid)
                 if st is None:
+                    self.gap = all_gap
                     st = self._stream(sid)
                 last_sid = sid
             gap = st.gap
             limit = link_window * gap
             if limit < LINK_MIN:
                 limit = LINK_MIN
-            if st.tick:
-                g = tick - st.tick
+            g = st.tick
+            if g:
+                g = tick - g
                 if g <= limit:
                     # Only gaps inside a request teach the usual gap; a pause between requests is not one.
                     st.gap = gap + (g - gap) * 0.125
-                    self.gap += (g - self.gap) * 0.01
+                    all_gap += (g - all_gap) * 0.01
             st.tick = tick
-            i = key.rfind(b":")
-            fam = key[:i] if i >= 0 else b""
+            fam = fams[s]
+            if fam is None:
+                # Parsed once per profiled key (the slot keeps it); equal families share one bytes object.
+                i = key.rfind(b":")
+                fam = key[:i] if i >= 0 else b""
+                if len(families) >= FAMILIES_MAX:
+                    families.clear()
+                fam = fams[s] = families.setdefault(fam, fam)
             lane = st.lanes.get(fam)
             if lane is None:
                 lane = self._lane(st, fam)
@@ -256,17 +286,17 @@ class Predictor:
                 elif lane.prev_read:
                     succ = nxt[prev]
                     if succ >= 0 and gen[succ] == next_gen[prev]:
-                        if is_read and succ != s and (q := pred[s]) >= 0 and gen[q] == pred_gen[s]:
-                            # A chunk of another chain read in between (an interleaved conversation of this
-                            # family): no evidence about ``prev``; its own chain's next read still counts.
-                            pass
-                        elif is_read and succ == s:
+                        if is_read and succ == s:
                             # The reader went on along the known link (AccessProfiles.outcome, inline).
                             if cont[prev] < COUNT_MAX:
                                 cont[prev] += 1
                             f = flags[prev]
                             if not f & BRANCH:
                                 (p.boundary if f & BOUNDARY else p.interior).cont += 1
+                        elif is_read and (q := pred[s]) >= 0 and gen[q] == pred_gen[s]:
+                            # A chunk of another chain read in between (an interleaved conversation of this
+                            # family): no evidence about ``prev``; its own chain's next read still counts.
+                            pass
                         else:
                             p.outcome(prev, False)
                             if not is_read:
@@ -295,25 +325,57 @@ class Predictor:
                 due.pop(key, None)
             ahead = lane.ahead
             if ahead and ahead[0] == key:
-                # The common case: the reader took the chunk predicted next; one more at the far end.
+                # The common case: the reader took the chunk predicted next; one more at the far end
+                # (_extend, inline).
                 del ahead[0]
-                if lane.probs.pop(0) != 1.0:
+                probs = lane.probs
+                if probs.pop(0) != 1.0:
                     lane.prob = -1.0
                 if lane.sent:
                     lane.sent -= 1
-                self._extend(lane)
-            elif key in ahead:
-                i = ahead.index(key) + 1
-                del ahead[:i]
-                del lane.probs[:i]
-                lane.prob = -1.0
-                lane.sent = max(0, lane.sent - i)
-                self._extend(lane)
+                hold = lane.hold
+                if hold is not None and hold not in ahead:
+                    lane.hold = hold = None
+                if hold is None and not lane.stuck and len(ahead) < lane.budget:
+                    if ahead:
+                        t = slots.get(ahead[-1], -1)
+                        if t < 0:
+                            lane.stuck = True
+                        else:
+                            prob = lane.prob
+                            if prob < 0.0:
+                                prob = 1.0
+                                for q in probs:
+                                    prob *= q
+                                lane.prob = prob
+                            self._grow(lane, t, prob)
+                    else:
+                        self._grow(lane, lane.prev, 1.0)
             else:
-                budget, returning = self._reach(s)
-                self._walk(lane, s, budget, returning)
-            if len(lane.ahead) > lane.sent:
+                self.gap = all_gap
+                self._slide(lane, key, s)
+                continue
+            if len(ahead) > lane.sent:
                 dirty[id(lane)] = lane
+        p.tick = tick
+        self.gap = all_gap
+
+    def _slide(self, lane: _Lane, key: bytes, s: int) -> None:
+        """A read of ``key`` (slot ``s``) that is not the lane's predicted next chunk: skip ahead to it when it
+        was predicted further on, else start a new walk from it."""
+        ahead = lane.ahead
+        if key in ahead:
+            i = ahead.index(key) + 1
+            del ahead[:i]
+            del lane.probs[:i]
+            lane.prob = -1.0
+            lane.sent = max(0, lane.sent - i)
+            self._extend(lane)
+        else:
+            budget, returning = self._reach(s)
+            self._walk(lane, s, budget, returning)
+        if len(lane.ahead) > lane.sent:
+            self._dirty[id(lane)] = lane
 
     def _reach(self, s: int) -> tuple[int, bool]:
         """How many chunks a walk from slot ``s`` may predict, and whether its reader is a session coming back."""
@@ -349,6 +411,7 @@ class Predictor:
         if scratch.ahead:
             self.expects += 1
             self._announced.extend(scratch.ahead)
+            self.pending = True
 
     def lookup(self, keys: Iterable[bytes], sid: int) -> None:
         """A lookup batch (EXISTS) found ``keys``: the client is about to read them; predict those not in DRAM."""
@@ -357,6 +420,7 @@ class Predictor:
         if fresh:
             self.lookups += 1
             self._announced.extend(fresh)
+            self.pending = True
 
     # ---- walks ----
     def _walk(self, lane: _Lane, s: int, budget: int, session: bool) -> None:
@@ -397,7 +461,8 @@ class Predictor:
 
     def _grow(self, lane: _Lane, s: int, prob: float) -> None:
         p = self._profiles
-        flags, nxt, next_gen, gen, cont = p.flags, p.next, p.next_gen, p.gen, p.cont
+        _, _, _, _, _, _, gen, nxt, next_gen, _, _, flags, cont, stop, keys, _ = self._arrays
+        interior = p.interior
         min_confidence = self.min_confidence
         ahead = lane.ahead
         budget = lane.budget
@@ -412,17 +477,17 @@ class Predictor:
                 lane.stuck = True
                 return
             # AccessProfiles.link_score, inline (the same arithmetic: the same predictions).
-            c = cls = p.boundary if f & BOUNDARY else p.interior
+            c = cls = p.boundary if f & BOUNDARY else interior
             prior = (c.cont + c.prior_cont) / (c.cont + c.stop + c.prior_cont + c.prior_stop)
             c = cont[s]
-            q = (c + PRIOR_WEIGHT * prior) / (c + p.stop[s] + PRIOR_WEIGHT)
-            if cls is p.interior:
+            q = (c + PRIOR_WEIGHT * prior) / (c + stop[s] + PRIOR_WEIGHT)
+            if cls is interior:
                 # Inside one written run the links stand or fall together (a prefix reader stops only where
                 # its cached prefix ends), so they do not compound; crossing a turn's end is a new event.
                 q = 1.0 if q >= min_confidence else 0.0
             if prob * q < min_confidence:
                 return  # may pass later, once reads have confirmed the steps before it
-            key = p.keys[n]
+            key = keys[n]
             if key is None:
                 lane.stuck = True
                 return
@@ -444,33 +509,37 @@ class Predictor:
     # ---- output ----
     def take(self) -> list[bytes]:
         """Predicted keys not handed out yet, nearest first per lane; each gets an expected use (next_use)."""
+        if self._log:
+            self._drain()
         out: list[bytes] = []
-        tick = self.profiles.tick
+        tick = self._profiles.tick
         due = self._due
-        gap = max(1.0, self.gap)
+        gap = self.gap
+        if gap < 1.0:
+            gap = 1.0
         if self._announced:
             for i, key in enumerate(self._announced):
                 d = (i + 1) * gap
                 due[key] = (tick + int(d), d)
             out.extend(self._announced)
             self._announced = []
-        if self._dirty:
-            for lane in self._dirty.values():
-                for i in range(lane.sent, len(lane.ahead)):
-                    key = lane.ahead[i]
+        dirty = self._dirty
+        if dirty:
+            for lane in dirty.values():
+                ahead = lane.ahead
+                n = len(ahead)
+                for i in range(lane.sent, n):
+                    key = ahead[i]
                     d = (i + 1) * gap
                     due[key] = (tick + int(d), d)
                     out.append(key)
-                lane.sent = len(lane.ahead)
-            self._dirty.clear()
-        while len(due) > DUE_MAX:
-            del due[next(iter(due))]
+                lane.sent = n
+            dirty.clear()
+        if len(due) > DUE_MAX:
+            while len(due) > DUE_MAX:
+                del due[next(iter(due))]
+        self.pending = False
         return out
-
-    @property
-    def pending(self) -> bool:
-        """Whether take() may have something: accesses logged, or predictions not handed out yet."""
-        return bool(self._log) or bool(self._dirty) or bool(self._announced)
 
     # ---- predicted reuse ----
     def due_at(self, key: bytes) -> int:

@@ -82,6 +82,8 @@ class AccessProfiles:
         self.tick = 0
         self.slots: dict[bytes, int] = {}
         self.keys: list[bytes | None] = [None] * max_keys
+        # Each slot's key family (the predictor's lane: see predict.family), found on the key's first access.
+        self.family: list[bytes | None] = [None] * max_keys
         self.last = array("d", bytes(8 * max_keys))
         self.tick_at = array("q", bytes(8 * max_keys))
         self.pred = array("i", [-1]) * max_keys
@@ -118,6 +120,7 @@ class AccessProfiles:
         s = self._free.pop() if self._free else self._reclaim()
         self.slots[key] = s
         self.keys[s] = key
+        self.family[s] = None
         self.gen[s] = (self.gen[s] + 1) & 0xFFFFFFFF
         self.last[s] = 0.0
         self.tick_at[s] = 0

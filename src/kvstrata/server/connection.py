@@ -99,6 +99,11 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = False
         self.paused_writing = False
         self._pending_error: ProtocolError | None = None
+        # [prefetch hook, issue 19] Inside _run, a command's predictions are taken after the replies went out
+        # (_predict_later), and the taking is owed (_predicted) until then or until the next command starts:
+        # nothing runs in between, so they are the predictions of taking them at the command's end.
+        self._predict_later = False
+        self._predicted = False
         # Pool buffers the parser received values into (one lease each, given back once their command ran),
         # and buffers sent by replies still in the transport (one lease each, given back once it is empty).
         self._recv_leases: list[bytearray] = []
@@ -297,6 +302,7 @@ class Connection(asyncio.BufferedProtocol):
         backlog = self.backlog
         execute = self.execute
         client = self.client
+        self._predict_later = True  # [prefetch hook, issue 19]
         if backlog:
             backlog.extend(cmds)
             while backlog:
@@ -322,7 +328,11 @@ class Connection(asyncio.BufferedProtocol):
                     self._reply_done(mark)
                 if client.closing:
                     break
+        self._predict_later = False
         self._flush()
+        if self._predicted:  # [prefetch hook, issue 19] off the reply's path
+            self._predicted = False
+            self.server.prefetcher.submit_predicted()
         if self._recv_leases:
             self._release_recv()
         if self._pending_error is not None and not self.busy:
@@ -459,6 +469,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def execute(self, args: list[Any]) -> Any:
         """Run one command; returns None when its reply is in ``out``, or a coroutine to await first."""
+        if self._predicted:  # [prefetch hook, issue 19] the previous command's, before this one runs
+            self._predicted = False
+            self.server.prefetcher.submit_predicted()
         self._argv = args
         spec = self.dispatch.get(args[0])
         if spec is None:
@@ -590,8 +603,13 @@ class Connection(asyncio.BufferedProtocol):
             return None
         finally:
             if store.predictor is not None and store.predictor.pending:
-                # Before the overlay goes: predicted keys this command loaded come up from what it read.
-                self.server.prefetcher.submit_predicted()
+                if self._predict_later and step is None:
+                    # [prefetch hook, issue 19] A command run without a load (nothing in the overlay): after
+                    # the replies (_run), so the client does not wait for the predictor.
+                    self._predicted = True
+                else:
+                    # Before the overlay goes: predicted keys this command loaded come up from what it read.
+                    self.server.prefetcher.submit_predicted()
             store.end_command()
             if step is None:  # a continuation is the same call
                 counts.calls += 1
@@ -660,8 +678,9 @@ class Connection(asyncio.BufferedProtocol):
                 await srv.wait_commit(ssd.enqueued_seq)
             if spec.settle and not ssd.settled:
                 await srv.wait_commit(ssd.enqueued_seq)
-        srv.prefetcher.expect(spec, keys, self.client.id)  # [prefetch hook, issue 19] what follows a chunk read
-        await self._load(keys, spec.load == "meta")
+        # [prefetch hook, issue 19] what follows a chunk read: queued, its first chunks loaded with this one
+        along = srv.prefetcher.expect(spec, keys, self.client.id, srv.prefetcher.along)
+        await self._load(keys + along if along else keys, spec.load == "meta")
         waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:
             await waiter

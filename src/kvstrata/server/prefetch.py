@@ -31,6 +31,8 @@ PREDICTED_PRIORITY = -1
 EXPECTING = frozenset({"get"})
 """Commands whose load of a chunk below DRAM predicts, before they run, what their read will (Prefetcher.expect)."""
 FIRST_BATCH = 2  # keys in the first batch after the queue was idle (doubling up to ``batch``)
+ALONG = 4
+"""Predicted chunks a GET's load of a chain's first chunk brings up with it (Prefetcher.expect)."""
 LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
 
 
@@ -48,6 +50,9 @@ class Prefetcher:
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.dropped = 0
+        # Chunks loaded with a GET's own chunk (expect), promoted from that load when the command ends.
+        self.along = ALONG
+        self._along: list[bytes] = []
         # Batches given up because every load of them was raced by a write.
         self.stale_batches = 0
 
@@ -80,9 +85,16 @@ class Prefetcher:
         state is known without a lower-tier read (an EXISTS batch of SSD-resident chunks announces exactly the
         keys it loaded) are promoted now from that, not queued to be read a second time. The others are queued.
         """
+        predictor = self.store.predictor
+        keys = predictor.take() if predictor is not None else []
+        if self._along:
+            keys = self._along + keys
+            self._along = []
+        self._submit_predicted(keys)
+
+    def _submit_predicted(self, keys: list[bytes]) -> None:
         store = self.store
         predictor = store.predictor
-        keys = predictor.take() if predictor is not None else []
         if not keys or predictor is None:
             return
         later: list[bytes] = []
@@ -104,18 +116,38 @@ class Prefetcher:
             store.stats.prefetch_queued += now  # accepted and served at once
         store.stats.prefetch_predicted += now + (self.submit(later, PREDICTED_PRIORITY, predictor.due_at) if later else 0)
 
-    def expect(self, spec: CommandSpec, keys: list[bytes], sid: int) -> None:
+    def expect(self, spec: CommandSpec, keys: list[bytes], sid: int, along: int = 0) -> list[bytes]:
         """A command of stream ``sid`` may have to load ``keys`` before it runs. For a GET of a chunk below DRAM
         (a chain read chunk by chunk) the predictor predicts now what that read will, so the rest of a returning
         chain loads right behind that chunk instead of after its reply. Other commands predict nothing early: a
         multi-key read loads its own keys, and a command that does not read the value (TAIR.KV.TIER, EXISTS)
-        is not a reader about to go on."""
+        is not a reader about to go on.
+
+        Returns the first ``along`` predicted chunks (not in DRAM, not queued or loading), which are not queued:
+        the caller loads them with its own chunk, and they are promoted from that load when the command ends
+        (submit_predicted), so the chunks a reader asks for right after its first are up when that reply goes
+        out, instead of landing while it waits for them (a late prefetch).
+        """
         predictor = self.store.predictor
         if predictor is None or spec.full_name not in EXPECTING or len(keys) != 1 or keys[0] in self.store.dram.entries:
-            return
+            return []
         predictor.expect(keys[0], sid)
-        if predictor.pending:
-            self.submit_predicted()
+        if not predictor.pending:
+            return []
+        predicted = predictor.take()
+        picked: list[bytes] = []
+        if along:
+            entries, queued, loading = self.store.dram.entries, self._queued, self._loading
+            for key in predicted:
+                if key not in entries and key not in queued and key not in loading and key not in picked:
+                    picked.append(key)
+                    if len(picked) == along:
+                        break
+            if picked:
+                self._along.extend(picked)
+                predicted = [k for k in predicted if k not in picked]
+        self._submit_predicted(predicted)
+        return picked
 
     def __len__(self) -> int:
         return len(self._queued)
