@@ -49,6 +49,14 @@ def _int(text: str | int) -> int:
     return value
 
 
+def _count(text: str | int) -> int:
+    """A non-negative integer (a number of things)."""
+    value = _int(text)
+    if value < 0:
+        raise ValueError("argument must be a non-negative integer")
+    return value
+
+
 def _str(text: str | Any) -> str:
     return str(text)
 
@@ -232,6 +240,10 @@ PARAMS: tuple[Param, ...] = (
           mutable=True),
     Param("prefetch-session-max", _int, 64,
           "Chunks a returning session's read may bring up at once (the rest of its context)."),
+    Param("prefetch-along", _count, 4,
+          "When a GET must load the first chunk of a known chain from below DRAM, this many predicted next chunks "
+          "are loaded in the same read (the rest of the walk is queued); 0: only the GET's own chunk.",
+          mutable=True),
     Param("prefetch-min-confidence", _float, 0.6,
           "A predicted chunk is prefetched only if the chain links leading to it are this likely to be followed.",
           mutable=True),

@@ -51,3 +51,13 @@ def test_the_chunks_after_a_missed_first_chunk_are_up_with_its_reply(srv: Any) -
         assert reader.get(key) == VALUE
     done = wait_for(lambda: (i := reader.info("prefetch"))["prefetch_queue_depth"] == 0 and i, what="queue drained")
     assert done["prefetch_wasted"] == 0 and done["prefetch_used"] == done["prefetch_issued"]
+
+
+def test_prefetch_along_is_a_checked_setting(srv: Any) -> None:
+    r = srv.client()
+    assert r.config_get("prefetch-along") == {"prefetch-along": "4"}
+    with pytest.raises(Exception, match="non-negative"):
+        r.config_set("prefetch-along", "-1")
+    assert r.config_get("prefetch-along") == {"prefetch-along": "4"}  # a refused value changes nothing
+    assert r.config_set("prefetch-along", "0")
+    assert r.config_get("prefetch-along") == {"prefetch-along": "0"}

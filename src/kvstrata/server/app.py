@@ -119,6 +119,7 @@ class Server:
             self.dispatch[name] = spec
             self.dispatch[name.upper()] = spec
         self.prefetcher = Prefetcher(self.store, self.load)
+        self.prefetcher.along = int(config.get("prefetch-along"))
         # Metrics, dashboard, LATENCY monitor; checks the HTTP endpoint's configuration (raises if unsafe).
         self.observability = Observability(self)
 
@@ -218,6 +219,7 @@ class Server:
         store.profile_min_bytes = int(self.config.get("prefetch-min-value"))
         store.chain_evict = bool(self.config.get("chain-evict")) and store.predictor is not None
         store.head_keep = float(self.config.get("head-keep"))
+        self.prefetcher.along = int(self.config.get("prefetch-along"))
         if store.predictor is not None:
             store.predictor.min_confidence = float(self.config.get("prefetch-min-confidence"))
             store.predictor.set_half_life(float(self.config.get("prefetch-half-life")))

@@ -31,7 +31,7 @@ PREDICTED_PRIORITY = -1
 EXPECTING = frozenset({"get"})
 """Commands whose load of a chunk below DRAM predicts, before they run, what their read will (Prefetcher.expect)."""
 FIRST_BATCH = 2  # keys in the first batch after the queue was idle (doubling up to ``batch``)
-ALONG = 4
+ALONG = 4  # the default of the `prefetch-along` setting
 """Predicted chunks a GET's load of a chain's first chunk brings up with it (Prefetcher.expect)."""
 LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
 
