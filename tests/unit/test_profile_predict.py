@@ -384,3 +384,26 @@ def test_a_read_about_to_load_predicts_what_follows_before_it_is_read(pred: Pred
     assert pred.take() == [] and pred.expects == 1
     pred.expect(b"ns:unknown", 3)
     assert pred.take() == []
+
+
+def test_remembered_due_times_stay_bounded_and_keep_the_newest(clock: ManualClock,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstrata.engine import predict
+
+    monkeypatch.setattr(predict, "DUE_MAX", 8)
+    pred = Predictor(clock, window=4, session_max=32)
+    taken: list[bytes] = []
+    for c in range(12):  # twelve chains, each predicting its next chunks when its head is read
+        chain = keys(f"d{c}", 6)
+        write_chain(pred, clock, chain, 1)
+        read_chain(pred, clock, chain, 3)
+        pred.attach(set(chain))
+        pred.read(chain[0], 2)
+        got = pred.take()
+        assert got and set(got) <= set(chain[1:])
+        taken += got
+        pred.forget_stream(2)
+        assert len(pred._due) <= 8
+    # Whatever was forgotten went oldest first: what remains is the newest predictions, in order.
+    remembered = list(pred._due)
+    assert remembered and remembered == taken[len(taken) - len(remembered):]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable
+from itertools import islice
 
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.profile import BOUNDARY, BRANCH, COUNT_MAX, PRIOR_WEIGHT, AccessProfiles
@@ -46,7 +47,7 @@ LANES_PER_STREAM = 16
 LINK_MIN = 16
 """Accesses two keys of a lane may always be apart and still link (a stream's gap is not known at first)."""
 DUE_MAX = 65536
-"""Most predicted keys whose expected use is remembered (the oldest are forgotten first)."""
+"""Most predicted keys whose expected use is remembered (beyond, the oldest quarter is forgotten at once)."""
 FAMILIES_MAX = 65536
 """Distinct key families whose bytes are shared among their keys' profiles (beyond, the table starts over)."""
 LOG_MAX = 4096
@@ -536,8 +537,9 @@ class Predictor:
                 lane.sent = n
             dirty.clear()
         if len(due) > DUE_MAX:
-            while len(due) > DUE_MAX:
-                del due[next(iter(due))]
+            # The oldest quarter goes at once, into a new dict: deleting one key at a time from the front leaves
+            # deleted slots that every later next(iter()) scans again until the dict resizes.
+            self._due = dict(islice(due.items(), len(due) - DUE_MAX * 3 // 4, None))
         self.pending = False
         return out
 
