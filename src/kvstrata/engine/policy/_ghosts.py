@@ -111,6 +111,18 @@ class GhostFifo:
         self.count -= 1
         return True
 
+    def oldest(self) -> int:
+        """The oldest ghost's fingerprint, left in place (0 when there is none)."""
+        if not self.count:
+            return 0
+        ring, mask = self._ring, self._cap - 1
+        head = self._head
+        while not ring[head]:  # holes at the head are dropped as popleft would
+            head = (head + 1) & mask
+            self._n -= 1
+        self._head = head
+        return ring[head]
+
     def popleft(self) -> int:
         """Drop the oldest ghost and return its fingerprint (0 when there is none)."""
         if not self.count:
