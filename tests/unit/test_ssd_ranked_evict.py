@@ -58,6 +58,28 @@ def test_clock_gives_a_touched_key_a_second_chance():
     assert all(unscramble(scramble(k)) == k for k in (1, 2, 3, 2**40 + 7, 2**61 - 1))
 
 
+def test_clock_bulk_extend_ranks_as_admitting_one_by_one():
+    rng = random.Random(3)
+    keys = rng.sample(range(1, 10**9), 3000)
+    one, bulk = ClockPolicy(), ClockPolicy()
+    one.admit(keys[0])
+    bulk.admit(keys[0])
+    for k in keys[1:]:
+        one.admit(k)
+    bulk.extend(keys[1:])
+    for pol in (one, bulk):
+        for k in keys[::7]:
+            pol.touch(k)
+    order = []
+    while len(one):
+        v = one.victim()
+        assert bulk.victim() == v
+        one.remove(v)
+        bulk.remove(v)
+        order.append(v)
+    assert sorted(order) == sorted(keys) and bulk.victim() is None
+
+
 @pytest.mark.parametrize("policy", [p for p in SSD_POLICIES if p != "fifo"])
 def test_a_read_record_outlives_an_older_unread_one(open_tier, policy):
     tier = open_tier(8, policy)

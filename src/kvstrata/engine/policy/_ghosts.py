@@ -15,7 +15,7 @@ about n^2 / 2^65 (1e-10 for a million ghosts), and it can only change one rankin
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 _MIN_CAPACITY = 8
 
@@ -93,6 +93,26 @@ class GhostFifo:
             i = (i + 1) & mask
         for column, value in zip(self.payload, values, strict=True):
             column[pos] = value
+
+    def extend(self, fps: Iterable[int]) -> None:
+        """Append many fingerprints, none of them present yet, with zero payloads: one resize for all of them
+        (a rebuild from disk, where ``add`` one by one would grow the arrays step by step)."""
+        fps = list(fps)
+        cap = self._cap
+        while 4 * (self.count + len(fps)) > 3 * cap:
+            cap *= 2
+        if cap != self._cap or self._n + len(fps) > cap:
+            self._rebuild(cap)
+        ring, mask, place = self._ring, self._cap - 1, self._place
+        pos = (self._head + self._n) & mask
+        for fp in fps:
+            ring[pos] = fp
+            place(fp, pos)
+            for column in self.payload:
+                column[pos] = 0
+            pos = (pos + 1) & mask
+        self._n += len(fps)
+        self.count += len(fps)
 
     def _place(self, fp: int, pos: int) -> None:
         table, mask = self._table, self._cap - 1

@@ -17,7 +17,7 @@ about 22-45 B per key, measured by ``kvstrata bench hitrate --ssd``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from kvstrata.engine.policy._ghosts import GhostFifo
 
@@ -64,6 +64,15 @@ class ClockPolicy:
             return
         ring.add(fp, 0)
         self._count = ring.payload[0]  # a rebuild replaces the arrays
+
+    def extend(self, keys: Iterable[int]) -> None:
+        """Admit many new keys (none tracked yet), oldest first, in one go: a rebuild from disk."""
+        keys = list(keys)
+        for key in keys:
+            if not 0 < key < _KEY_LIMIT:
+                raise ValueError(f"clock ranks int keys in [1, 2**61): {key!r}")
+        self._ring.extend(scramble(key) for key in keys)
+        self._count = self._ring.payload[0]
 
     def touch(self, key: int) -> None:
         pos = self._ring.find(scramble(key))

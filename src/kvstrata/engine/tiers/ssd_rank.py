@@ -165,6 +165,9 @@ class SsdRanking:
         self.policy.clear()
         self._journal.clear()
         self.cleared = False
+        if isinstance(self.policy, ClockPolicy):
+            self.policy.extend(list(seqs))
+            return
         admit = self.policy.admit
         for seq in seqs:
             admit(seq)
