@@ -167,6 +167,11 @@ PARAMS: tuple[Param, ...] = (
     Param("eviction-policy", _choice("lru", "lru-k", "arc", "s3-fifo", "w-tinylfu"), "lru-k",
           "How DRAM entries are ranked for demotion (the default is chosen by `kvstrata bench hitrate`)."),
     Param("lru-k", _int, 2, "K of LRU-K: the K-th most recent reference decides the rank."),
+    Param("eviction-scan-guard", _yes_no, False,
+          "DRAM admission that refuses one-off keys (ScanGuard, engine/policy/chain.py): when DRAM is full, a "
+          "client write of a new key not seen among the last misses (as many as DRAM holds keys) goes straight "
+          "to the SSD tier instead of displacing a DRAM entry; written again, it is admitted. Needs the SSD "
+          "tier. Off by default, by `kvstrata bench hitrate --ssd --ssd-scan-guard` (BENCHMARKS.md)."),
     Param("lru-k-crp", _float, 0.0,
           "LRU-K correlated-reference period in policy accesses (not seconds, so the ranking does not depend on "
           "how fast clients run): references to a key closer than this count once."),

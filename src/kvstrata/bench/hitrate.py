@@ -592,6 +592,8 @@ def main(argv: list[str]) -> int:
         default=",".join(SSD_POLICIES),
         help=f"with --ssd: the SSD policies compared, comma-separated (default: {','.join(SSD_POLICIES)})",
     )
+    parser.add_argument("--ssd-scan-guard", action="store_true",
+                        help="with --ssd: also replay each SSD policy with ScanGuard on DRAM (eviction-scan-guard)")
     parser.add_argument("--ssd-dram", type=float, default=DRAM_FRACTION,
                         help=f"with --ssd: DRAM as a fraction of the distinct chunks (default: {DRAM_FRACTION})")
     parser.add_argument("--ssd-size", type=float, default=SSD_FRACTION,
@@ -610,7 +612,7 @@ def main(argv: list[str]) -> int:
             parser.error(f"--ssd-policies from {', '.join(SSD_POLICIES)}; --ssd-dram and --ssd-size in (0, 1)")
         ssd_result = run_ssd(names, policies=ssd_policies, dram_fraction=args.ssd_dram,
                              ssd_fraction=args.ssd_size, seed_offset=args.seed, costs=not args.no_cost,
-                             progress=progress)
+                             scan_guard=args.ssd_scan_guard, progress=progress)
         print(json.dumps(ssd_result, indent=2) if args.json else format_ssd(ssd_result))
         progress(f"done in {ssd_result['runtime_s']:.1f}s")
         return 0

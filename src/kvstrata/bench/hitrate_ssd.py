@@ -25,6 +25,7 @@ from kvstrata.bench.traces import Request, generate, preset, trace_stats
 from kvstrata.clock import ManualClock
 from kvstrata.engine.entry import ENTRY_OVERHEAD
 from kvstrata.engine.policy import create_policy
+from kvstrata.engine.policy.chain import ScanGuard
 from kvstrata.engine.policy.registry import DEFAULT_POLICY
 from kvstrata.engine.store import Store
 from kvstrata.engine.tiers.ssd import HEADER_SIZE, RECORD_OVERHEAD, SsdTier, data_key
@@ -43,8 +44,10 @@ def replay_store(
     ssd_policy: str,
     value_size: int = VALUE_SIZE,
     dram_policy: str = DEFAULT_POLICY,
+    scan_guard: bool = False,
 ) -> dict[str, Any]:
-    """Replay ``trace`` through a Store with ``dram_slots`` + ``ssd_slots`` chunks of room; hit counts."""
+    """Replay ``trace`` through a Store with ``dram_slots`` + ``ssd_slots`` chunks of room; hit counts.
+    ``scan_guard``: the DRAM policy wrapped in ScanGuard, as ``eviction-scan-guard yes`` does."""
     keys = [k for req in trace[:1] for k in req.reads + req.writes] or [b"k"]
     key_len = len(keys[0])
     dram_budget = dram_slots * (key_len + value_size + ENTRY_OVERHEAD)
@@ -54,7 +57,8 @@ def replay_store(
     with tempfile.TemporaryDirectory(prefix="kvstrata-hitrate-ssd-") as tmp:
         ssd = SsdTier(tmp, ssd_budget, fsync="no", threaded=False, policy=ssd_policy)
         try:
-            store = Store(dram_budget, policy=create_policy(dram_policy), clock=clock, ssd=ssd)
+            policy: Any = create_policy(dram_policy)
+            store = Store(dram_budget, policy=ScanGuard(policy) if scan_guard else policy, clock=clock, ssd=ssd)
             start = clock.monotonic()
             hits = reads = max_used = 0
             for req in trace:
@@ -72,7 +76,7 @@ def replay_store(
                         store.put(key, value)
                 max_used = max(max_used, ssd.used)
             return {
-                "ssd_policy": ssd_policy, "reads": reads, "hits": hits, "hit_ratio": hits / reads if reads else 0.0,
+                "ssd_policy": ssd_policy, "scan_guard": scan_guard, "reads": reads, "hits": hits, "hit_ratio": hits / reads if reads else 0.0,
                 "dram_hits": store.tier_stats["dram"].hits, "ssd_hits": store.tier_stats["ssd"].hits,
                 "ssd_evictions": ssd.evictions, "ssd_budget": ssd_budget, "max_ssd_used": max_used,
             }
@@ -122,9 +126,14 @@ def run_ssd(
     ssd_fraction: float = SSD_FRACTION,
     seed_offset: int = 0,
     costs: bool = True,
+    scan_guard: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Replay every trace with every SSD policy (same run, same budgets) and return the JSON document."""
+    """Replay every trace with every SSD policy (same run, same budgets) and return the JSON document. With
+    ``scan_guard``, each policy also runs with ScanGuard on DRAM (a column ``<policy>+guard``)."""
+    runs = [(pol, pol, False) for pol in policies]
+    if scan_guard:
+        runs += [(f"{pol}+guard", pol, True) for pol in policies]
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
@@ -135,10 +144,11 @@ def run_ssd(
         ssd_slots = max(1, round(ssd_fraction * distinct))
         row: dict[str, Any] = {"trace": name, "distinct_chunks": distinct, "dram_slots": dram_slots,
                                "ssd_slots": ssd_slots, "policies": {}}
-        for pol in policies:
+        for label, pol, guard in runs:
             t0 = time.perf_counter()
-            row["policies"][pol] = replay_store(trace, dram_slots=dram_slots, ssd_slots=ssd_slots, ssd_policy=pol)
-            say(f"{name} ssd-policy {pol}: hit ratio {row['policies'][pol]['hit_ratio']:.4f} "
+            row["policies"][label] = replay_store(trace, dram_slots=dram_slots, ssd_slots=ssd_slots, ssd_policy=pol,
+                                                  scan_guard=guard)
+            say(f"{name} ssd-policy {label}: hit ratio {row['policies'][label]['hit_ratio']:.4f} "
                 f"({time.perf_counter() - t0:.1f}s)")
         results.append(row)
     memory = {pol: ranking_bytes_per_key(pol) for pol in policies} if costs else {}
@@ -172,7 +182,7 @@ def format_ssd(result: dict[str, Any]) -> str:
         out.append("| mean | | | " + " | ".join(f"{m:.4f}" for m in means) + " |")
     if result["bytes_per_key"]:
         out.append("| bytes per SSD record | | | "
-                   + " | ".join(f"{result['bytes_per_key'][n]:.0f}" for n in names) + " |")
+                   + " | ".join(f"{result['bytes_per_key'][n.partition('+')[0]]:.0f}" for n in names) + " |")
     over = [f"{r['trace']}/{n}" for r in result["results"] for n, p in r["policies"].items()
             if p["max_ssd_used"] > p["ssd_budget"]]
     out += ["", "SSD budget exceeded: " + (", ".join(over) if over else "never") + "."]
