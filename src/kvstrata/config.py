@@ -178,7 +178,7 @@ PARAMS: tuple[Param, ...] = (
     Param("essd-path", _str, "", "Directory of the SSD tier (LMDB); empty disables the SSD tier.",
           env=("ESSD_PATH",)),
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),
-    Param("ssd-policy", _choice("fifo", "clock", "s3-fifo", "lru", "lru-k", "arc"), "clock",
+    Param("ssd-policy", _choice("fifo", "clock", "s3-compact", "s3-fifo", "lru", "lru-k", "arc"), "clock",
           "What the SSD tier evicts at its budget: fifo (the oldest write first), or a ranking of its records by "
           "reads (a key written back soon after it left counts as read): clock (second chance in flat arrays, "
           "~30 B of memory per record), s3-fifo, lru, lru-k, arc (Python dicts, 100-250 B per record). Rebuilt in "

@@ -31,8 +31,9 @@ from typing import Any
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.policy._ghosts import GhostFifo, fingerprint
 from kvstrata.engine.policy.clock import ClockPolicy, scramble, unscramble
+from kvstrata.engine.policy.s3compact import CompactS3FIFOPolicy
 
-SSD_POLICIES: tuple[str, ...] = ("fifo", "clock", "s3-fifo", "lru", "lru-k", "arc")
+SSD_POLICIES: tuple[str, ...] = ("fifo", "clock", "s3-compact", "s3-fifo", "lru", "lru-k", "arc")
 """``fifo``: oldest write first, no ranking in memory (the tier's behaviour before rankings)."""
 DEFAULT_SSD_POLICY = "clock"
 """Chosen by ``kvstrata bench hitrate --ssd`` (BENCHMARKS.md, "Eviction: SSD tier")."""
@@ -84,7 +85,8 @@ class SsdRanking:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.policy: Any = ClockPolicy() if name == "clock" else _Scrambled(create_policy(name))
+        self.policy: Any = (ClockPolicy() if name == "clock" else CompactS3FIFOPolicy() if name == "s3-compact"
+                            else _Scrambled(create_policy(name)))
         self._reads: deque[int] = deque(maxlen=ACCESS_LOG)
         self._returning = GhostFifo()
         self._journal: list[tuple[bool, int]] = []  # (admitted?, seq) since the last commit
@@ -165,7 +167,7 @@ class SsdRanking:
         self.policy.clear()
         self._journal.clear()
         self.cleared = False
-        if isinstance(self.policy, ClockPolicy):
+        if isinstance(self.policy, ClockPolicy | CompactS3FIFOPolicy):
             self.policy.extend(list(seqs))
             return
         admit = self.policy.admit
