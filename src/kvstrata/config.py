@@ -178,11 +178,12 @@ PARAMS: tuple[Param, ...] = (
     Param("essd-path", _str, "", "Directory of the SSD tier (LMDB); empty disables the SSD tier.",
           env=("ESSD_PATH",)),
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),
-    Param("ssd-policy", _choice("fifo", "clock", "s3-compact", "s3-fifo", "lru", "lru-k", "arc"), "clock",
+    Param("ssd-policy", _choice("fifo", "clock", "s3-compact", "s3-fifo", "lru", "lru-k", "arc"), "s3-compact",
           "What the SSD tier evicts at its budget: fifo (the oldest write first), or a ranking of its records by "
-          "reads (a key written back soon after it left counts as read): clock (second chance in flat arrays, "
-          "~30 B of memory per record), s3-fifo, lru, lru-k, arc (Python dicts, 100-250 B per record). Rebuilt in "
-          "write order at startup. The default is chosen by `kvstrata bench hitrate --ssd`."),
+          "reads (a key written back soon after it left counts as read): s3-compact (S3-FIFO in flat arrays, "
+          "~85 B of memory per record), clock (second chance in flat arrays, ~58 B), s3-fifo, lru, lru-k, arc "
+          "(Python dicts, 165-280 B per record). Rebuilt in write order at startup. The default is chosen by "
+          "`kvstrata bench hitrate --ssd` (BENCHMARKS.md, \"Eviction: SSD tier\")."),
     Param("pool", _str, "",
           "Shared memory pool: redis://[user:pass@]host:port[/db], rediss:// (TLS), valkey://, unix:///path "
           "(one Redis/Valkey), redis-cluster://[user:pass@]host:port[,host:port...] (a Redis/Valkey Cluster, "

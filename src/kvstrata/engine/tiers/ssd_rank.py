@@ -2,9 +2,10 @@
 
 The SSD tier is the last tier, so it is the only one that evicts, and it can hold millions of records. Its policy
 ranks the records' write sequence numbers (the ``order`` index's keys, also in each record's header), not their
-keys: no key object lives in memory, and a victim is found on disk through ``order`` (seq -> data key). With
-``clock`` (``engine/policy/clock.py``) that is about 22-45 B per record in flat arrays; the registry's policies
-(``s3-fifo``, ``lru``, ``lru-k``, ``arc``) rank the same ints in Python dicts, ~100-250 B per record.
+keys: no key object lives in memory, and a victim is found on disk through ``order`` (seq -> data key). In flat
+arrays: ``s3-compact`` (S3-FIFO, ``engine/policy/s3compact.py``, the default: ~85 B per record with its ghosts)
+and ``clock`` (``engine/policy/clock.py``, ~58 B); the registry's policies (``s3-fifo``, ``lru``, ``lru-k``,
+``arc``) rank the same ints in Python dicts, ~165-280 B per record (``kvstrata bench hitrate --ssd``).
 
 What counts as an access:
 
@@ -35,7 +36,7 @@ from kvstrata.engine.policy.s3compact import CompactS3FIFOPolicy
 
 SSD_POLICIES: tuple[str, ...] = ("fifo", "clock", "s3-compact", "s3-fifo", "lru", "lru-k", "arc")
 """``fifo``: oldest write first, no ranking in memory (the tier's behaviour before rankings)."""
-DEFAULT_SSD_POLICY = "clock"
+DEFAULT_SSD_POLICY = "s3-compact"
 """Chosen by ``kvstrata bench hitrate --ssd`` (BENCHMARKS.md, "Eviction: SSD tier")."""
 ACCESS_LOG = 65_536
 """Reads remembered between two writer batches; beyond it the oldest are forgotten (a ranking hint only)."""
