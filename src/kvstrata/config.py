@@ -178,12 +178,23 @@ PARAMS: tuple[Param, ...] = (
     Param("eviction-policy", _choice("lru", "lru-k", "arc", "s3-fifo", "w-tinylfu"), "lru-k",
           "How DRAM entries are ranked for demotion (the default is chosen by `kvstrata bench hitrate`)."),
     Param("lru-k", _int, 2, "K of LRU-K: the K-th most recent reference decides the rank."),
+    Param("eviction-scan-guard", _yes_no, False,
+          "DRAM admission that refuses one-off keys (ScanGuard, engine/policy/chain.py): when DRAM is full, a "
+          "client write of a new key not seen among the last misses (as many as DRAM holds keys) goes straight "
+          "to the SSD tier instead of displacing a DRAM entry; written again, it is admitted. Needs the SSD "
+          "tier. Off by default, by `kvstrata bench hitrate --ssd --ssd-scan-guard` (BENCHMARKS.md)."),
     Param("lru-k-crp", _float, 0.0,
           "LRU-K correlated-reference period in policy accesses (not seconds, so the ranking does not depend on "
           "how fast clients run): references to a key closer than this count once."),
     Param("essd-path", _str, "", "Directory of the SSD tier (LMDB); empty disables the SSD tier.",
           env=("ESSD_PATH",)),
     Param("essd-size", parse_size, 16 * 1024**3, "SSD tier budget in bytes.", env=("ESSD_SIZE",)),
+    Param("ssd-policy", _choice("fifo", "clock", "s3-compact", "s3-fifo", "lru", "lru-k", "arc"), "s3-compact",
+          "What the SSD tier evicts at its budget: fifo (the oldest write first), or a ranking of its records by "
+          "reads (a key written back soon after it left counts as read): s3-compact (S3-FIFO in flat arrays, "
+          "~85 B of memory per record), clock (second chance in flat arrays, ~58 B), s3-fifo, lru, lru-k, arc "
+          "(Python dicts, 165-280 B per record). Rebuilt in write order at startup. The default is chosen by "
+          "`kvstrata bench hitrate --ssd` (BENCHMARKS.md, \"Eviction: SSD tier\")."),
     Param("pool", _str, "",
           "Shared memory pool: redis://[user:pass@]host:port[/db], rediss:// (TLS), valkey://, unix:///path "
           "(one Redis/Valkey), redis-cluster://[user:pass@]host:port[,host:port...] (a Redis/Valkey Cluster, "

@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvstrata.bench.hitrate_ssd import DRAM_FRACTION, SSD_FRACTION, format_ssd, run_ssd
 from kvstrata.bench.report import target_lines, target_table
 from kvstrata.bench.traces import PRESETS, Request, generate, preset, trace_stats
 from kvstrata.clock import ManualClock
@@ -44,6 +45,7 @@ from kvstrata.engine.policy.base import EvictionPolicy
 from kvstrata.engine.policy.chain import ScanGuard, TailFirst
 from kvstrata.engine.policy.lru_k import LRUKPolicy
 from kvstrata.engine.policy.registry import DEFAULT_POLICY
+from kvstrata.engine.tiers.ssd_rank import SSD_POLICIES
 
 POLICIES: tuple[str, ...] = ("lru", "lru-k", "arc", "s3-fifo", "w-tinylfu")
 """The registered candidates, in table order."""
@@ -579,6 +581,23 @@ def main(argv: list[str]) -> int:
         help="offset added to each preset's own seed (default: 0, the presets as is)",
     )
     parser.add_argument("--no-cost", action="store_true", help="skip the CPU and memory measurements")
+    parser.add_argument(
+        "--ssd",
+        action="store_true",
+        help="instead: whole-store hit ratio through a real Store with a small DRAM and SSD, per SSD eviction "
+        "policy (bench/hitrate_ssd.py)",
+    )
+    parser.add_argument(
+        "--ssd-policies",
+        default=",".join(SSD_POLICIES),
+        help=f"with --ssd: the SSD policies compared, comma-separated (default: {','.join(SSD_POLICIES)})",
+    )
+    parser.add_argument("--ssd-scan-guard", action="store_true",
+                        help="with --ssd: also replay each SSD policy with ScanGuard on DRAM (eviction-scan-guard)")
+    parser.add_argument("--ssd-dram", type=float, default=DRAM_FRACTION,
+                        help=f"with --ssd: DRAM as a fraction of the distinct chunks (default: {DRAM_FRACTION})")
+    parser.add_argument("--ssd-size", type=float, default=SSD_FRACTION,
+                        help=f"with --ssd: SSD as a fraction of the distinct chunks (default: {SSD_FRACTION})")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     names = list(PRESETS) if args.trace == "all" else [args.trace]
@@ -586,6 +605,17 @@ def main(argv: list[str]) -> int:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.ssd:
+        ssd_policies = [p.strip() for p in args.ssd_policies.split(",") if p.strip()]
+        unknown = [p for p in ssd_policies if p not in SSD_POLICIES]
+        if unknown or not 0 < args.ssd_dram < 1 or not 0 < args.ssd_size < 1:
+            parser.error(f"--ssd-policies from {', '.join(SSD_POLICIES)}; --ssd-dram and --ssd-size in (0, 1)")
+        ssd_result = run_ssd(names, policies=ssd_policies, dram_fraction=args.ssd_dram,
+                             ssd_fraction=args.ssd_size, seed_offset=args.seed, costs=not args.no_cost,
+                             scan_guard=args.ssd_scan_guard, progress=progress)
+        print(json.dumps(ssd_result, indent=2) if args.json else format_ssd(ssd_result))
+        progress(f"done in {ssd_result['runtime_s']:.1f}s")
+        return 0
     result = run(names, args.fractions, seed_offset=args.seed, costs=not args.no_cost, progress=progress)
     if args.json:
         print(json.dumps(result, indent=2))

@@ -89,6 +89,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.clock = clock or SystemClock()
         self.dram = DramTier(dram_budget, entry_overhead)
         self.policy = policy if policy is not None else create_policy("lru", clock=self.clock)
+        # Admission (a policy with ``admits``, e.g. ScanGuard): a refused new key is written past a full DRAM.
+        self._admits = getattr(self.policy, "admits", None)
         # The tiers below DRAM, fastest first (tier-order); built by the registry or from ssd=/pool=.
         self.lower: list[LowerTier] = list(lower) if lower is not None else _ordered(ssd, pool, tier_order)
         self._by_name: dict[str, LowerTier] = {t.name: t for t in self.lower}
@@ -231,8 +233,12 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if ssd is not None:
             if size > ssd.budget:
                 raise OutOfMemoryError("command not allowed: the value is larger than the SSD tier's budget.")
-            if cold or size > dram.budget - dram.pinned_bytes:
-                # Straight to SSD: asked for, or it cannot fit in DRAM beside the pinned keys.
+            if cold or size > dram.budget - dram.pinned_bytes or (
+                old is None and self._admits is not None and dram.used + size > dram.budget
+                and not self._admits(key)
+            ):
+                # Straight to SSD: asked for, it cannot fit in DRAM beside the pinned keys, or DRAM is full and
+                # its admission refuses a key it has not seen (a one-off write would displace a used entry).
                 self._check_last_tier_room(size)
                 self._drop_dram(key)
                 self._ack(ssd.put(key, entry))

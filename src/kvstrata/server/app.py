@@ -18,6 +18,7 @@ from kvstrata.commands import REGISTRY, CommandSpec
 from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Wait
 from kvstrata.config import Config
 from kvstrata.engine.policy import create_policy
+from kvstrata.engine.policy.chain import ScanGuard
 from kvstrata.engine.predict import Predictor
 from kvstrata.engine.store import LoadTicket, Store
 from kvstrata.engine.tiers import registry as tier_registry
@@ -38,6 +39,8 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
     clock = clock or SystemClock()
     policy = create_policy(config.get("eviction-policy"), clock=clock, k=int(config.get("lru-k")),
                            crp=float(config.get("lru-k-crp")))
+    if config.get("eviction-scan-guard"):
+        policy = ScanGuard(policy)  # type: ignore[assignment]
     # The lower tiers in tier-order, each built by its registered factory (engine/tiers/registry.py).
     lower = tier_registry.build(config, clock)
     ssd = next((t for t in lower if t.name == "ssd"), None)

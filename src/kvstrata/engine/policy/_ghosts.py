@@ -15,7 +15,7 @@ about n^2 / 2^65 (1e-10 for a million ghosts), and it can only change one rankin
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 _MIN_CAPACITY = 8
 
@@ -94,6 +94,26 @@ class GhostFifo:
         for column, value in zip(self.payload, values, strict=True):
             column[pos] = value
 
+    def extend(self, fps: Iterable[int]) -> None:
+        """Append many fingerprints, none of them present yet, with zero payloads: one resize for all of them
+        (a rebuild from disk, where ``add`` one by one would grow the arrays step by step)."""
+        fps = list(fps)
+        cap = self._cap
+        while 4 * (self.count + len(fps)) > 3 * cap:
+            cap *= 2
+        if cap != self._cap or self._n + len(fps) > cap:
+            self._rebuild(cap)
+        ring, mask, place = self._ring, self._cap - 1, self._place
+        pos = (self._head + self._n) & mask
+        for fp in fps:
+            ring[pos] = fp
+            place(fp, pos)
+            for column in self.payload:
+                column[pos] = 0
+            pos = (pos + 1) & mask
+        self._n += len(fps)
+        self.count += len(fps)
+
     def _place(self, fp: int, pos: int) -> None:
         table, mask = self._table, self._cap - 1
         i = (fp ^ (fp >> 32)) & mask
@@ -110,6 +130,18 @@ class GhostFifo:
         self._unlink(i)
         self.count -= 1
         return True
+
+    def oldest(self) -> int:
+        """The oldest ghost's fingerprint, left in place (0 when there is none)."""
+        if not self.count:
+            return 0
+        ring, mask = self._ring, self._cap - 1
+        head = self._head
+        while not ring[head]:  # holes at the head are dropped as popleft would
+            head = (head + 1) & mask
+            self._n -= 1
+        self._head = head
+        return ring[head]
 
     def popleft(self) -> int:
         """Drop the oldest ghost and return its fingerprint (0 when there is none)."""

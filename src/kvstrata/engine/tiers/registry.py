@@ -91,7 +91,8 @@ def _ssd(config: Any, clock: Clock) -> LowerTier | None:
         return None
     from kvstrata.engine.tiers.ssd import SsdTier
 
-    return SsdTier(config.get("essd-path"), int(config.get("essd-size")), fsync=config.get("fsync"))
+    return SsdTier(config.get("essd-path"), int(config.get("essd-size")), fsync=config.get("fsync"),
+                   policy=config.get("ssd-policy"))
 
 
 def _pool(config: Any, clock: Clock) -> LowerTier | None:

@@ -2,7 +2,8 @@
 
 Layout (sub-databases of one LMDB environment):
   data   bucket(2, BE) + tag + key  -> record (header, [full key], value)
-  order  seq(8, BE)                 -> data key      (oldest first: the eviction order of the last tier)
+  order  seq(8, BE)                 -> data key      (oldest first: the last tier's eviction order under ``fifo``,
+                                                     and how a ranked victim's record is found, ``ssd_rank``)
   exp    expire_at(8, BE) + data key -> b""          (background reclaim of expired records)
   meta   name                        -> value        (format, used bytes, record count, version high-water)
 
@@ -11,6 +12,9 @@ commit) and forces it to disk according to ``fsync``. Until a write is committed
 newest state of each key, or None for a delete) so readers on the event loop never see a half-moved entry and
 never block on the disk for a key that is on its way down. Reads are LMDB read transactions, safe from any
 thread; the server runs them off the event loop.
+
+Which record leaves when the budget is reached is ``--ssd-policy``'s choice: ``fifo``, the oldest write first
+(the ``order`` index alone), or a ranking of the records by access (``ssd_rank``: reads and returns count).
 
 The record format is ``ssd_record``'s, the writer thread's work ``ssd_writer``'s; this module is the tier itself
 (state, reads, queuing writes, ``INFO``) and re-exports the names other modules import from here.
@@ -30,8 +34,10 @@ from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.base import TierRoles
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
+from kvstrata.engine.tiers.ssd_rank import SsdRanking, create_ssd_ranking
 from kvstrata.engine.tiers.ssd_record import (
     _BUCKET,
+    _HEADER,
     _U64,
     FORMAT,
     HEADER_SIZE,
@@ -57,7 +63,7 @@ __all__ = [
 
 
 class SsdTier(SsdWriter, TierRoles):
-    """LMDB-backed last tier with a byte budget; evicts oldest-demoted first when over it."""
+    """LMDB-backed last tier with a byte budget; over it, evicts by ``policy`` (``fifo``: oldest write first)."""
 
     name = "ssd"
     authoritative = True  # holds a key's only copy once demoted (write-back); see tiers/base.py
@@ -70,6 +76,7 @@ class SsdTier(SsdWriter, TierRoles):
         fsync: str = "everysec",
         threaded: bool = True,
         on_commit: Callable[[int, list[bytes]], None] | None = None,
+        policy: str = "fifo",
     ) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
@@ -89,6 +96,8 @@ class SsdTier(SsdWriter, TierRoles):
         self._order = self.env.open_db(b"order")
         self._exp = self.env.open_db(b"exp")
         self._meta = self.env.open_db(b"meta")
+        # None under fifo; else the ranking of the records on disk (owned by the writer thread, ssd_rank.py).
+        self._rank: SsdRanking | None = create_ssd_ranking(policy)
         with self.env.begin(write=True) as txn:
             fmt = txn.get(b"format", db=self._meta)
             if fmt is None:
@@ -100,6 +109,8 @@ class SsdTier(SsdWriter, TierRoles):
             self.version_high_water = self._meta_int(txn, b"version_hw")
             with txn.cursor(db=self._order) as cur:
                 self._seq = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
+            if self._rank is not None:
+                self._rebuild_rank(txn)
         self.pending: dict[bytes, Entry | Tombstone] = {}
         self._pending_groups: dict[int, list[tuple[bytes, Entry | Tombstone]]] = {}
         self._pending_stamp = (-1, -1)
@@ -153,7 +164,12 @@ class SsdTier(SsdWriter, TierRoles):
         """One record in a read transaction; a damaged page answers Corrupt for the key, never an exception."""
         try:
             rec = txn.get(data_key(key), db=self._data)
-            return None if rec is None else decode_record(key, rec)
+            if rec is None:
+                return None
+            found = decode_record(key, rec)
+            if self._rank is not None and found.__class__ is Entry:
+                self._rank.accessed(_HEADER.unpack_from(rec)[5])
+            return found
         except (lmdb.Error, struct.error) as exc:
             self._unreadable(f"reading {key[:64]!r}", exc)
             return Corrupt(key, f"unreadable page: {exc}")
@@ -318,5 +334,6 @@ class SsdTier(SsdWriter, TierRoles):
         return {**self.info(), **stats, "evictions": self.evictions}
 
     def info(self) -> dict[str, Any]:
-        return {"pending": len(self.pending), "queued_bytes": self.queued_bytes, "write_errors": self.write_errors,
+        rank = self._rank.info() if self._rank is not None else {"eviction_policy": "fifo"}
+        return {**rank, "pending": len(self.pending), "queued_bytes": self.queued_bytes, "write_errors": self.write_errors,
                 "expired": self.expired, "reads": self.reads, "probes": self.probes, "unreadable_pages": self.unreadable_pages}

@@ -1,5 +1,6 @@
 """The SSD writer thread's side: it applies every queued operation waiting in one LMDB write transaction (group
-commit), makes room first when the budget or the filesystem could not take the batch (evicting oldest records),
+commit), makes room first when the budget or the filesystem could not take the batch (evicting by the tier's
+ranking, ``ssd_rank``, or oldest first),
 reclaims expired records, and hands the outcome back to the owner's thread (``_committed``), which settles
 ``pending`` and reports evictions.
 
@@ -17,6 +18,7 @@ import lmdb
 
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers.markers import Corrupt
+from kvstrata.engine.tiers.ssd_rank import SsdRanking
 from kvstrata.engine.tiers.ssd_record import (
     _HEADER,
     _U64,
@@ -42,22 +44,43 @@ class SsdWriter(BatchWriter):
 
     env: lmdb.Environment
     pending: dict[bytes, Any]
+    _rank: SsdRanking | None
 
     def _process(self, batch: list[tuple[Any, ...]]) -> None:
         error: str | None = None
         evicted: list[bytes] = []
+        if self._rank is not None:
+            self._rank.drain()
         try:
             evicted = self._apply_with_room(batch)
             if self.fsync != "always" and any(op[2] == _SYNC for op in batch):
                 self.env.sync(True)  # under "always" the commit itself was synchronous
         except Exception as exc:  # disk errors must not kill the writer; the batch is reported as failed
             error = f"{type(exc).__name__}: {exc}"
+            self._rank_done(False)
             self.write_errors += 1
             log.error("SSD write of %d operations failed: %s", len(batch), error)
         self._deliver(lambda: self._committed(batch, error, evicted))
 
+    def _rank_done(self, committed: bool) -> None:
+        """Keep the ranking in step with the transaction that just ended (committed or failed)."""
+        rank = self._rank
+        if rank is None:
+            return
+        if committed:
+            rank.commit()
+        elif not rank.rollback():
+            with self.env.begin() as txn:
+                self._rebuild_rank(txn)
+
+    def _rebuild_rank(self, txn: lmdb.Transaction) -> None:
+        """Rank every record on disk in write order (the ``order`` index): at startup, and after a failed FLUSH."""
+        assert self._rank is not None
+        with txn.cursor(db=self._order) as cur:
+            self._rank.rebuild(_U64.unpack(bytes(k))[0] for k in cur.iternext(keys=True, values=False))
+
     def _disk_room(self, batch: list[tuple[Any, ...]], evicted: list[bytes]) -> None:
-        """Evict oldest records first when the filesystem could not take this batch.
+        """Evict records (lowest ranked first) when the filesystem could not take this batch.
 
         LMDB reuses pages freed by earlier transactions, so freeing happens in a transaction of its own; the
         margin leaves room for that transaction and LMDB's metadata. Running into ENOSPC inside a commit would
@@ -74,7 +97,7 @@ class SsdWriter(BatchWriter):
         target = max(0, self.used - shortfall)
         if self.used <= 0:
             raise OSError(28, f"no space left on the SSD tier's filesystem for {need} bytes")
-        log.warning("SSD filesystem nearly full (%d bytes free, %d needed): evicting oldest records", free, need)
+        log.warning("SSD filesystem nearly full (%d bytes free, %d needed): evicting records", free, need)
         used0, count0 = self.used, self.count
         budget = self.budget
         try:
@@ -82,8 +105,10 @@ class SsdWriter(BatchWriter):
             with self.env.begin(write=True) as txn:
                 self._evict(txn, None, evicted)
                 self._save_meta(txn)
+            self._rank_done(True)
         except BaseException:
             self.used, self.count = used0, count0
+            self._rank_done(False)
             raise
         finally:
             self.budget = budget
@@ -94,18 +119,23 @@ class SsdWriter(BatchWriter):
         for attempt in range(4):
             try:
                 with self.env.begin(write=True) as txn:
-                    return evicted + self._apply(txn, batch)
+                    done = evicted + self._apply(txn, batch)
+                self._rank_done(True)
+                return done
             except lmdb.MapFullError:
-                # The map filled before our own budget did (page overhead): free the oldest tenth and retry.
-                log.warning("SSD map full (attempt %d); evicting the oldest records", attempt + 1)
+                self._rank_done(False)
+                # The map filled before our own budget did (page overhead): free a tenth and retry.
+                log.warning("SSD map full (attempt %d); evicting records", attempt + 1)
                 freed: list[bytes] = []
                 used0, count0 = self.used, self.count
                 try:
                     with self.env.begin(write=True) as txn:
                         self._evict(txn, max(1, self.count // 10 * (attempt + 1)), freed)
                         self._save_meta(txn)
+                    self._rank_done(True)
                 except BaseException:
                     self.used, self.count = used0, count0
+                    self._rank_done(False)
                     raise
                 evicted += freed
         # Still no room: apply one by one and drop what cannot fit (this is the last tier).
@@ -113,7 +143,9 @@ class SsdWriter(BatchWriter):
             try:
                 with self.env.begin(write=True) as txn:
                     evicted += self._apply(txn, [op])
+                self._rank_done(True)
             except lmdb.MapFullError:
+                self._rank_done(False)
                 if op[2] == _PUT:
                     evicted.append(op[3])
                     self.evictions += 1
@@ -130,6 +162,8 @@ class SsdWriter(BatchWriter):
             # A damaged header may name another record's index entries: only delete ones that point here.
             if txn.get(_U64.pack(seq), db=self._order) == lkey:
                 txn.delete(_U64.pack(seq), db=self._order)
+            if self._rank is not None:
+                self._rank.remove(seq, lkey)
             if expire_at > 0:
                 txn.delete(_U64.pack(expire_at) + lkey, db=self._exp)
         except struct.error:
@@ -151,6 +185,8 @@ class SsdWriter(BatchWriter):
                 elif kind == _FLUSH:
                     for db in (self._data, self._order, self._exp):
                         txn.drop(db, delete=False)
+                    if self._rank is not None:
+                        self._rank.clear()
                     self.used = 0
                     self.count = 0
                 elif kind == _SWEEP:
@@ -176,11 +212,19 @@ class SsdWriter(BatchWriter):
         txn.put(_U64.pack(seq), lkey, db=self._order)
         if entry.expire_at > 0:
             txn.put(_U64.pack(entry.expire_at) + lkey, b"", db=self._exp)
+        if self._rank is not None:
+            self._rank.admit(seq, lkey)
         self.used += len(lkey) + size + RECORD_OVERHEAD
         self.count += 1
 
     def _evict(self, txn: lmdb.Transaction, n: int | None, evicted: list[bytes]) -> None:
-        """Remove the oldest records until under budget (``n`` None) or ``n`` of them; their keys go to ``evicted``."""
+        """Remove records until under budget (``n`` None) or ``n`` of them; their keys go to ``evicted``.
+
+        The ranking's victims go first; the oldest writes (the ``order`` index) after them, for any record the
+        ranking does not track, and always under ``fifo``: the budget never depends on the ranking.
+        """
+        if self._rank is not None:
+            n = self._evict_ranked(txn, n, evicted)
         with txn.cursor(db=self._order) as cur:
             while ((n is None and self.used > self.budget) or (n is not None and n > 0)) and cur.first():
                 seq_key = bytes(cur.key())
@@ -198,6 +242,33 @@ class SsdWriter(BatchWriter):
                 self.evictions += 1
                 if n is not None:
                     n -= 1
+
+    def _evict_ranked(self, txn: lmdb.Transaction, n: int | None, evicted: list[bytes]) -> int | None:
+        """``_evict`` by the ranking: its victims' records are found through ``order``; what is left of ``n``."""
+        rank = self._rank
+        assert rank is not None
+        while (n is None and self.used > self.budget) or (n is not None and n > 0):
+            seq = rank.victim()
+            if seq is None:
+                break
+            seq_key = _U64.pack(seq)
+            lkey = txn.get(seq_key, db=self._order)
+            rec = txn.get(lkey, db=self._data) if lkey is not None else None
+            if rec is None or len(rec) < HEADER_SIZE or _HEADER.unpack_from(rec)[5] != seq:
+                # Stale: the record was rewritten or removed since, or its header is damaged (as in _evict).
+                rank.forget(seq)
+                if lkey is not None:
+                    txn.delete(seq_key, db=self._order)
+                    if rec is not None and isinstance(decode_record(b"", rec), Corrupt):
+                        self._remove(txn, lkey)
+                continue
+            key = _record_key(lkey, rec)
+            self._remove(txn, lkey, rec)
+            evicted.append(key)
+            self.evictions += 1
+            if n is not None:
+                n -= 1
+        return n
 
     def _sweep(self, txn: lmdb.Transaction, now_ms: int, limit: int) -> None:
         with txn.cursor(db=self._exp) as cur:
