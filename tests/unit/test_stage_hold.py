@@ -46,6 +46,9 @@ def test_a_held_reservation_keeps_room_charge_and_mapping_until_finish() -> None
     assert s.unreserve(1, [res.id]) == 0 and budget.used == charged  # nor given back under the copy
     with pytest.raises(StageError, match="segment full"):
         s.reserve(1, [2 * MB], 0)  # its room is still taken
+    s.idle_ms = 10
+    s.expire(10_000)  # idle for long, but a commit still copies from it: its pages stay
+    assert not seg.trimmed and bytes(seg.region.view[res.off:res.off + 16]) == data[:16]
     s.close_segment(1)  # the client left mid-commit
     assert budget.used == charged and not seg.region.mm.closed
     dst = bytearray(len(data))

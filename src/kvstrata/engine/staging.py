@@ -250,7 +250,8 @@ class Staging:
     def expire(self, now_ms: int) -> int:
         """End reservations past their time, trim idle segments; returns how many reservations ended."""
         for seg in self.segments.values():
-            if not seg.trimmed and not seg.reservations and now_ms - seg.last_ms >= self.idle_ms:
+            # Not under a commit still copying from it (its reservation is no longer in ``reservations``).
+            if not seg.trimmed and not seg.reservations and not seg.pins and now_ms - seg.last_ms >= self.idle_ms:
                 seg.trim()
                 self.trims += 1
         n = 0
