@@ -9,6 +9,10 @@ stores (6 values of 32 MiB, 192 MiB, through ``StageWriter.put_many``: each valu
 server copy and verify 32 MiB) back to back, and this process sending a PING every ``--interval-ms`` over TCP.
 Reports PING round-trip p50/p99/max (ms) while the writer runs, the writer's store throughput (GB/s), and an idle
 baseline of the same pings before the writer starts.
+
+``--store-only [--chunk-mb 14]``: no pinger; one server per ``--src`` at once, the same ``put_many`` of 6 values
+(pipelined commits, as the SDK sends them) timed against each in turn, alternating, medians: what moving the
+copy to a thread costs the writer itself.
 """
 
 from __future__ import annotations
@@ -89,6 +93,31 @@ def _one(src: str, seconds: float, interval_s: float) -> dict[str, Any]:
     return {"idle": _stats(idle), "busy": _stats(busy), "store_gbs": round(gbs, 3)}
 
 
+def _store_only(srcs: list[tuple[str, str]], chunk_mb: int, rounds: int) -> dict[str, float]:
+    servers: dict[str, tuple[Any, StageWriter]] = {}
+    try:
+        for name, src in srcs:
+            sock = os.path.join(tempfile.mkdtemp(prefix="kvcl-"), "kv.sock")
+            srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve", "--loglevel", "warning",
+                                            "--unixsocket", sock, "--dram-size", "1gb"],
+                               env={**os.environ, "PYTHONPATH": os.path.abspath(src)})
+            servers[name] = (srv, StageWriter(sock))
+        items = [(b"c%d" % i, 0, [os.urandom(chunk_mb * MB)]) for i in range(6)]
+        times: dict[str, list[float]] = {n: [] for n in servers}
+        for rnd in range(rounds + 2):  # two warm-up rounds
+            for name in (list(servers) if rnd % 2 else list(servers)[::-1]):
+                t = time.perf_counter()
+                if not all(isinstance(r, int) for r in servers[name][1].put_many(items)):
+                    raise RuntimeError("a commit failed")
+                if rnd >= 2:
+                    times[name].append(time.perf_counter() - t)
+    finally:
+        for srv, w in servers.values():
+            w.close()
+            srv.stop()
+    return {n: round(6 * chunk_mb * MB / statistics.median(v) / 1e9, 3) for n, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", action="append", required=True, help="NAME=PATH of a kvstrata src tree")
@@ -96,8 +125,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--interval-ms", type=float, default=2.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--store-only", action="store_true")
+    ap.add_argument("--chunk-mb", type=int, default=14)
     a = ap.parse_args()
-    srcs = [tuple(s.split("=", 1)) for s in a.src]
+    srcs = [(s.split("=", 1)[0], s.split("=", 1)[1]) for s in a.src]
+    if a.store_only:
+        print(json.dumps({"chunk_mb": a.chunk_mb, "store_gbs": _store_only(srcs, a.chunk_mb, max(a.rounds, 8))}))
+        return
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in srcs}
     for rnd in range(a.rounds):
         for name, path in (srcs if rnd % 2 == 0 else srcs[::-1]):
