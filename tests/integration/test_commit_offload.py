@@ -262,3 +262,24 @@ def test_a_writer_killed_mid_commit_leaks_nothing(make_server, sockdir) -> None:
         if killed_mid:
             break
     assert killed_mid, "the writer never died with a commit in flight"
+
+
+def test_large_commits_with_an_ssd_tier_overwrite_demoted_keys_in_order(make_server, sockdir, tmp_path) -> None:
+    """The tiered command path: a large commit suspends, the key is loaded again before it is stored."""
+    srv, path = _start(make_server, sockdir, **{"dram-size": "12mb", "essd-path": str(tmp_path / "ssd")})
+    tcp = srv.client()
+    vals = [os.urandom(4 * MB) for _ in range(4)]
+    w = StageWriter(path)
+    try:
+        vers = [int(w.call(b"TAIR.KV.COMMIT", b"s%d" % i, 0, _staged(w, v), _sum(v))) for i, v in enumerate(vals)]
+        wait_for(lambda: tcp.execute_command("TAIR.KV.TIER", "s0") == b"ssd", what="s0 demoted")
+        new = os.urandom(4 * MB)
+        ver = int(w.call(b"TAIR.KV.COMMIT", b"s0", 0, _staged(w, new), _sum(new)))
+        assert ver > vers[0] and tcp.get(b"s0") == new
+        assert int(tcp.execute_command("TAIR.KV.VERSION", b"s0")) == ver
+        assert all(tcp.get(b"s%d" % i) == vals[i] for i in range(1, 4))
+        info = _info(tcp)
+        assert info["stage_commits_offloaded"] == 5 and info["stage_commits_in_flight"] == 0
+        assert info["stage_reserved_bytes"] == 0
+    finally:
+        w.close()
