@@ -283,3 +283,21 @@ def test_large_commits_with_an_ssd_tier_overwrite_demoted_keys_in_order(make_ser
         assert info["stage_reserved_bytes"] == 0
     finally:
         w.close()
+
+
+def test_a_large_commit_that_fits_the_budget_is_not_counted_twice(make_server, sockdir) -> None:
+    """Under noeviction nothing can be moved out: a commit whose reservation fit must be stored, i.e. the reserved
+    bytes are given back before the value is charged its slot, also when the copy ran in a thread."""
+    srv, path = _start(make_server, sockdir, **{"dram-size": "40mb", "stage-size": "64mb",
+                                               "maxmemory-policy": "noeviction"})
+    tcp = srv.client()
+    tcp.set(b"resident", os.urandom(12 * MB))
+    value = os.urandom(24 * MB)
+    w = StageWriter(path)
+    try:
+        ver = int(w.call(b"TAIR.KV.COMMIT", b"fits", 0, _staged(w, value), _sum(value)))
+        assert ver > 0 and tcp.get(b"fits") == value
+        info = _info(tcp)
+        assert info["stage_commits_offloaded"] == 1 and info["dram_used"] <= info["dram_budget"]
+    finally:
+        w.close()

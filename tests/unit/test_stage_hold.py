@@ -80,12 +80,12 @@ def test_an_abandoned_job_gives_back_only_after_its_thread_ran() -> None:
         events: list[str] = []
         src = memoryview(os.urandom(MB))
         job = CommitJob(src, bytearray(MB), None, lambda: events.append("cleanup"))
-        job.abandon(loop)  # the continuation will never run; the thread has not started yet
+        job.abandon(loop, lambda: events.append("also"))  # the continuation will never run; no thread yet
         assert events == []
         done = asyncio.Event()
         threading.Thread(target=lambda: (job.run(), loop.call_soon_threadsafe(done.set))).start()
         await done.wait()  # the thread scheduled the cleanup before this, so it ran first
-        assert events == ["cleanup"]
+        assert events == ["cleanup", "also"]
         assert isinstance(job.found, tuple)
         # Abandoned after it ran: given back at once, and only once.
         job2 = CommitJob(memoryview(b"x" * 100), bytearray(100), None, lambda: events.append("cleanup2"))
@@ -94,4 +94,4 @@ def test_an_abandoned_job_gives_back_only_after_its_thread_ran() -> None:
         job2.cleanup()
         return events
 
-    assert asyncio.run(main()) == ["cleanup", "cleanup2"]
+    assert asyncio.run(main()) == ["cleanup", "also", "cleanup2"]

@@ -145,11 +145,10 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
         view = bytearray(n)
     src = seg.region.view[res.off + skip:res.off + skip + n]
 
-    def done() -> None:  # the copy is over: nothing reads the segment or writes the slot any more
-        staging.finish(seg, res)
-        arena.release(view)  # the stored entry holds the slot now; a refused one goes back to the arena
-
     def store(found: Any) -> Any:
+        # The copy is over (the thread, if any, has returned): the reservation's room and charge go back before the
+        # value is charged its slot, so the budget never counts the value twice.
+        job.cleanup()
         try:
             if isinstance(found, BaseException):
                 raise found
@@ -165,13 +164,13 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
             # client while the copy ran comes first, as if this COMMIT had arrived after it.
             return _setex(ctx, args[1], view, expire_at, False, expected, 0)
         finally:
-            job.cleanup()
+            arena.release(view)  # the stored entry holds the slot now; a refused one goes back to the arena
 
-    job = CommitJob(src, view, sum_at, done)
+    job = CommitJob(src, view, sum_at, lambda: staging.finish(seg, res))
     if n < staging.offload_min:
         return store(job.run())
     # Large: copied and hashed in a worker thread while the loop serves the other clients; this client's
     # pipeline waits behind it, so its replies stay in order.
     staging.offloaded += 1
     return Suspend(Offload(job.run), store, reload=True,
-                   cancel=lambda: job.abandon(asyncio.get_running_loop()))
+                   cancel=lambda: job.abandon(asyncio.get_running_loop(), lambda: arena.release(view)))

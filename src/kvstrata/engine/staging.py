@@ -360,6 +360,7 @@ class CommitJob:
         self._lock = threading.Lock()
         self._ran = False
         self._orphan_loop: Any = None
+        self._also: Callable[[], None] | None = None
 
     def run(self) -> tuple[int, int] | BaseException:
         try:
@@ -374,13 +375,18 @@ class CommitJob:
         return self.found
 
     def cleanup(self) -> None:
-        """On the loop, once: release the source view and give back what the commit held."""
+        """On the loop, once: release the source view and give back what the commit held (and, when abandoned,
+        what the continuation would have)."""
         done, self._cleanup = self._cleanup, None
         if done is not None:
             self.src.release()
             done()
+            if self._also is not None:
+                self._also()
 
-    def abandon(self, loop: Any) -> None:
+    def abandon(self, loop: Any, also: Callable[[], None] | None = None) -> None:
+        """The continuation will never run: ``cleanup`` and then ``also`` once the thread has returned."""
+        self._also = also
         with self._lock:
             if not self._ran:
                 self._orphan_loop = loop
