@@ -11,6 +11,7 @@ security model are in docs/dataplane.md.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from kvstrata.commands.args import parse_int
@@ -18,7 +19,8 @@ from kvstrata.commands.context import Context
 from kvstrata.commands.dataplane import _arena
 from kvstrata.commands.registry import command
 from kvstrata.commands.tairkv import _setex
-from kvstrata.engine.staging import StageError, Staging
+from kvstrata.commands.waits import Offload, Suspend
+from kvstrata.engine.staging import CommitJob, StageError, Staging
 from kvstrata.errors import CommandError, OutOfMemoryError, syntax_error
 from kvstrata.protocol.encoder import NO_REPLY
 
@@ -102,7 +104,6 @@ def kv_unreserve(ctx: Context, args: list[bytes]) -> Any:
 def kv_commit(ctx: Context, args: list[bytes]) -> Any:
     staging = _staging(ctx)
     arena = _arena(ctx)
-    store = ctx.store
     ttl_ms = parse_int(bytes(args[2]))
     if ttl_ms < 0:
         raise CommandError("invalid expire time in 'tair.kv.commit' command")
@@ -123,31 +124,53 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
         else:
             raise syntax_error()
         i += 2
-    # The reservation ends here whatever the outcome (a writer whose bytes were wrong reserves again).
+    # The reservation ends here whatever the outcome (a writer whose bytes were wrong reserves again); its room
+    # and charge stay until the copy is done (``finish``).
     try:
-        seg, res = staging.take(ctx.client.id, rid)
+        seg, res = staging.take(ctx.client.id, rid, hold=True)
     except StageError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    try:
+        n = staging.value_length(res, skip)
+        staging.check_sum_at(n, sum_at)
+    except StageError as exc:
+        staging.finish(seg, res)
         raise CommandError(str(exc), raw=True) from None
     # The server's own copy is what gets verified and stored: the writer may still change its segment.
     # Slots of values overwritten by earlier commits are reused first, while their pages are resident: a fresh
     # shared-memory page costs far more than the copy into it (10x a memcpy on the 2-core VM).
-    try:
-        n = staging.value_length(res, skip)
-    except StageError as exc:
-        raise CommandError(str(exc), raw=True) from None
     arena.collect_unreferenced()
     view: Any = arena.held_slot(n) if n >= arena.min_size else None
     if view is None:
         view = bytearray(n)
-    try:
+    src = seg.region.view[res.off + skip:res.off + skip + n]
+
+    def store(found: Any) -> Any:
+        # The copy is over (the thread, if any, has returned): the reservation's room and charge go back before the
+        # value is charged its slot, so the budget never counts the value twice.
+        job.cleanup()
         try:
-            digest = staging.copy_verified(seg, res, view, checksum, sum_at, skip)
-        except StageError as exc:
-            raise CommandError(str(exc), raw=True) from None
-        slot = arena.slot(view)
-        if slot is not None and sum_at is None:
-            slot.checksum = digest  # TAIR.KV.MGETREF answers it without hashing again
-        expire_at = store.clock.now_ms() + ttl_ms if ttl_ms else 0
-        return _setex(ctx, args[1], view, expire_at, False, expected, 0)
-    finally:
-        arena.release(view)  # the stored entry holds the slot now; a refused one goes back to the arena
+            if isinstance(found, BaseException):
+                raise found
+            try:
+                digest = staging.verify(found, checksum)
+            except StageError as exc:
+                raise CommandError(str(exc), raw=True) from None
+            slot = arena.slot(view)
+            if slot is not None and sum_at is None:
+                slot.checksum = digest  # TAIR.KV.MGETREF answers it without hashing again
+            expire_at = ctx.store.clock.now_ms() + ttl_ms if ttl_ms else 0
+            # The value becomes visible (and gets its version) only now: a write of the same key by another
+            # client while the copy ran comes first, as if this COMMIT had arrived after it.
+            return _setex(ctx, args[1], view, expire_at, False, expected, 0)
+        finally:
+            arena.release(view)  # the stored entry holds the slot now; a refused one goes back to the arena
+
+    job = CommitJob(src, view, sum_at, lambda: staging.finish(seg, res))
+    if n < staging.offload_min:
+        return store(job.run())
+    # Large: copied and hashed in a worker thread while the loop serves the other clients; this client's
+    # pipeline waits behind it, so its replies stay in order.
+    staging.offloaded += 1
+    return Suspend(Offload(job.run), store, reload=True,
+                   cancel=lambda: job.abandon(asyncio.get_running_loop(), lambda: arena.release(view)))

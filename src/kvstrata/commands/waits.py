@@ -42,7 +42,17 @@ class PoolVersions:
     local: dict[bytes, int]
 
 
-Wait = Commit | PoolAck | PoolVersions
+@dataclass(slots=True)
+class Offload:
+    """Run ``run()`` in a worker thread: CPU work on buffers that releases the GIL (a large two-phase commit's
+    copy and hash), so the loop serves the other clients meanwhile. Result: what ``run`` returns. What it reads
+    and writes must stay alive until it has returned, also when the continuation never runs: ``cancel`` then
+    has to leave that to the thread (``kvstrata.engine.staging.CommitJob.abandon``)."""
+
+    run: Callable[[], Any]
+
+
+Wait = Commit | PoolAck | PoolVersions | Offload
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 from kvstrata.acl import Acl
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.commands import REGISTRY, CommandSpec
-from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Wait
+from kvstrata.commands.waits import Commit, Offload, PoolAck, PoolVersions, Wait
 from kvstrata.config import Config
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.policy.chain import ScanGuard
@@ -113,6 +113,8 @@ class Server:
         self._waiter_seq = itertools.count()
         self._shutdown = asyncio.Event()
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstrata-io")
+        # CPU work of commands (Offload: large two-phase commits), apart from the loads _io runs.
+        self._cpu = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstrata-cpu")
         self._server: asyncio.base_events.Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = int(config.get("port"))
@@ -159,6 +161,8 @@ class Server:
             return None
         pool = self.store.pool
         assert self.loop is not None
+        if w.__class__ is Offload:
+            return await self.loop.run_in_executor(self._cpu, w.run)  # type: ignore[union-attr]
         if isinstance(w, PoolAck):
             if w.ssd_seq:
                 await self.wait_commit(w.ssd_seq)
@@ -391,4 +395,5 @@ class Server:
             if tier is not store.pool:
                 tier.close()
         self._io.shutdown(wait=False)
+        self._cpu.shutdown(wait=False)
         log.info("bye")

@@ -538,6 +538,8 @@ class Connection(asyncio.BufferedProtocol):
                 self.server.slowlog.add(usec, args, client.addr, client.name)
             if spec.noauth:  # AUTH, HELLO, RESET may change what the parser must check
                 self.parser.refresh()
+        if reply.__class__ is Suspend:  # a typed wait (a large two-phase commit's copy, off the loop)
+            return self._continue(spec, args, counts, reply)
         encode(reply, client.proto, self.out)
         return None
 
