@@ -1,0 +1,161 @@
+"""How a connection runs a command that may need I/O: declared waits first, then the handler, then its acks.
+
+``CommandRuns`` is the half of ``Connection`` that runs commands on a tiered server (and any command whose handler
+returns a typed wait): ``_tiered`` decides whether the command can run now (its keys in DRAM, the SSD writer not
+behind); ``_slow`` performs the waits the command declares (writer backpressure, a settled SSD, its keys loaded,
+with the prefetcher told what the read will want next); ``_invoke_sync`` runs the handler or a continuation with
+the command's state, stats and slowlog; ``_continue`` performs a handler's typed wait (``Suspend``) off the loop;
+``_ack_after`` holds a reply until the SSD writer acknowledged the write. The I/O half (buffers, replies, flow
+control) is ``kvstrata.server.connection``.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any
+
+from kvstrata.commands.registry import CommandSpec
+from kvstrata.commands.waits import Suspend
+from kvstrata.protocol.encoder import encode
+from kvstrata.server.cmdstats import CommandStats
+
+if TYPE_CHECKING:
+    from kvstrata.commands.context import ClientState, Context
+    from kvstrata.engine.store import Store
+    from kvstrata.protocol.parser import RequestParser
+    from kvstrata.server.app import Server
+
+
+class CommandRuns:
+    """The command-running half of ``Connection`` (a mixin: the attributes below are the connection's)."""
+
+    server: Server
+    store: Store
+    ctx: Context
+    client: ClientState
+    out: Any
+    parser: RequestParser
+    _predict_later: bool
+    _predicted: bool
+
+    def _fail(self, spec: CommandSpec, counts: CommandStats, exc: Exception, first: bool = True) -> None:
+        raise NotImplementedError  # Connection's
+
+    def _error(self, message: str) -> None:
+        raise NotImplementedError  # Connection's
+
+    def _tiered(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
+        store = self.store
+        ssd = store.ssd
+        keys = spec.load_keys(args)
+        needs_io = bool(keys and store.missing(keys))
+        if ssd is not None:
+            if spec.write and ssd.queued_bytes > self.server.ssd_write_queue:
+                needs_io = True
+            if spec.settle and not ssd.settled:
+                needs_io = True
+        if needs_io:
+            return self._slow(spec, args, keys, counts)
+        return self._invoke_sync(spec, args, counts)
+
+    def _invoke_sync(self, spec: CommandSpec, args: list[Any], counts: CommandStats,
+                     step: Any = None, result: Any = None) -> Any:
+        """Run the handler (or, with ``step``, a suspended command's continuation) now, on the loop.
+
+        Returns None when the reply is in ``out``, or a coroutine to await first: the handler returned a typed
+        wait (``Suspend``), or its write must be acknowledged by the SSD writer before the reply goes out.
+        """
+        store = self.store
+        ssd = store.ssd
+        # A fresh state per run (also a command resumed after a load must not run as the stream of whichever
+        # connection ran last meanwhile: the predictor follows each connection's reads).
+        self.ctx.command = state = store.begin_command(self.client.id)
+        t0 = perf_counter_ns()
+        try:
+            reply = spec.handler(self.ctx, args) if step is None else step(result)
+        except Exception as exc:
+            self._fail(spec, counts, exc, step is None)
+            return None
+        finally:
+            if store.predictor is not None and store.predictor.pending:
+                if self._predict_later and step is None:
+                    # [prefetch hook, issue 19] A command run without a load (nothing in the overlay): after
+                    # the replies (_run), so the client does not wait for the predictor.
+                    self._predicted = True
+                else:
+                    # Before the overlay goes: predicted keys this command loaded come up from what it read.
+                    self.server.prefetcher.submit_predicted()
+            store.end_command()
+            if step is None:  # a continuation is the same call
+                counts.calls += 1
+            usec = (perf_counter_ns() - t0) // 1000
+            counts.usec += usec
+            counts.hist[usec.bit_length()] += 1
+            if usec >= self.server.slow_usec >= 0:
+                self.server.slowlog.add(usec, args, self.client.addr, self.client.name)
+            if spec.noauth:
+                self.parser.refresh()
+        if reply.__class__ is Suspend:
+            return self._continue(spec, args, counts, reply)
+        seq = state.ack_seq
+        if seq and ssd is not None and seq > ssd.committed_seq:
+            return self._ack_after(seq, reply)
+        encode(reply, self.client.proto, self.out)
+        return None
+
+    async def _continue(self, spec: CommandSpec, args: list[Any], counts: CommandStats, sus: Suspend) -> None:
+        """Perform a handler's wait off the loop, then run its continuation (which may wait again)."""
+        srv = self.server
+        try:
+            result = await srv.wait(sus.wait)
+            if sus.reload:
+                await self._load(spec.load_keys(args), spec.load == "meta")
+        except BaseException:
+            sus.release()
+            raise
+        waiter = self._invoke_sync(spec, args, counts, sus.then, result)
+        if waiter is not None:
+            await waiter
+
+    async def _load(self, keys: list[bytes], meta: bool = False) -> None:
+        """Load ``keys`` from the lower tiers for the command about to run (its reads then stay off the loop); with
+        ``meta``, probe their record headers only.
+
+        A load raced by a write is done again, a few times; after that the command runs anyway and reads what is
+        still unknown synchronously (correct, only slower). A probe leaves queued prefetches alone: it reads no
+        value, so taking a key back from the prefetcher would only lose its prefetch.
+        """
+        if not keys:
+            return
+        srv = self.server
+        if not meta:
+            missing = self.store.missing(keys)
+            if missing and srv.prefetcher.in_flight(missing):
+                await srv.prefetcher.claim(missing)
+        for _ in range(3):
+            if await srv.load(keys, meta=meta):
+                break
+
+    async def _ack_after(self, seq: int, reply: Any) -> None:
+        await self.server.wait_commit(seq)
+        failed = self.store.ssd.failed.get(seq) if self.store.ssd is not None else None
+        if failed is not None:
+            self._error(f"ERR SSD write failed: {failed}")
+        else:
+            encode(reply, self.client.proto, self.out)
+
+    async def _slow(self, spec: CommandSpec, args: list[Any], keys: list[bytes], counts: CommandStats) -> None:
+        """The waits a command declares, before it runs: writer backpressure, a settled SSD, its keys loaded."""
+        ssd = self.store.ssd
+        srv = self.server
+        if ssd is not None:
+            if spec.write and ssd.queued_bytes > srv.ssd_write_queue:
+                await srv.wait_commit(ssd.enqueued_seq)
+            if spec.settle and not ssd.settled:
+                await srv.wait_commit(ssd.enqueued_seq)
+        # [prefetch hook, issue 19] what follows a chunk read: queued, its first chunks loaded with this one
+        along = srv.prefetcher.expect(spec, keys, self.client.id, srv.prefetcher.along)
+        await self._load(keys + along if along else keys, spec.load == "meta")
+        waiter = self._invoke_sync(spec, args, counts)
+        if waiter is not None:
+            await waiter
