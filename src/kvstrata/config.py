@@ -148,6 +148,10 @@ PARAMS: tuple[Param, ...] = (
     Param("stage-idle-ms", _int, 60_000,
           "How long a staging segment keeps its pages without reservations before they go back to the kernel "
           "(kept pages make the next two-phase write fast; they are outside the DRAM budget).", mutable=True),
+    Param("stage-offload-min", parse_size, 2 * 1024 * 1024,
+          "A two-phase write's TAIR.KV.COMMIT of a value this large or larger copies and verifies it in a worker "
+          "thread, so other clients are not held up meanwhile (smaller ones run inline: the thread hop costs more "
+          "than it saves).", mutable=True),
     Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),

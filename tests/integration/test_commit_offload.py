@@ -301,3 +301,21 @@ def test_a_large_commit_that_fits_the_budget_is_not_counted_twice(make_server, s
         assert info["stage_commits_offloaded"] == 1 and info["dram_used"] <= info["dram_budget"]
     finally:
         w.close()
+
+
+def test_the_offload_threshold_is_a_setting(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir, **_CFG, **{"stage-offload-min": "16mb"})
+    tcp = srv.client()
+    value = os.urandom(8 * MB)
+    w = StageWriter(path)
+    try:
+        assert int(w.call(b"TAIR.KV.COMMIT", b"a", 0, _staged(w, value), _sum(value))) > 0
+        assert _info(tcp)["stage_commits_offloaded"] == 0  # below the configured threshold: inline
+        assert tcp.config_set("stage-offload-min", "4mb")
+        assert int(w.call(b"TAIR.KV.COMMIT", b"b", 0, _staged(w, value), _sum(value))) > 0
+        assert _info(tcp)["stage_commits_offloaded"] == 1
+        assert tcp.get(b"a") == value and tcp.get(b"b") == value
+        with pytest.raises(Exception, match="stage-offload-min"):
+            tcp.config_set("stage-offload-min", "lots")
+    finally:
+        w.close()

@@ -20,8 +20,8 @@ are bounded per client in number (``max_reservations``), in bytes (the segment),
 reserved bytes are charged to the DRAM budget (``ArenaPool.reserved_bytes``, counted as unmovable by the
 engine's ``make_room``) until they are committed, given back, expired or their client is gone.
 
-Large commits off the event loop. Copying and hashing a value of ``offload_min`` bytes or more (2 MiB by default)
-runs in a worker thread (``CommitJob``; numpy's copy and xxhash release the GIL), so a 192 MB commit does not
+Large commits off the event loop. Copying and hashing a value of ``offload_min`` bytes or more
+(``stage-offload-min``, 2 MiB by default) runs in a worker thread (``CommitJob``; numpy's copy and xxhash release the GIL), so a 192 MB commit does not
 make every other client wait tens of milliseconds. Until the job has run, the reservation keeps its room in the
 segment and its charge in the budget, and the segment stays mapped (``Segment.pins``) even when its client
 leaves; the value becomes visible only after verification, when the command continues on the loop.

@@ -71,6 +71,7 @@ def setup_staging(server: Server, arena: ArenaPool) -> None:
                             idle_ms=int(config.get("stage-idle-ms")),
                             hugepages=bool(config.get("arena-hugepages")),
                             charge_of=arena.charge, charge=charge, uncharge=dram._uncharge)
+    arena.staging.offload_min = int(config.get("stage-offload-min"))
 
 
 def apply_config(server: Server) -> None:
@@ -82,6 +83,7 @@ def apply_config(server: Server) -> None:
             arena.staging.max_reservations = int(server.config.get("stage-max-reservations"))
             arena.staging.reserve_ms = int(server.config.get("stage-reserve-ms"))
             arena.staging.idle_ms = int(server.config.get("stage-idle-ms"))
+            arena.staging.offload_min = int(server.config.get("stage-offload-min"))
 
 
 def tick(server: Server) -> None:
