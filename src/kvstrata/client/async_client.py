@@ -17,7 +17,7 @@ import numpy as np
 
 from kvstrata.client.afast import AsyncFastClient, AsyncFastPool
 from kvstrata.client.codec import FLAG_FP8, FLAG_ZSTD, FLAGS_OFFSET
-from kvstrata.client.fast import pack
+from kvstrata.client.fast import pack, queue_joined
 from kvstrata.client.keys import Namespace
 from kvstrata.client.planning import CLEAR_BATCH, KVSource, _Base
 from kvstrata.client.rediserrors import reply_error, socket_error
@@ -135,10 +135,7 @@ class AsyncKVCacheClient(_Base):
         """``_exchange`` on redis-py's asyncio pipeline, for connections AsyncFastClient does not make (TLS, a
         database number): each value is joined into one bytes object first."""
         pipe = self.redis.pipeline(transaction=False)
-        size = 0
-        for cmd in commands:
-            size += pack(cmd, [])
-            pipe.execute_command(*[b"".join(a) if isinstance(a, list) else a for a in cmd])
+        size = queue_joined(pipe, commands)
         replies = await pipe.execute(raise_on_error=False)
         return list(replies), size
 

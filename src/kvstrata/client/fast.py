@@ -114,6 +114,17 @@ def pack(args: Sequence[Any], parts: list[Any]) -> int:
     return total + len(h)
 
 
+
+def queue_joined(pipe: Any, commands: list[list[Any]]) -> int:
+    """Queue ``commands`` on a redis-py pipeline with each value joined into one bytes object (redis-py sends no
+    vectored values), for connections this transport does not make (TLS, a database number); returns the bytes
+    they take on the wire."""
+    size = 0
+    for cmd in commands:
+        size += pack(cmd, [])
+        pipe.execute_command(*[b"".join(a) if isinstance(a, list) else a for a in cmd])
+    return size
+
 def widen_unix_send_buffer(sock: socket.socket) -> None:
     """Raise a Unix socket's send buffer to ``UNIX_SNDBUF`` (best effort; other sockets are left alone)."""
     if sock.family == socket.AF_UNIX:

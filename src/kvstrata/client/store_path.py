@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import CHECKSUM_OFFSET, DTYPES, parts_nbytes, raw_header, seal_parts
-from kvstrata.client.fast import pack, sendmsg_all
+from kvstrata.client.fast import pack, queue_joined, sendmsg_all
 from kvstrata.client.planning import _Base
 from kvstrata.client.rediserrors import reply_error, socket_error
 
@@ -79,10 +79,7 @@ class _StorePath(_Base):
         """``_roundtrip`` through redis-py's pipeline, for connections ``FastClient`` does not make (TLS, a
         database number): each value is joined into one bytes object first."""
         pipe = self.redis.pipeline(transaction=False)
-        size = 0
-        for cmd in commands:
-            size += pack(cmd, [])
-            pipe.execute_command(*[b"".join(a) if isinstance(a, list) else a for a in cmd])
+        size = queue_joined(pipe, commands)
         replies = pipe.execute(raise_on_error=False)
         self._count(bytes_sent=size)
         return list(replies)
@@ -91,6 +88,13 @@ class _StorePath(_Base):
     # stage_writes is on by default: with numpy block copies and resident pages, staged stores beat the store
     # through the Unix socket in every case of every same-run comparison on the 2-core VM (BENCHMARKS.md,
     # "Store: block copies, resident pages, reserve"); stage_writes=False keeps stores on the socket.
+
+    def _forget_stager(self, sw: Any) -> None:
+        """This thread's StageWriter failed: it is not used again (the next store makes a new one)."""
+        self._tls.stage = None
+        with self._lock:
+            if sw in self._fast_clients:
+                self._fast_clients.remove(sw)
 
     def _stager(self) -> Any:
         """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the
@@ -132,14 +136,9 @@ class _StorePath(_Base):
             replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
         except (OSError, ConnectionError) as exc:
             log.warning("kvstrata: staged write failed (%s); storing over the socket", exc)
-            self._tls.stage = None
-            with self._lock:
-                if sw in self._fast_clients:
-                    self._fast_clients.remove(sw)
-            try:
+            self._forget_stager(sw)
+            with contextlib.suppress(OSError):
                 sw.close()
-            except OSError:
-                pass
             replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
         self._raise_first([reply_error(str(r)) if isinstance(r, RespError) else r for r in replies])
         self._count(bytes_sent=sum(parts_nbytes(parts) for _, _, parts in items))
@@ -231,10 +230,7 @@ class _StorePath(_Base):
             replies = sw.commit_values(values, sent)
         except (OSError, ConnectionError) as exc:
             log.warning("kvstrata: staged commit failed (%s); storing over the socket", exc)
-            self._tls.stage = None
-            with self._lock:
-                if sw in self._fast_clients:
-                    self._fast_clients.remove(sw)
+            self._forget_stager(sw)  # not closed: the values are stored from its mapping below
             replies = self._roundtrip([["TAIR.KV.SETEX", v.key, v.ttl_ms,
                                         seal_parts([v.header, memoryview(v.array.reshape(-1).view(np.uint8))])]
                                        for v in values])

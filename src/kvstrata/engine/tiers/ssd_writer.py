@@ -233,15 +233,22 @@ class SsdWriter(BatchWriter):
                 if rec is None or len(rec) < HEADER_SIZE or _U64.pack(_HEADER.unpack_from(rec)[5]) != seq_key:
                     # A stale index entry (the key was rewritten since), or a record whose header is damaged.
                     cur.delete()
-                    if rec is not None and isinstance(decode_record(b"", rec), Corrupt):
-                        self._remove(txn, lkey)
+                    self._remove_if_corrupt(txn, lkey, rec)
                     continue
-                key = _record_key(lkey, rec)
-                self._remove(txn, lkey, rec)
-                evicted.append(key)
-                self.evictions += 1
+                self._evict_record(txn, lkey, rec, evicted)
                 if n is not None:
                     n -= 1
+
+    def _evict_record(self, txn: lmdb.Transaction, lkey: bytes, rec: bytes, evicted: list[bytes]) -> None:
+        key = _record_key(lkey, rec)
+        self._remove(txn, lkey, rec)
+        evicted.append(key)
+        self.evictions += 1
+
+    def _remove_if_corrupt(self, txn: lmdb.Transaction, lkey: bytes, rec: bytes | None) -> None:
+        """A record an index entry led to but whose header did not match: removed when it does not decode."""
+        if rec is not None and isinstance(decode_record(b"", rec), Corrupt):
+            self._remove(txn, lkey)
 
     def _evict_ranked(self, txn: lmdb.Transaction, n: int | None, evicted: list[bytes]) -> int | None:
         """``_evict`` by the ranking: its victims' records are found through ``order``; what is left of ``n``."""
@@ -259,13 +266,9 @@ class SsdWriter(BatchWriter):
                 rank.forget(seq)
                 if lkey is not None:
                     txn.delete(seq_key, db=self._order)
-                    if rec is not None and isinstance(decode_record(b"", rec), Corrupt):
-                        self._remove(txn, lkey)
+                    self._remove_if_corrupt(txn, lkey, rec)
                 continue
-            key = _record_key(lkey, rec)
-            self._remove(txn, lkey, rec)
-            evicted.append(key)
-            self.evictions += 1
+            self._evict_record(txn, lkey, rec, evicted)
             if n is not None:
                 n -= 1
         return n
