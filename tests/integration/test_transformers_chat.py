@@ -49,10 +49,15 @@ def test_bench_chat_tiny_all_modes():
         m = result["modes"][mode]
         assert m["hit_tokens"] > 0 and m["by_turn"][1]["cached_tokens"] > 0
         assert m["restore_over_memcpy_median"] > 0
+        assert 0 < m["restore_share_median"] < 1
+        assert 0 < m["uncached_forward_median_s"] and m["uncached_tokens_median"] > 0
+        assert m["speedup_bound_from_turn_2"] > 0
     assert result["modes"]["recompute"]["hit_tokens"] == 0
+    assert "restore_share_median" not in result["modes"]["recompute"]
     md = bench_chat.write_markdown(result)
     assert md.startswith("## Chat") and "| server |" in md and "tokens identical" in md
     assert "turn 2" in bench_chat.render(result)
+    assert "uncached tokens takes" in md and "uncached tokens takes" in bench_chat.render(result)
 
 
 def test_tokens_stream_as_they_are_generated():
