@@ -7,6 +7,8 @@ pytest's default import mode needs unique test file names.)
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -432,3 +434,54 @@ def test_extra_pools_have_their_own_layout_keys(r, srv):
     with pytest.raises(ValueError, match="not registered"):
         backend(srv, kv).batch_get_v2([hicache.PoolTransfer(name=hicache.PoolName.SWA, keys=HASHES[:1],
                                                             host_indices=torch.tensor([0]))])
+
+
+def _calls(client, name: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
+
+
+def test_reads_send_tair_kv_mget_to_kvstrata(make_server):
+    """As the SDK reads: TAIR.KV.MGET (the server's consistency level and ACL rules), never plain MGET. A user
+    refused MGET still reads every page."""
+    srv = make_server({"requirepass": "admin"})
+    admin = srv.client(password="admin")
+    admin.execute_command("ACL", "SETUSER", "nomget", "on", ">pw", "~hicache:*", "+@all", "-mget")
+    src, dst = MHAHostPool(seed=40), MHAHostPool(seed=41)
+    extra = {"url": f"redis://nomget:pw@{srv.host}:{srv.port}", "interface_v1": 1}
+    writer = KvstrataHiCacheStorage(storage_config(hicache, extra_config=extra), {})
+    reader = KvstrataHiCacheStorage(storage_config(hicache, extra_config=extra), {})
+    writer.register_mem_pool_host(src)
+    reader.register_mem_pool_host(dst)
+    try:
+        assert writer.batch_set_v1(HASHES[:3], page_indices([0, 1, 2], 4)) == [True] * 3
+        assert reader.batch_get_v1(HASHES[:3], page_indices([5, 6, 7], 4)) == [True] * 3
+        for s, d in zip([0, 1, 2], [5, 6, 7], strict=True):
+            assert dst.page_bytes(d * 4) == src.page_bytes(s * 4)
+        flat = [dst.get_dummy_flat_data_page()]
+        assert reader.batch_get(HASHES[:1], flat)[0] is not None
+        assert reader.counters.errors == 0
+    finally:
+        writer.close()
+        reader.close()
+    assert _calls(admin, "tair.kv.mget") >= 2 and _calls(admin, "mget") == 0
+    admin.close()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_reads_send_plain_mget_to_redis():
+    from tests.conftest import ServerProc
+
+    srv = ServerProc({}, target="redis").start()
+    try:
+        src, dst = MHAHostPool(seed=42), MHAHostPool(seed=43)
+        writer, reader = backend(srv, src), backend(srv, dst)
+        assert writer.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True] * 2
+        assert reader.batch_get_v1(HASHES[:2], page_indices([3, 4], 4)) == [True] * 2
+        assert dst.page_bytes(3 * 4) == src.page_bytes(0)
+        writer.close()
+        reader.close()
+        admin = srv.client()
+        assert _calls(admin, "mget") >= 1 and _calls(admin, "tair.kv.mget") == 0
+        admin.close()
+    finally:
+        srv.stop()

@@ -36,12 +36,8 @@ class RespConnection(FastClient):
 
     def __init__(self, host: str, port: int, *, username: str | None = None, password: str | None = None,
                  db: int = 0, timeout: float | None = 30.0, connect_timeout: float = 5.0) -> None:
-        super().__init__(host, port, timeout=timeout, connect_timeout=connect_timeout)
-        if password is not None:
-            args = [b"AUTH", username.encode(), password.encode()] if username else [b"AUTH", password.encode()]
-            self.call(*args)
-        if db:
-            self.call(b"SELECT", str(db).encode())
+        super().__init__(host, port, timeout=timeout, connect_timeout=connect_timeout, password=password,
+                         username=username, db=db)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
