@@ -150,11 +150,14 @@ class _Base:
 
     @staticmethod
     def _plain_from_probe(reply: Any) -> bool:
-        """Whether the probe's reply says plain Redis (an error reply); a failure other than an error reply
-        (a connection or permission error) is raised."""
+        """Whether the probe's reply says plain Redis (``resp.probe_says_plain``): a plain error reply (Redis's
+        "unknown command") does; an answer, or -NOPERM (the server knows the command, its ACL refused it), does
+        not; any other failure (connection, authentication, loading...) is raised."""
         import redis
 
-        if isinstance(reply, Exception) and not isinstance(reply, redis.ResponseError):
+        if isinstance(reply, redis.NoPermissionError):
+            return False
+        if isinstance(reply, Exception) and type(reply) is not redis.ResponseError:
             raise reply
         return isinstance(reply, redis.ResponseError)
 

@@ -32,6 +32,14 @@ VALUE, BULK, ARRAY = 0, 1, 2
 PROBE = b"TAIR.KV.VERSION"
 
 
+def probe_says_plain(error: str) -> bool | None:
+    """What the probe's error reply (its text, code first) says: True (no TAIR.KV.*: ``-ERR unknown command``),
+    False (``-NOPERM``: the server knows the command, its ACL refused it), None (another failure: nothing
+    learnt, ask again)."""
+    code = error.split(" ", 1)[0]
+    return True if code == "ERR" else False if code == "NOPERM" else None
+
+
 def mget_command(plain: bool) -> bytes:
     """The command that reads several values: TAIR.KV.MGET on kvstrata (at the server's consistency level, under
     its ACL rules for TAIR.KV.*: what every SDK read sends), MGET on a server without TAIR.KV.* (``plain``)."""

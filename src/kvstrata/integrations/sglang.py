@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from kvstrata.client.fast import RespError
-from kvstrata.client.resp import PROBE, mget_command
+from kvstrata.client.resp import PROBE, mget_command, probe_says_plain
 from kvstrata.engine.stats import Counters
 from kvstrata.integrations.sglang_conn import KvstrataError, RespConnection, _view, parse_url
 from kvstrata.integrations.sglang_layout import _page_object_sizes, _PoolKeys, layout_tag, pool_layout
@@ -230,7 +230,7 @@ class KvstrataHiCacheStorage(_Base):
             if self._plain is None:
                 # The probe's key is under this backend's prefix, where an ACL user restricted to it may ask.
                 reply = conn.pipeline([(PROBE, f"{self.key_prefix}kvstrata-probe".encode())])[0]
-                self._plain = isinstance(reply, KvstrataError)
+                self._plain = probe_says_plain(str(reply)) if isinstance(reply, KvstrataError) else False
             self._local.conn = conn
             with self._lock:
                 self._conns.add(conn)
