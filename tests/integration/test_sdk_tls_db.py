@@ -239,7 +239,7 @@ def test_async_pool_waits_for_a_connection_then_says_it_is_exhausted(make_server
 
     async def client_side() -> None:
         async with AsyncKVCacheClient(f"redis://{srv.host}:{srv.port}", Namespace("x"), chunk_size=CS,
-                                      max_connections=1, socket_timeout=0.3) as c:
+                                      max_connections=1, socket_timeout=1.0) as c:
             assert await c.lookup(list(range(CS))) == 0
             held = await c._conns.get()
             with pytest.raises(redis.ConnectionError, match="connections of the pool are in use"):

@@ -1,8 +1,9 @@
 """The sync client's store transport: pipelined writes on the socket, or two-phase writes through staging.
 
 ``_StorePath`` is a part of ``KVCacheClient`` (it uses the connection state set up in its ``__init__``):
-``_roundtrip`` sends a batch of writes in vectored writes on this thread's ``FastClient``, and ``_stager``/``_put_staged`` write through a local server's staging segment
-(``kvstrata.client.stage``, imported on first use), falling back to the socket. ``reserve`` hands an engine
+``_roundtrip`` sends a batch of writes in vectored writes on this thread's ``FastClient``, and
+``_stager``/``_put_staged`` write through a local server's staging segment (``kvstrata.client.stage``, imported
+on first use), falling back to the socket. ``reserve`` hands an engine
 the room of its next chunks to write its KV into (the staging segment itself when the server is local).
 """
 
