@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -136,6 +137,8 @@ def _compare(args: argparse.Namespace) -> dict[str, Any]:
                 runs[tree].append(_child(tree, url, f"bench/async/{r}/{tree}", args))
     finally:
         srv.stop()
+        if tls_dir is not None:
+            shutil.rmtree(tls_dir, ignore_errors=True)
     machine = describe_machine()
     result: dict[str, Any] = {"machine": machine, "trees": [a, b], "rounds": args.rounds, "tls": args.tls,
                               "runs": runs}
