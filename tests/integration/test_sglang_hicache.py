@@ -485,3 +485,45 @@ def test_reads_send_plain_mget_to_redis():
         admin.close()
     finally:
         srv.stop()
+
+
+def test_pages_over_tls(make_server, tmp_path):
+    """``rediss://`` with the SDK's TLS options: the same transport, encrypted; a wrong CA is a failed backend
+    start, not a silent plain connection."""
+    import ssl
+    from urllib.parse import quote
+
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+    from tests.integration.test_tls import _cert, _write
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    _write(tmp_path / "ca", _cert("sgl CA", ca_key, "sgl CA", ca_key, ca=True), ca_key)
+    for name, usage in (("server", ExtendedKeyUsageOID.SERVER_AUTH), ("client", ExtendedKeyUsageOID.CLIENT_AUTH)):
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write(tmp_path / name, _cert(name, ca_key, "sgl CA", key, usage=usage), key)
+    from kvstrata.bench.procs import free_port
+
+    srv = make_server({"tls-port": str(free_port()), "tls-cert-file": tmp_path / "server.crt",
+                       "tls-key-file": tmp_path / "server.key", "tls-ca-cert-file": tmp_path / "ca.crt"})
+    q = "&".join(f"{k}={quote(str(tmp_path / f))}" for k, f in (("ssl_ca_certs", "ca.crt"),
+                                                                 ("ssl_certfile", "client.crt"),
+                                                                 ("ssl_keyfile", "client.key")))
+    url = f"rediss://127.0.0.1:{srv.config['tls-port']}/?{q}"
+    src, dst = MHAHostPool(seed=44), MHAHostPool(seed=45)
+    writer = KvstrataHiCacheStorage(storage_config(hicache, extra_config={"url": url, "interface_v1": 1}), {})
+    reader = KvstrataHiCacheStorage(storage_config(hicache, extra_config={"url": url, "interface_v1": 1}), {})
+    writer.register_mem_pool_host(src)
+    reader.register_mem_pool_host(dst)
+    try:
+        assert writer.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True] * 2
+        assert reader.batch_get_v1(HASHES[:2], page_indices([2, 3], 4)) == [True] * 2
+        assert dst.page_bytes(2 * 4) == src.page_bytes(0) and dst.page_bytes(3 * 4) == src.page_bytes(4)
+        assert isinstance(reader._connection().sock, ssl.SSLSocket)
+    finally:
+        writer.close()
+        reader.close()
+    assert srv.client().dbsize() == 4
+    bad = url.replace(quote(str(tmp_path / "ca.crt")), quote(str(tmp_path / "server.crt")))
+    with pytest.raises(ssl.SSLError):
+        KvstrataHiCacheStorage(storage_config(hicache, extra_config={"url": bad}), {})

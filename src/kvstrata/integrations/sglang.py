@@ -140,7 +140,8 @@ class KvstrataHiCacheStorage(_Base):
     ``--hicache-storage-backend dynamic``. Extra-config keys (``--hicache-storage-backend-extra-config``):
 
     ``url``            ``redis://[user:password@]host:port[/db]`` (default ``redis://127.0.0.1:6379``; the
-                       environment variable ``KVSTRATA_URL`` is used when the key is absent)
+                       environment variable ``KVSTRATA_URL`` is used when the key is absent); ``rediss://``
+                       for TLS, with redis-py's ``?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...``
     ``key_prefix``     prefix of every key (default ``hicache:``), so ``clear`` deletes only HiCache objects
     ``extra_backend_tag``  an extra namespace component (as for SGLang's Mooncake backend)
     ``timeout``        socket timeout in seconds (default 30)
@@ -221,7 +222,8 @@ class KvstrataHiCacheStorage(_Base):
     # -- connection -------------------------------------------------------------------------------------------
     def _redacted_url(self) -> str:
         a = self._conn_args
-        return f"redis://{a['host']}:{a['port']}/{a['db']}"
+        scheme = "rediss" if a.get("ssl_context") is not None else "redis"
+        return f"{scheme}://{a['host']}:{a['port']}/{a['db']}"
 
     def _connection(self) -> RespConnection:
         conn = getattr(self._local, "conn", None)
