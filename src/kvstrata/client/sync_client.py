@@ -39,7 +39,11 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
                  *, max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
                  password: str | None = None, local_plane: bool = True, verify_local: bool = False,
                  lease_ms: int = 10_000, stage_writes: bool = True, **kw: Any) -> None:
-        """``url``: ``redis://host:port`` or ``unix:///path/to/socket``. ``local_plane``: read through the
+        """``url``: ``redis://host:port``, ``rediss://host:port`` (TLS, redis-py's ``?ssl_*`` options) or
+        ``unix:///path/to/socket``; ``/N`` selects database N (``SELECT`` at connect; kvstrata refuses any but
+        0, with an error that says so). Every command goes out on the SDK's own transport
+        (``kvstrata.client.fast``); ``self.redis`` is a redis-py client on the same URL for the caller's own
+        commands. ``local_plane``: read through the
         server's shared-memory arena when it is local (a ``unix://`` URL, or TCP to a loopback address of a
         server whose ``unixsocket`` this process can open): one copy from the server's memory, no socket
         transfer (docs/dataplane.md). ``verify_local``: check each arena read against the value's checksum
