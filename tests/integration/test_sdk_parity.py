@@ -65,22 +65,25 @@ def test_async_reserve_stores_nothing_when_the_block_raises(make_server, sockdir
     tokens = list(range(3 * CS))
     kv = make_kv(3 * CS, seed=4)
 
-    async def run(url: str, ns: str, **kw) -> list[bytes]:
+    async def run(url: str, ns: str, kept: int, **kw) -> list[bytes]:
         async with AsyncKVCacheClient(url, Namespace(ns, kv_dtype="float32"), chunk_size=CS, **kw) as c:
             with pytest.raises(RuntimeError, match="engine failed"):
                 async with c.reserve(tokens, SHAPE) as slots:
                     _fill(slots, kv)
                     await slots.done(0)
                     raise RuntimeError("engine failed")
-            assert await c.lookup(tokens) == CS  # only the slot marked done was stored
+            assert await c.lookup(tokens) == kept
             return c.keys(tokens)
 
-    keys = asyncio.run(run(f"unix://{path}", "raise-staged"))
+    # Staged: the slot marked done was committed at once, the rest given back.
+    keys = asyncio.run(run(f"unix://{path}", "raise-staged", CS))
     assert tcp.exists(keys[0]) and not tcp.exists(keys[1]) and not tcp.exists(keys[2])
     info = _info(tcp)
     assert info["stage_reservations"] == 0 and info["stage_reserved_bytes"] == 0  # the room was given back
-    keys = asyncio.run(run(f"redis://{srv.host}:{srv.port}", "raise-tcp", local_plane=False))
-    assert not any(tcp.exists(k) for k in keys[1:])
+    # Ordinary arrays (no staging over TCP): `done` commits nothing early, so nothing is stored (as the sync
+    # client's reserve).
+    keys = asyncio.run(run(f"redis://{srv.host}:{srv.port}", "raise-tcp", 0, local_plane=False))
+    assert not any(tcp.exists(k) for k in keys)
     tcp.close()
 
 

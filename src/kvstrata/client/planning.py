@@ -155,7 +155,7 @@ class _Base:
         not; any other failure (connection, authentication, loading...) is raised."""
         import redis
 
-        if isinstance(reply, redis.NoPermissionError):
+        if isinstance(reply, redis.exceptions.NoPermissionError):
             return False
         if isinstance(reply, Exception) and type(reply) is not redis.ResponseError:
             raise reply
