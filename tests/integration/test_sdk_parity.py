@@ -185,3 +185,34 @@ def test_async_client_passes_verify_local_and_lease_ms_to_its_arena_reader(make_
             assert c._local is not None and c._local.verify_local is True and c._local.lease_ms == 1234
 
     asyncio.run(run())
+
+
+def test_a_tenant_restricted_to_its_namespace_uses_tair_kv_commands(make_server) -> None:
+    """The capability probe asks on a key of the client's own namespace: a tenant whose ACL covers only that
+    namespace is recognised as talking to kvstrata (it was sent down the plain-Redis path, SET PX and MGET, by a
+    -NOPERM on the old fixed probe key), sync and asyncio alike."""
+    srv = make_server({"requirepass": "admin"})
+    admin = srv.client(password="admin")
+    ns = Namespace("tenant-probe")
+    admin.execute_command("ACL", "SETUSER", "t", "on", ">tpw", f"~{ns.prefix.decode()}*", "+@all", "-@admin",
+                          "-@dangerous")
+    url = f"redis://t:tpw@{srv.host}:{srv.port}"
+    tokens = list(range(2 * CS))
+    kv = make_kv(2 * CS, seed=10)
+    with KVCacheClient(url, ns, chunk_size=CS, local_plane=False) as c:
+        assert c.store(tokens, kv) == 2 and np.array_equal(c.retrieve_chunks(tokens)[1][1], kv[:, :, :, CS:])
+        assert c._is_plain() is False
+
+    async def run() -> None:
+        async with AsyncKVCacheClient(url, ns, chunk_size=CS, local_plane=False) as c:
+            assert await c.store(tokens, kv, skip_existing=False) == 2
+            n, got = await c.retrieve(tokens)
+            assert n == 2 * CS and np.array_equal(got, kv)
+            assert await c._is_plain() is False
+
+    asyncio.run(run())
+    stats = admin.info("commandstats")
+    calls = {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+             for name in ("tair.kv.setex", "tair.kv.mget", "set", "mget")}
+    assert calls["tair.kv.setex"] == 4 and calls["tair.kv.mget"] >= 2 and calls["set"] == 0 and calls["mget"] == 0
+    admin.close()
