@@ -248,3 +248,33 @@ def test_async_pool_waits_for_a_connection_then_says_it_is_exhausted(make_server
             assert await c.lookup(list(range(CS))) == 0  # served again once it is back
 
     asyncio.run(client_side())
+
+
+def test_async_pool_serves_several_event_loops_and_skips_cancelled_waiters(make_server) -> None:
+    srv = make_server()
+    c = AsyncKVCacheClient(f"redis://{srv.host}:{srv.port}", Namespace("loops"), chunk_size=CS, max_connections=1,
+                           socket_timeout=5)
+
+    async def burst() -> None:
+        assert await asyncio.gather(*[c.lookup(list(range(CS))) for _ in range(4)]) == [0] * 4
+
+    asyncio.run(burst())
+    asyncio.run(burst())  # waiting again, in another event loop: the same pool
+
+    async def cancelled() -> None:
+        pool = c._conns
+        held = await pool.get()
+        first, second = asyncio.ensure_future(pool.get()), asyncio.ensure_future(pool.get())
+        deadline = asyncio.get_running_loop().time() + 5
+        while pool.waiting < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        pool.put(held, True)
+        got = await asyncio.wait_for(second, 5)  # the cancelled waiter's turn went to the next
+        assert got is held
+        pool.put(got, True)
+        assert pool.lent == 0 and pool.waiting == 0 and pool.created == 1
+
+    asyncio.run(cancelled())
+    asyncio.run(c.aclose())

@@ -13,8 +13,8 @@ for the same way; no ``sendmsg`` there, so ``fast.tls_sends``) and a database nu
 AUTH) are spoken as ``FastClient`` speaks them.
 
 ``AsyncFastPool`` lends connections to concurrent tasks: at most ``max_connections`` exist at once (lent,
-connecting or idle); a task that finds them all lent waits for one to come back, up to ``wait_timeout``, then
-gets ``PoolExhausted``. An idle connection is checked with ``broken()`` before it is lent, as a pool checks,
+connecting or idle); a task that finds them all lent waits in line for one to come back, up to
+``wait_timeout``, then gets ``PoolExhausted``. An idle connection is checked with ``broken()`` before it is lent, as a pool checks,
 and one given back unclean (an error or a cancellation between a command and its reply) is closed, never
 reused.
 """
@@ -22,6 +22,7 @@ reused.
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -252,25 +253,21 @@ class AsyncFastPool:
         self._idle: list[AsyncFastClient] = []
         self.max_connections = max_connections
         self.wait_timeout = wait_timeout
-        # One permit per connection that may exist and is not lent: taken by get, given back by put (asyncio's
-        # semaphore wakes waiters in order, and a waiter cancelled while being woken passes its turn on).
-        self._free = asyncio.Semaphore(max_connections)
+        # One permit per connection that may exist and is not lent: taken by get, given back by put, handed to
+        # the waiters in order. Waiters are futures of whichever loop waits (not an asyncio.Semaphore, which
+        # binds itself to one loop: a client may serve several asyncio.run calls).
+        self._permits = max_connections
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.lent = 0
         self.waiting = 0  # tasks waiting for a connection to come back (diagnostics)
         self.created = 0  # connections made (tests and diagnostics)
         self.closed = False
 
     async def get(self) -> AsyncFastClient:
-        self.waiting += 1
-        try:
-            async with asyncio.timeout(self.wait_timeout):
-                await self._free.acquire()
-        except TimeoutError:
-            raise PoolExhausted(f"all {self.max_connections} connections of the pool are in use; none was given "
-                                f"back within {self.wait_timeout} s (raise max_connections, or run fewer "
-                                "calls at once)") from None
-        finally:
-            self.waiting -= 1
+        if self._permits > 0 and not self._waiters:
+            self._permits -= 1
+        else:
+            await self._wait_for_permit()
         try:
             while self._idle:
                 conn = self._idle.pop()
@@ -280,7 +277,7 @@ class AsyncFastPool:
                 conn.close()
             conn = await self._connect()
         except BaseException:
-            self._free.release()
+            self._release()
             raise
         self.created += 1
         self.lent += 1
@@ -292,7 +289,41 @@ class AsyncFastPool:
             self._idle.append(conn)
         else:
             conn.close()
-        self._free.release()
+        self._release()
+
+    async def _wait_for_permit(self) -> None:
+        """Wait in line for a connection given back, up to ``wait_timeout``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.wait_timeout):
+                await fut
+        except BaseException as exc:
+            if fut.done() and not fut.cancelled():
+                self._release()  # handed a permit just as it gave up: the next in line gets it
+            elif fut in self._waiters:
+                self._waiters.remove(fut)
+            if isinstance(exc, TimeoutError):
+                raise PoolExhausted(f"all {self.max_connections} connections of the pool are in use; none was "
+                                    f"given back within {self.wait_timeout} s (raise max_connections, or run "
+                                    "fewer calls at once)") from None
+            raise
+        finally:
+            self.waiting -= 1
+
+    def _release(self) -> None:
+        """A permit back: straight to the first live waiter, else to the pool."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if fut.done():
+                continue
+            try:
+                fut.set_result(None)
+            except RuntimeError:  # its loop has ended (an asyncio.run that is over)
+                continue
+            return
+        self._permits += 1
 
     def close(self) -> None:
         """Close the idle connections; one still lent is closed when it is given back."""
