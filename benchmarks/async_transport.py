@@ -9,7 +9,8 @@ Starts one kvstrata server (this interpreter's source), then in every round runs
 the same with the sync client (``retrieve_chunks`` as bytes, and ``retrieve``), ``--repeats`` times each after a
 warm-up, and reports the median GB/s of each. Prints per tree the range and the
 median over rounds, and the ratio of medians (second / first). ``--url`` runs one child's measurement against a
-running server.
+running server. ``--tls``: the server also listens with TLS (a self-signed certificate made for the run, no client
+certificates) and the children connect with ``rediss://`` (``openssl`` makes the certificate).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,23 +102,46 @@ def _child(tree: str, url: str, ns: str, args: argparse.Namespace) -> dict[str, 
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _self_signed(d: str) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 (its own CA) and its key, made by ``openssl`` in ``d``."""
+    crt, key = os.path.join(d, "server.crt"), os.path.join(d, "server.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", key, "-out", crt], check=True, capture_output=True, timeout=60)
+    return crt, key
+
+
 def _compare(args: argparse.Namespace) -> dict[str, Any]:
-    from kvstrata.bench.procs import describe_machine, machine_summary, start_server
+    import tempfile
+
+    from kvstrata.bench.procs import describe_machine, free_port, machine_summary, start_server
 
     a, b = args.compare
     need = 4 * LAYERS * 2 * KV_HEADS * args.chunks * args.chunk_tokens * HEAD_DIM * 4
+    tls_dir = tempfile.mkdtemp(prefix="kvs-tls-") if args.tls else None
+    tls_args: list[str] = []
+    if tls_dir is not None:
+        crt, key = _self_signed(tls_dir)
+        tls_port = free_port()
+        tls_args = ["--tls-port", str(tls_port), "--tls-cert-file", crt, "--tls-key-file", key,
+                    "--tls-auth-clients", "no"]
     srv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve", "--loglevel", "warning",
-                                    "--http-port", "0", "--dram-size", str(max(1 << 30, need))])
+                                    "--http-port", "0", "--dram-size", str(max(1 << 30, need)), *tls_args])
     runs: dict[str, list[dict[str, float]]] = {a: [], b: []}
     try:
         url = f"redis://{srv.host}:{srv.port}"
+        if tls_dir is not None:
+            url = f"rediss://{srv.host}:{tls_port}/?ssl_ca_certs={crt}"
         for r in range(args.rounds):
             for tree in ((a, b) if r % 2 == 0 else (b, a)):
                 runs[tree].append(_child(tree, url, f"bench/async/{r}/{tree}", args))
     finally:
         srv.stop()
+        if tls_dir is not None:
+            shutil.rmtree(tls_dir, ignore_errors=True)
     machine = describe_machine()
-    result: dict[str, Any] = {"machine": machine, "trees": [a, b], "rounds": args.rounds, "runs": runs}
+    result: dict[str, Any] = {"machine": machine, "trees": [a, b], "rounds": args.rounds, "tls": args.tls,
+                              "runs": runs}
     metrics = list(runs[a][0])
     for metric in metrics:
         med = {t: statistics.median(x[metric] for x in runs[t]) for t in (a, b)}
@@ -145,6 +170,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--clients", choices=("both", "async", "sync"), default="both",
                    help="which clients a child measures (both: the async one first, in the same process)")
+    p.add_argument("--tls", action="store_true", help="connect with rediss:// to the server's TLS port")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     if args.url:

@@ -7,6 +7,8 @@ pytest's default import mode needs unique test file names.)
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -432,3 +434,96 @@ def test_extra_pools_have_their_own_layout_keys(r, srv):
     with pytest.raises(ValueError, match="not registered"):
         backend(srv, kv).batch_get_v2([hicache.PoolTransfer(name=hicache.PoolName.SWA, keys=HASHES[:1],
                                                             host_indices=torch.tensor([0]))])
+
+
+def _calls(client, name: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
+
+
+def test_reads_send_tair_kv_mget_to_kvstrata(make_server):
+    """As the SDK reads: TAIR.KV.MGET (the server's consistency level and ACL rules), never plain MGET. A user
+    refused MGET still reads every page."""
+    srv = make_server({"requirepass": "admin"})
+    admin = srv.client(password="admin")
+    admin.execute_command("ACL", "SETUSER", "nomget", "on", ">pw", "~hicache:*", "+@all", "-mget")
+    src, dst = MHAHostPool(seed=40), MHAHostPool(seed=41)
+    extra = {"url": f"redis://nomget:pw@{srv.host}:{srv.port}", "interface_v1": 1}
+    writer = KvstrataHiCacheStorage(storage_config(hicache, extra_config=extra), {})
+    reader = KvstrataHiCacheStorage(storage_config(hicache, extra_config=extra), {})
+    writer.register_mem_pool_host(src)
+    reader.register_mem_pool_host(dst)
+    try:
+        assert writer.batch_set_v1(HASHES[:3], page_indices([0, 1, 2], 4)) == [True] * 3
+        assert reader.batch_get_v1(HASHES[:3], page_indices([5, 6, 7], 4)) == [True] * 3
+        for s, d in zip([0, 1, 2], [5, 6, 7], strict=True):
+            assert dst.page_bytes(d * 4) == src.page_bytes(s * 4)
+        flat = [dst.get_dummy_flat_data_page()]
+        assert reader.batch_get(HASHES[:1], flat)[0] is not None
+        assert reader.counters.errors == 0
+    finally:
+        writer.close()
+        reader.close()
+    assert _calls(admin, "tair.kv.mget") >= 2 and _calls(admin, "mget") == 0
+    admin.close()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_reads_send_plain_mget_to_redis():
+    from tests.conftest import ServerProc
+
+    srv = ServerProc({}, target="redis").start()
+    try:
+        src, dst = MHAHostPool(seed=42), MHAHostPool(seed=43)
+        writer, reader = backend(srv, src), backend(srv, dst)
+        assert writer.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True] * 2
+        assert reader.batch_get_v1(HASHES[:2], page_indices([3, 4], 4)) == [True] * 2
+        assert dst.page_bytes(3 * 4) == src.page_bytes(0)
+        writer.close()
+        reader.close()
+        admin = srv.client()
+        assert _calls(admin, "mget") >= 1 and _calls(admin, "tair.kv.mget") == 0
+        admin.close()
+    finally:
+        srv.stop()
+
+
+def test_pages_over_tls(make_server, tmp_path):
+    """``rediss://`` with the SDK's TLS options: the same transport, encrypted; a wrong CA is a failed backend
+    start, not a silent plain connection."""
+    import ssl
+    from urllib.parse import quote
+
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+    from tests.integration.test_tls import _cert, _write
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    _write(tmp_path / "ca", _cert("sgl CA", ca_key, "sgl CA", ca_key, ca=True), ca_key)
+    for name, usage in (("server", ExtendedKeyUsageOID.SERVER_AUTH), ("client", ExtendedKeyUsageOID.CLIENT_AUTH)):
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write(tmp_path / name, _cert(name, ca_key, "sgl CA", key, usage=usage), key)
+    from kvstrata.bench.procs import free_port
+
+    srv = make_server({"tls-port": str(free_port()), "tls-cert-file": tmp_path / "server.crt",
+                       "tls-key-file": tmp_path / "server.key", "tls-ca-cert-file": tmp_path / "ca.crt"})
+    q = "&".join(f"{k}={quote(str(tmp_path / f))}" for k, f in (("ssl_ca_certs", "ca.crt"),
+                                                                 ("ssl_certfile", "client.crt"),
+                                                                 ("ssl_keyfile", "client.key")))
+    url = f"rediss://127.0.0.1:{srv.config['tls-port']}/?{q}"
+    src, dst = MHAHostPool(seed=44), MHAHostPool(seed=45)
+    writer = KvstrataHiCacheStorage(storage_config(hicache, extra_config={"url": url, "interface_v1": 1}), {})
+    reader = KvstrataHiCacheStorage(storage_config(hicache, extra_config={"url": url, "interface_v1": 1}), {})
+    writer.register_mem_pool_host(src)
+    reader.register_mem_pool_host(dst)
+    try:
+        assert writer.batch_set_v1(HASHES[:2], page_indices([0, 1], 4)) == [True] * 2
+        assert reader.batch_get_v1(HASHES[:2], page_indices([2, 3], 4)) == [True] * 2
+        assert dst.page_bytes(2 * 4) == src.page_bytes(0) and dst.page_bytes(3 * 4) == src.page_bytes(4)
+        assert isinstance(reader._connection().sock, ssl.SSLSocket)
+    finally:
+        writer.close()
+        reader.close()
+    assert srv.client().dbsize() == 4
+    bad = url.replace(quote(str(tmp_path / "ca.crt")), quote(str(tmp_path / "server.crt")))
+    with pytest.raises(ssl.SSLError):
+        KvstrataHiCacheStorage(storage_config(hicache, extra_config={"url": bad}), {})

@@ -72,13 +72,14 @@ def test_plain_redis_over_tcp_unix_and_acl_user(plain_redis) -> None:
 
 
 @needs_redis
-def test_database_number_is_kept_through_redis_py(plain_redis) -> None:
+def test_database_number_is_selected_on_the_sdk_transport(plain_redis) -> None:
     srv, _ = plain_redis
     tokens = list(range(2 * CS))
     kv = make_kv(2 * CS)
     with KVCacheClient(f"redis://{srv.host}:{srv.port}/2", Namespace("db"), chunk_size=CS) as c:
         assert c.store(tokens, kv) == 2
-        assert c._fast() is None  # FastClient does not SELECT: redis-py's pipeline carried the writes
+        assert c._fast().call(b"CLIENT", b"INFO").split(b" db=")[1].startswith(b"2 ")  # FastClient SELECTed 2
+        assert c.pool._created_connections == 0  # nothing through redis-py
         db2, db0 = srv.client(db=2), srv.client()
         assert all(db2.exists(k) for k in c.keys(tokens)) and not any(db0.exists(k) for k in c.keys(tokens))
         n, back = c.retrieve(tokens)

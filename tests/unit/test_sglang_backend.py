@@ -126,6 +126,8 @@ def test_parse_url():
     assert parse_url("localhost:6380")["port"] == 6380
     with pytest.raises(ValueError):
         parse_url("http://x")
+    tls = parse_url("rediss://:pw@h:6390/?ssl_cert_reqs=none")  # TLS with the SDK's options
+    assert tls["port"] == 6390 and tls["ssl_context"].verify_mode == 0 and "ssl_context" not in parse_url("redis://h")
 
 
 def test_get_stats_without_traffic():

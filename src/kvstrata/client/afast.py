@@ -8,20 +8,37 @@ for the socket on the event loop (``add_reader``/``add_writer``) under the conne
 blocking the thread. A bulk value too large for the receive buffer is received straight into a buffer of its
 own and returned as that ``bytearray`` (no copy into a ``bytes``).
 
-``AsyncFastPool`` lends connections to concurrent tasks (the overlapped reads use two at a time): an idle
-connection is checked with ``broken()`` before it is lent, as a pool checks, and one given back unclean (an
-error or a cancellation between a command and its reply) is closed, never reused.
+TLS (``ssl_context``: a non-blocking ``SSLSocket``, its handshake and its want-read/want-write answers waited
+for the same way; no ``sendmsg`` there, so ``fast.tls_sends``) and a database number (``db``: ``SELECT`` after
+AUTH) are spoken as ``FastClient`` speaks them.
+
+``AsyncFastPool`` lends connections to concurrent tasks: at most ``max_connections`` exist at once (lent,
+connecting or idle); a task that finds them all lent waits in line for one to come back, up to
+``wait_timeout``, then gets ``PoolExhausted``. An idle connection is checked with ``broken()`` before it is lent, as a pool checks,
+and one given back unclean (an error or a cancellation between a command and its reply) is closed, never
+reused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from kvstrata.client.fast import _IOV_MAX, _bytes_view, advance, pack, send_views, widen_unix_send_buffer
-from kvstrata.client.resp import ARRAY, BULK, RespReader, reply_head
+from kvstrata.client.fast import (
+    _IOV_MAX,
+    _bytes_view,
+    advance,
+    pack,
+    select_refused,
+    send_views,
+    tls_sends,
+    widen_unix_send_buffer,
+)
+from kvstrata.client.resp import ARRAY, BULK, RespError, RespReader, reply_head
 
 
 class AsyncFastClient(RespReader):
@@ -37,10 +54,11 @@ class AsyncFastClient(RespReader):
     @classmethod
     async def connect(cls, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
                       password: str | None = None, *, unix_path: str | None = None,
-                      username: str | None = None) -> AsyncFastClient:
+                      username: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                      db: int = 0) -> AsyncFastClient:
         """TCP to ``host:port`` (each address the name resolves to, in order), or the Unix socket
-        ``unix_path``; then AUTH when a password is given. A refused AUTH closes the socket and raises
-        ``RespError``."""
+        ``unix_path``; TLS over TCP with ``ssl_context``; then AUTH when a password is given, and SELECT ``db``
+        when not 0. A refused AUTH or SELECT closes the socket and raises ``RespError``."""
         loop = asyncio.get_running_loop()
         if unix_path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -54,14 +72,38 @@ class AsyncFastClient(RespReader):
             widen_unix_send_buffer(sock)
         else:
             sock = await _connect_tcp(loop, host, port, timeout)
+            if ssl_context is not None:
+                try:
+                    sock = ssl_context.wrap_socket(sock, server_hostname=host, do_handshake_on_connect=False)
+                except BaseException:
+                    sock.close()
+                    raise
         conn = cls(sock, timeout)
-        if password is not None:
-            try:
+        try:
+            if isinstance(sock, ssl.SSLSocket):
+                await conn._handshake()
+            if password is not None:
                 await conn.call(b"AUTH", *([username] if username else []), password)
-            except BaseException:
-                conn.close()  # a refused AUTH must not leak the socket
-                raise
+            if db:
+                try:
+                    await conn.call(b"SELECT", db)
+                except RespError as exc:
+                    raise select_refused(db, exc) from None
+        except BaseException:
+            conn.close()  # a failed handshake, a refused AUTH or SELECT must not leak the socket
+            raise
         return conn
+
+    async def _handshake(self) -> None:
+        """The TLS handshake of a non-blocking socket, each want waited for under the timeout."""
+        while True:
+            try:
+                self.sock.do_handshake()  # type: ignore[attr-defined]
+                return
+            except ssl.SSLWantReadError:
+                await self._wait_readable()
+            except ssl.SSLWantWriteError:
+                await self._wait_writable()
 
     # ---- waiting for the socket ----
     async def _wait(self, add: Callable[..., Any], remove: Callable[[int], Any]) -> None:
@@ -74,27 +116,43 @@ class AsyncFastClient(RespReader):
         finally:
             remove(fd)
 
-    async def _recv_into(self, view: memoryview) -> int:
+    async def _wait_readable(self) -> None:
         loop = asyncio.get_running_loop()
+        await self._wait(loop.add_reader, loop.remove_reader)
+
+    async def _wait_writable(self) -> None:
+        loop = asyncio.get_running_loop()
+        await self._wait(loop.add_writer, loop.remove_writer)
+
+    async def _recv_into(self, view: memoryview) -> int:
+        # A TLS socket reads what its buffer holds first; it says "want read" only when that is empty, so the
+        # socket's readiness is then what to wait for.
         while True:
             try:
                 return self.sock.recv_into(view)
-            except (BlockingIOError, InterruptedError):
-                await self._wait(loop.add_reader, loop.remove_reader)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                await self._wait_readable()
+            except ssl.SSLWantWriteError:
+                await self._wait_writable()
 
     # ---- sending ----
     async def send_parts(self, parts: list[Any]) -> int:
         """Send ``parts`` (``pack``'s output) in vectored writes, waiting while the socket's buffer is full;
         returns the bytes sent."""
-        loop = asyncio.get_running_loop()
         views = send_views(parts)
+        tls = isinstance(self.sock, ssl.SSLSocket)
+        if tls:
+            views = tls_sends(views)
         total = 0
         i = 0
         while i < len(views):
             try:
-                sent = self.sock.sendmsg(views[i:i + _IOV_MAX])
-            except (BlockingIOError, InterruptedError):
-                await self._wait(loop.add_writer, loop.remove_writer)
+                sent = self.sock.send(views[i]) if tls else self.sock.sendmsg(views[i:i + _IOV_MAX])
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                await self._wait_writable()
+                continue
+            except ssl.SSLWantReadError:
+                await self._wait_readable()
                 continue
             total += sent
             i = advance(views, i, sent)
@@ -177,32 +235,95 @@ async def _connect_tcp(loop: asyncio.AbstractEventLoop, host: str, port: int,
     raise error if error is not None else OSError(f"no address for {host!r}")
 
 
+class PoolExhausted(Exception):
+    """Every connection an ``AsyncFastPool`` may make is lent, and none came back in time."""
+
+
 class AsyncFastPool:
     """Connections lent to one task at a time: ``get`` an idle healthy one (or connect a new one), ``put`` it
-    back when its replies have all been read (``clean``), else it is closed. At most ``max_idle`` are kept."""
+    back when its replies have all been read (``clean``), else it is closed. At most ``max_connections`` exist at
+    once, idle ones included: ``get`` waits for one to be given back (``wait_timeout`` seconds, None: for ever)
+    and then raises ``PoolExhausted``."""
 
-    def __init__(self, connect: Callable[[], Awaitable[AsyncFastClient]], max_idle: int) -> None:
+    def __init__(self, connect: Callable[[], Awaitable[AsyncFastClient]], max_connections: int,
+                 wait_timeout: float | None = None) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
         self._connect = connect
         self._idle: list[AsyncFastClient] = []
-        self.max_idle = max_idle
+        self.max_connections = max_connections
+        self.wait_timeout = wait_timeout
+        # One permit per connection that may exist and is not lent: taken by get, given back by put, handed to
+        # the waiters in order. Waiters are futures of whichever loop waits (not an asyncio.Semaphore, which
+        # binds itself to one loop: a client may serve several asyncio.run calls).
+        self._permits = max_connections
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.lent = 0
+        self.waiting = 0  # tasks waiting for a connection to come back (diagnostics)
         self.created = 0  # connections made (tests and diagnostics)
         self.closed = False
 
     async def get(self) -> AsyncFastClient:
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.broken():
-                return conn
-            conn.close()
-        conn = await self._connect()
+        if self._permits > 0 and not self._waiters:
+            self._permits -= 1
+        else:
+            await self._wait_for_permit()
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.broken():
+                    self.lent += 1
+                    return conn
+                conn.close()
+            conn = await self._connect()
+        except BaseException:
+            self._release()
+            raise
         self.created += 1
+        self.lent += 1
         return conn
 
     def put(self, conn: AsyncFastClient, clean: bool) -> None:
-        if clean and not self.closed and len(self._idle) < self.max_idle:
+        self.lent -= 1
+        if clean and not self.closed:
             self._idle.append(conn)
         else:
             conn.close()
+        self._release()
+
+    async def _wait_for_permit(self) -> None:
+        """Wait in line for a connection given back, up to ``wait_timeout``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(self.wait_timeout):
+                await fut
+        except BaseException as exc:
+            if fut.done() and not fut.cancelled():
+                self._release()  # handed a permit just as it gave up: the next in line gets it
+            elif fut in self._waiters:
+                self._waiters.remove(fut)
+            if isinstance(exc, TimeoutError):
+                raise PoolExhausted(f"all {self.max_connections} connections of the pool are in use; none was "
+                                    f"given back within {self.wait_timeout} s (raise max_connections, or run "
+                                    "fewer calls at once)") from None
+            raise
+        finally:
+            self.waiting -= 1
+
+    def _release(self) -> None:
+        """A permit back: straight to the first live waiter, else to the pool."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if fut.done():
+                continue
+            try:
+                fut.set_result(None)
+            except RuntimeError:  # its loop has ended (an asyncio.run that is over)
+                continue
+            return
+        self._permits += 1
 
     def close(self) -> None:
         """Close the idle connections; one still lent is closed when it is given back."""

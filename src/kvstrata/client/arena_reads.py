@@ -40,10 +40,11 @@ class _ArenaReads(_Base):
             return None  # TLS: a server that wants encryption gets it, even on this host
         if str(kw.get("host", "")) not in ("localhost", "127.0.0.1", "::1"):
             return None
-        try:
-            path = self.redis.config_get("unixsocket").get("unixsocket")
+        try:  # on the SDK's own connection (a user without CONFIG gets no arena, not an error)
+            reply = self._checked([["CONFIG", "GET", "unixsocket"]], "asking for the Unix socket")[0]
         except redis.RedisError:
             return None
+        path = dict(zip(reply[::2], reply[1::2], strict=True)).get(b"unixsocket") if isinstance(reply, list) else None
         if isinstance(path, bytes):
             path = path.decode()
         return path if path and os.path.exists(path) else None

@@ -1,27 +1,32 @@
 """AsyncKVCacheClient: the asyncio client, the same operations as KVCacheClient on the same RESP transport.
 
 Commands go out on ``AsyncFastClient`` connections (kvstrata.client.afast: FastClient's framing, parsing and
-error mapping around non-blocking I/O), lent by an ``AsyncFastPool``; redis-py's asyncio pool only parses the URL
-and carries the connections AsyncFastClient does not make (TLS, a database number). Reads overlap the next window's receive with this window's decoding (a task), decode in a thread only when
-that is worth the hop (``OFFLOAD_*``), and go through a synchronous client in a worker thread for a local
-server's arena and for ``retrieve(out=)``.
+error mapping around non-blocking I/O; TCP, TLS or a Unix socket, the URL's database selected), lent by an
+``AsyncFastPool`` of at most ``max_connections``; redis-py's asyncio pool only parses the URL and backs
+``client.redis`` for the caller's own commands. The planning (which chunks, batches, commands, counters) is
+``planning._Base``'s, shared with the sync client. Reads overlap the next window's receive with this window's
+decoding (a task), decode in a thread only when that is worth the hop (``OFFLOAD_*``), and go through a
+synchronous client in a worker thread for a local server's arena, for ``retrieve(out=)`` and for ``reserve``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from kvstrata.client.afast import AsyncFastClient, AsyncFastPool
+from kvstrata.client.afast import AsyncFastClient, AsyncFastPool, PoolExhausted
 from kvstrata.client.codec import FLAG_FP8, FLAG_ZSTD, FLAGS_OFFSET
-from kvstrata.client.fast import pack, queue_joined
+from kvstrata.client.endpoint import transport_args
+from kvstrata.client.fast import pack
 from kvstrata.client.keys import Namespace
 from kvstrata.client.planning import CLEAR_BATCH, KVSource, _Base
 from kvstrata.client.rediserrors import reply_error, socket_error
 from kvstrata.client.resp import RespError
+from kvstrata.client.store_path import Slots
 from kvstrata.client.sync_client import KVCacheClient, _auth
 
 # The asyncio client decodes a window in a thread (asyncio.to_thread, ~75 us a hop here) only when decoding
@@ -33,40 +38,40 @@ OFFLOAD_RAW_BYTES = 8 * 1024 * 1024
 
 
 class AsyncKVCacheClient(_Base):
-    """asyncio client with the same operations as ``KVCacheClient`` (``await c.lookup(tokens)``, ...)."""
+    """asyncio client with the same operations as ``KVCacheClient`` (``await c.lookup(tokens)``, ...).
+    ``url=None`` runs with the local tier only (no server)."""
 
-    def __init__(self, url: str = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
+    def __init__(self, url: str | None = "redis://127.0.0.1:6379", namespace: Namespace | str = "default", *,
                  max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
-                 password: str | None = None, local_plane: bool = True, stage_writes: bool = True,
-                 **kw: Any) -> None:
+                 password: str | None = None, local_plane: bool = True, verify_local: bool = False,
+                 lease_ms: int = 10_000, stage_writes: bool = True, **kw: Any) -> None:
+        """As ``KVCacheClient``; ``max_connections`` bounds the connections open at once (a call that finds them
+        all lent waits for one, up to ``socket_timeout``, then raises redis-py's ConnectionError)."""
         super().__init__(namespace, **kw)
-        import redis.asyncio as aredis
-
         # Reads through a local server's arena (docs/dataplane.md) go through a synchronous client in a worker
         # thread: the copy out of the mapping is the work, and it must not run on the event loop.
         self._local_kw = {"socket_timeout": socket_timeout, "username": username, "password": password,
-                          "stage_writes": stage_writes, **kw}
+                          "stage_writes": stage_writes, "verify_local": verify_local, "lease_ms": lease_ms, **kw}
         self._local: KVCacheClient | None = None
-        self._local_ok = local_plane
+        self._local_ok = local_plane and url is not None
         self._reader: KVCacheClient | None = None  # retrieve(out=) over the socket, in a worker thread
         self.url = url
-        # redis-py's pool connects nothing until asked: it parses the URL (and carries TLS / database-number
-        # URLs, which AsyncFastClient does not speak); every other command goes out on self._conns.
-        self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
-                                                   socket_timeout=socket_timeout, **_auth(username, password))
-        self.redis = aredis.Redis(connection_pool=self.pool)
-        kw = self.pool.connection_kwargs
-        cls = self.pool.connection_class
+        self.redis: Any = None
         self._conns: AsyncFastPool | None = None
-        if cls in (aredis.Connection, aredis.UnixDomainSocketConnection) and not kw.get("db", 0):
-            unix = kw.get("path") if cls is aredis.UnixDomainSocketConnection else None
+        if url is not None:
+            import redis.asyncio as aredis
+
+            # redis-py's pool connects nothing until asked: it parses the URL (endpoint.transport_args) and backs
+            # client.redis; every command of this client goes out on self._conns.
+            self.pool = aredis.ConnectionPool.from_url(url, max_connections=max_connections,
+                                                       socket_timeout=socket_timeout, **_auth(username, password))
+            self.redis = aredis.Redis(connection_pool=self.pool)
+            args = transport_args(self.pool)
 
             async def connect() -> AsyncFastClient:
-                return await AsyncFastClient.connect(
-                    kw.get("host", "localhost"), int(kw.get("port", 6379)), timeout=kw.get("socket_timeout"),
-                    password=kw.get("password"), username=kw.get("username"), unix_path=unix)
+                return await AsyncFastClient.connect(**args)
 
-            self._conns = AsyncFastPool(connect, max_connections)
+            self._conns = AsyncFastPool(connect, max_connections, wait_timeout=args["timeout"])
         self._plain_redis: bool | None = None
 
     async def aclose(self) -> None:
@@ -76,8 +81,9 @@ class AsyncKVCacheClient(_Base):
         self._local = self._reader = None
         if self._conns is not None:
             self._conns.close()
-        await self.redis.aclose()
-        await self.pool.disconnect()
+        if self.redis is not None:
+            await self.redis.aclose()
+            await self.pool.disconnect()
 
     async def __aenter__(self) -> AsyncKVCacheClient:
         return self
@@ -87,12 +93,8 @@ class AsyncKVCacheClient(_Base):
 
     async def _is_plain(self) -> bool:
         if self._plain_redis is None:
-            import redis
-
-            (reply,), _ = await self._exchange([["TAIR.KV.VERSION", "kvstrata:probe"]], "probing the server")
-            if isinstance(reply, Exception) and not isinstance(reply, redis.ResponseError):
-                raise reply
-            self._plain_redis = isinstance(reply, redis.ResponseError)
+            (reply,), _ = await self._exchange([self._probe_command()], "probing the server")
+            self._plain_redis = self._plain_from_probe(reply)
         return self._plain_redis
 
     async def _conn(self) -> AsyncFastClient:
@@ -100,6 +102,10 @@ class AsyncKVCacheClient(_Base):
         assert self._conns is not None
         try:
             return await self._conns.get()
+        except PoolExhausted as exc:
+            import redis
+
+            raise redis.exceptions.ConnectionError(str(exc)) from None
         except OSError as exc:
             raise socket_error(exc, "connecting") from exc
         except RespError as exc:
@@ -110,8 +116,6 @@ class AsyncKVCacheClient(_Base):
         comes back in its place as the exception redis-py would raise (as ``KVCacheClient._roundtrip``), a
         socket failure closes the connection and raises redis-py's ConnectionError or TimeoutError. Returns the
         replies and the bytes sent."""
-        if self._conns is None:
-            return await self._exchange_redis(commands)
         conn = await self._conn()
         parts: list[Any] = []
         size = sum(pack(cmd, parts) for cmd in commands)
@@ -131,14 +135,6 @@ class AsyncKVCacheClient(_Base):
             self._conns.put(conn, clean)  # closed unless every reply was read
         return replies, size
 
-    async def _exchange_redis(self, commands: list[list[Any]]) -> tuple[list[Any], int]:
-        """``_exchange`` on redis-py's asyncio pipeline, for connections AsyncFastClient does not make (TLS, a
-        database number): each value is joined into one bytes object first."""
-        pipe = self.redis.pipeline(transaction=False)
-        size = queue_joined(pipe, commands)
-        replies = await pipe.execute(raise_on_error=False)
-        return list(replies), size
-
     async def _roundtrip(self, commands: list[list[Any]]) -> list[Any]:
         """A batch of writes (``_exchange``), its bytes counted as sent."""
         replies, size = await self._exchange(commands, "while storing")
@@ -153,11 +149,12 @@ class AsyncKVCacheClient(_Base):
     async def lookup(self, tokens: Sequence[int]) -> int:
         keys = self.keys(tokens)
         n = self._local_leading(keys)
-        for batch in self._batches(keys[n:]):
-            hit = self._leading(await self._exists_each(batch))
-            n += hit
-            if hit < len(batch):
-                break
+        if self._conns is not None:
+            for batch in self._batches(keys[n:]):
+                hit = self._leading(await self._exists_each(batch))
+                n += hit
+                if hit < len(batch):
+                    break
         self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
         return n * self.chunk_size
 
@@ -173,69 +170,87 @@ class AsyncKVCacheClient(_Base):
                                            start=start, skip_existing=skip_existing, keys=keys)
         keys, todo = self._store_todo(tokens, start, keys)
         if skip_existing and todo:
-            absent: list[int] = []
-            for batch in self._batches(todo):
-                absent += self._absent_of(batch, await self._exists_each([keys[i] for i in batch]))
-            todo = absent
+            if self._conns is None:
+                todo = self._local_absent(keys, todo)
+            else:
+                absent: list[int] = []
+                for batch in self._batches(todo):
+                    absent += self._absent_of(batch, await self._exists_each([keys[i] for i in batch]))
+                todo = absent
         self._count_skipped(keys, start, todo)
         if not todo:
             return 0
         ttl_ms = self.ttl_ms(ttl_class, ttl)
-        plain = await self._is_plain()
+        plain = self._conns is not None and await self._is_plain()
         for batch in self._batches(todo):
             cmds = [self._store_command(keys[i], ttl_ms, self._sealed(keys[i], self._chunk_parts(kv, i), ttl_ms),
                                         plain) for i in batch]
-            self._raise_first(await self._roundtrip(cmds))
+            if self._conns is not None:
+                self._raise_first(await self._roundtrip(cmds))
         self._count(stored_chunks=len(todo))
         return len(todo)
 
-    async def retrieve_chunks(self, tokens: Sequence[int],
-                              max_tokens: int | None = None) -> tuple[int, list[np.ndarray]]:
-        """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``. With ``overlap`` (the
-        default) the next window's MGET is sent before the current window is decoded, and its reply is read by
-        a task meanwhile; large or compressed windows are decoded in a thread so that the loop is free to."""
-        keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
+    @contextlib.asynccontextmanager
+    async def reserve(self, tokens: Sequence[int], shape: Sequence[int], *, dtype: str | None = None,
+                      start: int = 0, ttl_class: str | None = None, ttl: float | None = None,
+                      keys: list[bytes] | None = None) -> AsyncIterator[Slots]:
+        """``KVCacheClient.reserve`` as ``async with client.reserve(tokens, shape) as slots:``: the same slots
+        (views of the staging segment with a local server, else ordinary arrays), stored when the block ends.
+        A synchronous client does the reserving and the committing in worker threads (the hashing and the
+        copies must not run on the event loop); ``await slots.done(i)`` commits slot ``i`` at once."""
+        if self.local is None and await self._plane():
+            assert self._local is not None
+            sync = self._local
+        else:
+            sync = self._sync_reader()
+        sync.namespace = self.namespace
+        block = sync.reserve(tokens, shape, dtype=dtype, start=start, ttl_class=ttl_class, ttl=ttl, keys=keys)
+        slots = await asyncio.to_thread(block.__enter__)
+        try:
+            yield _AsyncSlots(slots)
+        except BaseException as exc:
+            # The block's exception goes into the synchronous block (which gives the room back) and is raised.
+            if not await asyncio.to_thread(block.__exit__, type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await asyncio.to_thread(block.__exit__, None, None, None)
+
+    async def retrieve_chunks(self, tokens: Sequence[int], max_tokens: int | None = None, skip_chunks: int = 0,
+                              keys: list[bytes] | None = None) -> tuple[int, list[np.ndarray]]:
+        """(n_tokens, decoded chunk arrays) for the leading cached chunks of ``tokens``, as
+        ``KVCacheClient.retrieve_chunks`` (``skip_chunks``: held by the caller already, counted, not read;
+        ``keys``: those of ``tokens[:max_tokens]``). With ``overlap`` (the default) the next window's MGET is
+        sent before the current window is decoded, and its reply is read by a task meanwhile; large or
+        compressed windows are decoded in a thread so that the loop is free to."""
+        if keys is None:
+            keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
         out: list[np.ndarray] = []
-        i = 0
-        while i < len(keys):
-            value = self._local_get(keys[i])
-            arr = None if value is None else self._decode(keys[i], value)
-            if arr is None:
-                break
-            out.append(arr)
-            i += 1
-        self._count(local_hits=i)
-        plain = await self._is_plain()
-        if self.overlap:
-            if i < len(keys):
+        first = min(skip_chunks, len(keys))
+        i = self._local_prefix(keys, first, out)
+        self._count(local_hits=i - first)
+        if i < len(keys) and self._conns is not None:
+            plain = await self._is_plain()
+            if self.overlap:
                 i = await self._read_overlapped(keys, i, out, plain)
-            self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))  # as the sync client counts
-            return i * self.chunk_size, out
-        while i < len(keys):
-            batch, ahead = self._plan_window(keys, i, self.batch_size)
-            values = await self._recv_and_release(*await self._send_window(batch, ahead, plain))
-            n = self._decode_window(batch, values, out)
-            i += n
-            if n < len(batch):
-                break
-        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))
+            else:
+                while i < len(keys):
+                    batch, ahead = self._plan_window(keys, i, self.batch_size)
+                    values = await self._recv_and_release(*await self._send_window(batch, ahead, plain))
+                    n = self._decode_window(batch, values, out)
+                    i += n
+                    if n < len(batch):
+                        break
+        self._count(hit_chunks=i, miss_chunks=min(1, len(keys) - i))  # as the sync client counts
         return i * self.chunk_size, out
 
-    async def _send_window(self, keys: list[bytes], ahead: list[bytes], plain: bool) -> tuple[Any, int]:
+    async def _send_window(self, keys: list[bytes], ahead: list[bytes],
+                           plain: bool) -> tuple[AsyncFastClient, int]:
         """Send PREFETCH ``ahead`` and MGET ``keys`` in one write on a pooled connection; returns it and the
         number of replies to read. Sending here, not in the reading task, puts the request on the wire before
         the caller goes on to decode, even when it decodes on the event loop."""
         before, mget = self._window_commands(keys, ahead, plain)
         cmds = [mget] if before is None else [before, mget]
-        if self._conns is None:
-            rconn = await self.pool.get_connection()
-            try:
-                await rconn.send_packed_command(rconn.pack_commands(cmds), check_health=False)
-            except BaseException:
-                await rconn.disconnect()
-                await self.pool.release(rconn)
-                raise
-            return rconn, len(cmds)
+        assert self._conns is not None
         conn = await self._conn()
         try:
             await conn.send_many(cmds)
@@ -246,14 +261,10 @@ class AsyncKVCacheClient(_Base):
             raise
         return conn, len(cmds)
 
-    async def _recv_window(self, conn: Any, n_replies: int) -> list[Any]:
+    async def _recv_window(self, conn: AsyncFastClient, n_replies: int) -> list[Any]:
         """Read the replies of ``_send_window``; returns the MGET's values. The connection is given back by the
         caller (``_done_with``), not here: a task cancelled before it started never runs its own ``finally``."""
         reply = None
-        if not isinstance(conn, AsyncFastClient):
-            for _ in range(n_replies):
-                reply = await conn.read_response()
-            return reply  # type: ignore[return-value]
         try:
             for _ in range(n_replies):
                 reply = await conn.read_reply()
@@ -263,18 +274,13 @@ class AsyncKVCacheClient(_Base):
             raise socket_error(exc, "reading") from exc
         return reply  # type: ignore[return-value]
 
-    async def _done_with(self, conn: Any, clean: bool) -> None:
+    async def _done_with(self, conn: AsyncFastClient, clean: bool) -> None:
         """Give ``conn`` back: kept when every reply was read (``clean``), else closed (replies may be left
         unread: an error, a dropped window)."""
-        if isinstance(conn, AsyncFastClient):
-            assert self._conns is not None
-            self._conns.put(conn, clean)
-            return
-        if not clean:
-            await conn.disconnect()
-        await self.pool.release(conn)
+        assert self._conns is not None
+        self._conns.put(conn, clean)
 
-    async def _recv_and_release(self, conn: Any, n_replies: int) -> list[Any]:
+    async def _recv_and_release(self, conn: AsyncFastClient, n_replies: int) -> list[Any]:
         clean = False
         try:
             values = await self._recv_window(conn, n_replies)
@@ -357,6 +363,7 @@ class AsyncKVCacheClient(_Base):
         if self._reader is None:
             c = KVCacheClient(self.url, self.namespace, local_plane=False, **self._local_kw)
             c.stats, c._stats_lock = self.stats, self._stats_lock
+            c.local = self.local  # one local tier too
             self._reader = c
         return self._reader
 
@@ -387,7 +394,7 @@ class AsyncKVCacheClient(_Base):
 
     async def prefetch(self, tokens: Sequence[int], max_chunks: int | None = None) -> int:
         keys = self.keys(tokens)[:max_chunks]
-        if not keys or await self._is_plain():
+        if not keys or self._conns is None or await self._is_plain():
             return 0
         return sum(int(n) for n in await self._checked(
             [["TAIR.KV.PREFETCH", *batch] for batch in self._batches(keys)], "prefetching"))
@@ -397,7 +404,7 @@ class AsyncKVCacheClient(_Base):
         if self.local is not None:
             for k in keys:
                 self.local.delete(k)
-        if not keys:
+        if not keys or self._conns is None:
             return 0
         return sum(int(n) for n in await self._checked([["DEL", *batch] for batch in self._batches(keys)],
                                                        "deleting"))
@@ -406,6 +413,8 @@ class AsyncKVCacheClient(_Base):
         prefix = self.namespace.prefix
         if self.local is not None:
             self.local.clear(prefix)
+        if self._conns is None:
+            return 0
         keys: list[bytes] = []
         cursor: Any = b"0"
         while True:  # every page first, then the deletes (as the sync client)
@@ -415,3 +424,15 @@ class AsyncKVCacheClient(_Base):
                 break
         return sum(int(n) for n in await self._checked(
             [["DEL", *batch] for batch in self._batches(keys, CLEAR_BATCH)], "deleting"))
+
+
+class _AsyncSlots(Slots):
+    """``AsyncKVCacheClient.reserve``'s slots: ``await slots.done(i)`` commits slot ``i`` in a worker thread (its
+    hash must not run on the event loop)."""
+
+    def __init__(self, slots: Slots) -> None:
+        super().__init__(list(slots), slots._commit)
+
+    async def done(self, i: int) -> None:  # type: ignore[override]
+        if self._commit is not None:
+            await asyncio.to_thread(self._commit, i)

@@ -14,6 +14,11 @@ server with, so the client costs the same against each):
   bulk value piece by piece straight into several buffers (a strided tensor's contiguous runs) with
   ``recvmsg_into``, seeing each filled piece while it is still in cache (``kvstrata.client.scatter`` hashes it).
 
+* **TLS and a database number.** ``ssl_context`` wraps the TCP connection in TLS (``rediss://``; an
+  ``SSLSocket`` has no ``sendmsg``/``recvmsg_into``, so the large values then go out one ``sendall`` each and
+  small parts are joined first, ``tls_sends``); ``db`` sends ``SELECT`` after ``AUTH``, and a server that
+  refuses it (kvstrata has database 0 only) fails the connect with a ``RespError`` that says so.
+
 The waiting is all this module adds: the receive buffer, reply parsing and connection health are the sans-IO
 ``kvstrata.client.resp`` (shared with the asyncio ``kvstrata.client.afast.AsyncFastClient``, which also reuses
 ``pack`` and the vectored-send bookkeeping here).
@@ -28,13 +33,14 @@ from __future__ import annotations
 import mmap
 import os
 import socket
+import ssl
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kvstrata.client.resp import ARRAY, BULK, RECV_BUFFER, RespError, RespReader, ValueTooLarge, reply_head
 
-__all__ = ["LARGE", "FastClient", "RespError", "ValueTooLarge", "nbytes", "pack", "sendmsg_all",
-           "widen_unix_send_buffer"]
+__all__ = ["LARGE", "FastClient", "RespError", "ValueTooLarge", "nbytes", "pack", "select_refused",
+           "sendmsg_all", "tls_sends", "widen_unix_send_buffer"]
 
 LARGE = 16 * 1024
 _RECV = RECV_BUFFER
@@ -115,15 +121,10 @@ def pack(args: Sequence[Any], parts: list[Any]) -> int:
 
 
 
-def queue_joined(pipe: Any, commands: list[list[Any]]) -> int:
-    """Queue ``commands`` on a redis-py pipeline with each value joined into one bytes object (redis-py sends no
-    vectored values), for connections this transport does not make (TLS, a database number); returns the bytes
-    they take on the wire."""
-    size = 0
-    for cmd in commands:
-        size += pack(cmd, [])
-        pipe.execute_command(*[b"".join(a) if isinstance(a, list) else a for a in cmd])
-    return size
+def select_refused(db: int, exc: RespError) -> RespError:
+    """A refused ``SELECT db`` at connect time, said plainly (kvstrata serves database 0 only)."""
+    return RespError(f"ERR the server refused SELECT {db} ({exc}); a kvstrata server has database 0 only: "
+                     f"use a URL without /{db}")
 
 def widen_unix_send_buffer(sock: socket.socket) -> None:
     """Raise a Unix socket's send buffer to ``UNIX_SNDBUF`` (best effort; other sockets are left alone)."""
@@ -153,10 +154,33 @@ def advance(views: list[Any], i: int, sent: int) -> int:
     return i
 
 
+def tls_sends(views: list[Any]) -> list[Any]:
+    """``send_views``' output as a TLS socket sends it (it has no ``sendmsg``): runs of small parts joined into
+    one bytes object (one TLS record instead of one per part), each large view kept as it is (sent from the
+    caller's memory, encrypted on the way)."""
+    out: list[Any] = []
+    small: list[Any] = []
+    for v in views:
+        if len(v) >= LARGE:
+            if small:
+                out.append(b"".join(small))
+                small = []
+            out.append(v)
+        else:
+            small.append(v)
+    if small:
+        out.append(b"".join(small))
+    return out
+
+
 def sendmsg_all(sock: socket.socket, parts: list[Any]) -> int:
     """Send every buffer in order with vectored writes (``sendmsg``, never joined), continuing after partial
-    sends; returns the bytes sent."""
+    sends; returns the bytes sent. On a TLS socket: ``tls_sends``' buffers, one ``sendall`` each."""
     views = send_views(parts)
+    if isinstance(sock, ssl.SSLSocket):
+        for v in tls_sends(views):
+            sock.sendall(v)
+        return sum(len(v) for v in views)
     total = 0
     i = 0
     while i < len(views):
@@ -173,9 +197,12 @@ class FastClient(RespReader):
 
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, timeout: float | None = 60.0,
                  password: str | None = None, *, unix_path: str | None = None,
-                 username: str | None = None, connect_timeout: float | None = None) -> None:
+                 username: str | None = None, connect_timeout: float | None = None,
+                 ssl_context: ssl.SSLContext | None = None, db: int = 0) -> None:
         """TCP to ``host:port``, or the Unix socket ``unix_path`` when given. ``timeout`` bounds each socket
-        operation; ``connect_timeout`` (default: ``timeout``) the TCP connect."""
+        operation; ``connect_timeout`` (default: ``timeout``) the TCP connect and TLS handshake.
+        ``ssl_context``: TLS over the TCP connection (``host`` is the name checked against the certificate
+        when the context checks host names). ``db``: ``SELECT`` it after AUTH."""
         self.host, self.port = host, port
         if unix_path is not None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -187,17 +214,29 @@ class FastClient(RespReader):
                 raise
             widen_unix_send_buffer(self.sock)
         else:
-            self.sock = socket.create_connection(
+            sock = socket.create_connection(
                 (host, port), timeout=timeout if connect_timeout is None else connect_timeout)
-            self.sock.settimeout(timeout)
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._init_buffer()
-        if password is not None:
             try:
-                self.call(b"AUTH", *([username] if username else []), password)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if ssl_context is not None:
+                    sock = ssl_context.wrap_socket(sock, server_hostname=host)  # handshake under connect_timeout
             except BaseException:
-                self.sock.close()  # a refused AUTH must not leak the socket
+                sock.close()
                 raise
+            self.sock = sock
+            self.sock.settimeout(timeout)
+        self._init_buffer()
+        try:
+            if password is not None:
+                self.call(b"AUTH", *([username] if username else []), password)
+            if db:
+                try:
+                    self.call(b"SELECT", db)
+                except RespError as exc:
+                    raise select_refused(db, exc) from None
+        except BaseException:
+            self.sock.close()  # a refused AUTH or SELECT must not leak the socket
+            raise
 
     def __enter__(self) -> FastClient:
         return self
@@ -328,12 +367,14 @@ class FastClient(RespReader):
             if off == v.nbytes:
                 i, off = i + 1, 0
         sock = self.sock
+        # A TLS socket has no recvmsg_into: one view per receive.
+        one = isinstance(sock, ssl.SSLSocket)
         while i < len(views):
             first = views[i][off:] if off else views[i]
             bufs = [first]
             size = first.nbytes
             j = i + 1
-            while j < len(views) and size < group and len(bufs) < _IOV_MAX:
+            while not one and j < len(views) and size < group and len(bufs) < _IOV_MAX:
                 bufs.append(views[j])
                 size += views[j].nbytes
                 j += 1

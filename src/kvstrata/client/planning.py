@@ -29,6 +29,7 @@ from kvstrata.client.codec import (
 from kvstrata.client.copypool import copy_threads as checked_copy_threads
 from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
 from kvstrata.client.local import LocalTier
+from kvstrata.client.resp import PROBE, mget_command
 from kvstrata.engine.entry import Entry
 
 log = logging.getLogger("kvstrata.client")
@@ -140,7 +141,25 @@ class _Base:
         one connection come back in order, so the server has queued the prefetch before it answers the MGET.
         Plain Redis gets no PREFETCH and a plain MGET."""
         before = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
-        return before, [b"MGET" if plain else b"TAIR.KV.MGET", *keys]
+        return before, [mget_command(plain), *keys]
+
+    def _probe_command(self) -> list[Any]:
+        """The capability probe (``resp.PROBE``) on a key of this namespace: its error reply means a server
+        without TAIR.KV.*."""
+        return [PROBE, self.namespace.prefix + b"probe"]
+
+    @staticmethod
+    def _plain_from_probe(reply: Any) -> bool:
+        """Whether the probe's reply says plain Redis (``resp.probe_says_plain``): a plain error reply (Redis's
+        "unknown command") does; an answer, or -NOPERM (the server knows the command, its ACL refused it), does
+        not; any other failure (connection, authentication, loading...) is raised."""
+        import redis
+
+        if isinstance(reply, redis.exceptions.NoPermissionError):
+            return False
+        if isinstance(reply, Exception) and type(reply) is not redis.ResponseError:
+            raise reply
+        return isinstance(reply, redis.ResponseError)
 
     # ---- store planning (shared by the sync and the asyncio client) ----
     def _store_todo(self, tokens: Sequence[int], start: int,
@@ -274,6 +293,26 @@ class _Base:
         if self.local is not None:
             value = b"".join(bytes(p) if isinstance(p, memoryview) else p for p in parts)
             self.local.put(key, Entry(value, 0, int(time.time() * 1000) + ttl_ms if ttl_ms else 0))
+
+    def _local_prefix(self, keys: list[bytes], i: int, out: list[np.ndarray]) -> int:
+        """Decode the chunks from ``i`` on that the local tier holds into ``out``, up to the first it lacks (an
+        undecodable one is dropped from the tier); returns the index past the last."""
+        while i < len(keys):
+            value = self._local_get(keys[i])
+            if value is None:
+                break
+            arr = self._decode(keys[i], value)
+            if arr is None:
+                assert self.local is not None
+                self.local.delete(keys[i])
+                break
+            out.append(arr)
+            i += 1
+        return i
+
+    def _local_absent(self, keys: list[bytes], idx: list[int]) -> list[int]:
+        """The chunks of ``idx`` the local tier lacks (``store(skip_existing=True)`` without a server)."""
+        return [i for i in idx if self._local_get(keys[i]) is None]
 
     def _local_leading(self, keys: list[bytes]) -> int:
         n = 0

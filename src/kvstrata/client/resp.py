@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import ssl
 from typing import Any
 
 # Size of the reusable receive buffer: replies' header lines and small values are parsed out of it; a bulk value
@@ -22,6 +23,27 @@ RECV_BUFFER = 256 * 1024
 
 # reply_head's kinds: a complete value, a bulk string of n bytes to read, an array of n replies to read.
 VALUE, BULK, ARRAY = 0, 1, 2
+
+
+# The capability probe of every client of this transport (the SDK's, the SGLang backend's): ``PROBE key`` with a
+# key under the client's own prefix (so that an ACL user restricted to it may ask), answered by a kvstrata server
+# (nil: no such key) and refused with an error by a server without TAIR.KV.* (Redis, Valkey): that error means
+# plain Redis commands (SET PX, MGET).
+PROBE = b"TAIR.KV.VERSION"
+
+
+def probe_says_plain(error: str) -> bool | None:
+    """What the probe's error reply (its text, code first) says: True (no TAIR.KV.*: ``-ERR unknown command``),
+    False (``-NOPERM``: the server knows the command, its ACL refused it), None (another failure: nothing
+    learnt, ask again)."""
+    code = error.split(" ", 1)[0]
+    return True if code == "ERR" else False if code == "NOPERM" else None
+
+
+def mget_command(plain: bool) -> bytes:
+    """The command that reads several values: TAIR.KV.MGET on kvstrata (at the server's consistency level, under
+    its ACL rules for TAIR.KV.*: what every SDK read sends), MGET on a server without TAIR.KV.* (``plain``)."""
+    return b"MGET" if plain else b"TAIR.KV.MGET"
 
 
 class RespError(Exception):
@@ -83,9 +105,31 @@ class RespReader:
                 return True
             p = select.poll()
             p.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-            return bool(p.poll(0))
+            if not p.poll(0):
+                return False
         except (OSError, ValueError):
             return True
+        if isinstance(self.sock, ssl.SSLSocket):
+            return self._tls_unsolicited()
+        return True
+
+    def _tls_unsolicited(self) -> bool:
+        """An idle TLS connection turned readable: TLS's own records (a TLS 1.3 server's session tickets) do
+        that without any reply. Read once without waiting: nothing but such records means healthy; a close or
+        reply bytes nobody asked for mean broken (the bytes stay buffered, so the connection is not reused)."""
+        sock = self.sock
+        timeout = sock.gettimeout()
+        sock.setblocking(False)
+        try:
+            k = sock.recv_into(self._room())
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False
+        except (OSError, ValueError):
+            return True
+        finally:
+            sock.settimeout(timeout)
+        self._end += k
+        return True
 
     def _room(self) -> memoryview:
         """The free tail of the receive buffer, for the next receive (the unread bytes moved to the front when

@@ -30,28 +30,19 @@ class _SocketReads(_Base):
 
     # ---- reads into reusable buffers (kvstrata.client.fast) ----
     def _fast(self) -> Any:
-        """This thread's ``FastClient`` (the SDK's connection for every command), or None when the connection is
-        not a plain TCP or Unix one without a database number (then redis-py carries them)."""
+        """This thread's ``FastClient``: the SDK's connection for every command (TCP, TLS or a Unix socket, with
+        the URL's database selected: ``kvstrata.client.endpoint``), or None without a server."""
         if not self._fast_ok:
             return None
         fc = getattr(self._tls, "fast", None)
         if fc is None:
-            import redis
+            from kvstrata.client.fast import FastClient
 
-            try:
-                from kvstrata.client.fast import FastClient
-            except ImportError:
-                self._fast_ok = False
-                return None
-            kw = self.pool.connection_kwargs
-            cls = self.pool.connection_class
-            if cls not in (redis.Connection, redis.UnixDomainSocketConnection) or kw.get("db", 0):
-                self._fast_ok = False
-                return None
-            fc = FastClient(kw.get("host", "localhost"), int(kw.get("port", 6379)),
-                            timeout=kw.get("socket_timeout"), password=kw.get("password"),
-                            username=kw.get("username"),
-                            unix_path=kw.get("path") if cls is redis.UnixDomainSocketConnection else None)
+            if self._connect_args is None:
+                from kvstrata.client.endpoint import transport_args
+
+                self._connect_args = transport_args(self.pool)
+            fc = FastClient(**self._connect_args)
             fc.keep_bytearrays = True  # retrieve_chunks' values: decoded in place, never changed
             self._tls.fast = fc
             with self._lock:
@@ -79,10 +70,14 @@ class _SocketReads(_Base):
         windows keep theirs), after ``before`` in the same write; None when that path is unavailable."""
         if not self._size_hint:
             return None
-        fc = self._fast()
+        from kvstrata.client.fast import RespError, ValueTooLarge
+
+        try:
+            fc = self._fast()
+        except (OSError, RespError):
+            return None  # cannot connect: read as bytes (_small), which raises redis-py's error
         if fc is None:
             return None
-        from kvstrata.client.fast import RespError, ValueTooLarge
 
         while len(bufs) < offset + len(keys):
             bufs.append(bytearray(self._size_hint))
@@ -131,7 +126,7 @@ class _SocketReads(_Base):
         trip (``_window_commands``)."""
         prefetch, mget = self._window_commands(keys, ahead, plain)
         values = self._mget_into(keys, bufs, offset, prefetch, mget[0]) if bufs is not None else None
-        if values is None:  # values as bytes, on the same connection (redis-py's for TLS / a database number)
+        if values is None:  # values as bytes, on the same connection
             replies = self._small([mget] if prefetch is None else [prefetch, mget], "reading")
             self._raise_first(replies)
             values = replies[-1]
@@ -203,13 +198,14 @@ class _SocketReads(_Base):
         (``kvstrata.client.scatter``). Returns the chunks restored, or None when that connection is unavailable.
         A connection failing mid-value drops it, and the chunks not yet verified are read again the usual way
         (on a new connection, or it raises redis-py's error): the slot being filled is never counted."""
+        from kvstrata.client.fast import RespError
+
         try:
             fc = self._fast()
-        except OSError:
+        except (OSError, RespError):
             return None  # cannot connect: the windowed read below tries once more, or raises redis-py's error
         if fc is None:
             return None
-        from kvstrata.client.fast import RespError
 
         plain = self._is_plain()
         size = self._window()

@@ -1,9 +1,9 @@
 """The sync client's store transport: pipelined writes on the socket, or two-phase writes through staging.
 
 ``_StorePath`` is a part of ``KVCacheClient`` (it uses the connection state set up in its ``__init__``):
-``_roundtrip`` sends a batch of writes in vectored writes on this thread's ``FastClient`` (redis-py's pipeline
-where that cannot connect), and ``_stager``/``_put_staged`` write through a local server's staging segment
-(``kvstrata.client.stage``, imported on first use), falling back to the socket. ``reserve`` hands an engine
+``_roundtrip`` sends a batch of writes in vectored writes on this thread's ``FastClient``, and
+``_stager``/``_put_staged`` write through a local server's staging segment (``kvstrata.client.stage``, imported
+on first use), falling back to the socket. ``reserve`` hands an engine
 the room of its next chunks to write its KV into (the staging segment itself when the server is local).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvstrata.client.codec import CHECKSUM_OFFSET, DTYPES, parts_nbytes, raw_header, seal_parts
-from kvstrata.client.fast import pack, queue_joined, sendmsg_all
+from kvstrata.client.fast import pack, sendmsg_all
 from kvstrata.client.planning import _Base
 from kvstrata.client.rediserrors import reply_error, socket_error
 
@@ -30,8 +30,8 @@ class _StorePath(_Base):
     # ---- raw transport ----
     def _store_conn(self) -> Any:
         """This thread's ``FastClient`` for writes, fresh when the one it had went stale while idle (what a
-        pool checks before lending a connection), or None when it cannot speak this URL (TLS, a database
-        number). Connection and AUTH failures raise as redis-py's exceptions."""
+        pool checks before lending a connection). Connection, TLS, AUTH and SELECT failures raise as redis-py's
+        exceptions."""
         from kvstrata.client.fast import RespError
 
         try:
@@ -53,8 +53,6 @@ class _StorePath(_Base):
         from kvstrata.client.fast import RespError
 
         fc = self._store_conn()
-        if fc is None:
-            return self._roundtrip_redis(commands)
         parts: list[Any] = []
         for cmd in commands:
             pack(cmd, parts)
@@ -74,15 +72,6 @@ class _StorePath(_Base):
             raise
         self._count(bytes_sent=sent)
         return replies
-
-    def _roundtrip_redis(self, commands: list[list[Any]]) -> list[Any]:
-        """``_roundtrip`` through redis-py's pipeline, for connections ``FastClient`` does not make (TLS, a
-        database number): each value is joined into one bytes object first."""
-        pipe = self.redis.pipeline(transaction=False)
-        size = queue_joined(pipe, commands)
-        replies = pipe.execute(raise_on_error=False)
-        self._count(bytes_sent=size)
-        return list(replies)
 
     # ---- two-phase writes through a staging segment (kvstrata.client.stage) ----
     # stage_writes is on by default: with numpy block copies and resident pages, staged stores beat the store
@@ -182,6 +171,11 @@ class _StorePath(_Base):
             return
         sw, values = staged
         sent: list[Any] = []
+        # While the block is open its StageWriter has COMMITs in flight whose replies are read at the end: no
+        # other store may use it meanwhile (one in this thread, or, for the asyncio client, in the worker thread
+        # that made it), so it leaves the thread's slot until the block ends.
+        if getattr(self._tls, "stage", None) is sw:
+            self._tls.stage = None
 
         def commit_now(i: int) -> None:
             if values[i] not in sent:
@@ -199,8 +193,29 @@ class _StorePath(_Base):
                 rest = [v for v in values if v not in sent]
                 if rest:
                     sw.unreserve_values(rest)
+            self._stager_back(sw)
             raise
-        self._commit_slots(sw, values, sent)
+        try:
+            self._commit_slots(sw, values, sent)
+        finally:
+            self._stager_back(sw)
+
+    def _stager_back(self, sw: Any) -> None:
+        """A reservation block's StageWriter, its replies all read: this thread's again, unless it failed
+        (forgotten) or the thread made another meanwhile (then it is closed)."""
+        with self._lock:
+            alive = sw in self._fast_clients and sw.sock.fileno() >= 0
+        if alive and getattr(self._tls, "stage", None) is None:
+            self._tls.stage = sw
+        elif alive:
+            self._close_stager(sw)
+
+    def _close_stager(self, sw: Any) -> None:
+        with self._lock:
+            if sw in self._fast_clients:
+                self._fast_clients.remove(sw)
+        with contextlib.suppress(OSError):
+            sw.close()
 
     def _stage_slots(self, keys: list[bytes], todo: list[int], ttl_ms: int, shape: tuple[int, ...], name: str,
                      storage: np.dtype) -> tuple[Any, list[Any]] | None:

@@ -39,7 +39,11 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
                  *, max_connections: int = 8, socket_timeout: float = 30.0, username: str | None = None,
                  password: str | None = None, local_plane: bool = True, verify_local: bool = False,
                  lease_ms: int = 10_000, stage_writes: bool = True, **kw: Any) -> None:
-        """``url``: ``redis://host:port`` or ``unix:///path/to/socket``. ``local_plane``: read through the
+        """``url``: ``redis://host:port``, ``rediss://host:port`` (TLS, redis-py's ``?ssl_*`` options) or
+        ``unix:///path/to/socket``; ``/N`` selects database N (``SELECT`` at connect; kvstrata refuses any but
+        0, with an error that says so). Every command goes out on the SDK's own transport
+        (``kvstrata.client.fast``); ``self.redis`` is a redis-py client on the same URL for the caller's own
+        commands. ``local_plane``: read through the
         server's shared-memory arena when it is local (a ``unix://`` URL, or TCP to a loopback address of a
         server whose ``unixsocket`` this process can open): one copy from the server's memory, no socket
         transfer (docs/dataplane.md). ``verify_local``: check each arena read against the value's checksum
@@ -66,6 +70,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         self._plain_redis: bool | None = None  # server without TAIR.KV.* (plain Redis): SET PX / MGET
         self._tls = threading.local()  # per thread: a FastClient and its reusable receive buffers
         self._fast_ok = url is not None
+        self._connect_args: dict[str, Any] | None = None  # FastClient's keywords for url (endpoint), made once
         self._size_hint = 0  # largest value seen: the size of the reusable receive buffers
         # Every thread's FastClient (the fetch threads' too), so that close() reaches them all.
         self._fast_clients: list[Any] = []
@@ -104,16 +109,10 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
     def _small(self, commands: list[list[Any]], doing: str) -> list[Any]:
         """Small commands (EXISTS, DEL, SCAN, PREFETCH, the probe) pipelined on this thread's ``FastClient``, the
         connection the stores and reads use; each error reply in its place as the exception redis-py would raise,
-        a socket failure as redis-py's ConnectionError / TimeoutError (the connection dropped). Connections
-        FastClient does not make (TLS, a database number) use redis-py's pipeline."""
+        a socket failure as redis-py's ConnectionError / TimeoutError (the connection dropped)."""
         from kvstrata.client.fast import RespError
 
         fc = self._store_conn()
-        if fc is None:
-            pipe = self.redis.pipeline(transaction=False)
-            for cmd in commands:
-                pipe.execute_command(*cmd)
-            return list(pipe.execute(raise_on_error=False))
         try:
             replies = fc.pipeline(commands)
         except OSError as exc:
@@ -132,12 +131,8 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
 
     def _is_plain(self) -> bool:
         if self._plain_redis is None:
-            import redis
-
-            (reply,) = self._small([["TAIR.KV.VERSION", "kvstrata:probe"]], "probing the server")
-            if isinstance(reply, Exception) and not isinstance(reply, redis.ResponseError):
-                raise reply
-            self._plain_redis = isinstance(reply, redis.ResponseError)
+            (reply,) = self._small([self._probe_command()], "probing the server")
+            self._plain_redis = self._plain_from_probe(reply)
         return self._plain_redis
 
     def _server_leading(self, keys: list[bytes]) -> int:
@@ -203,7 +198,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         """The chunks of ``idx`` not stored yet (pipelined EXISTS per batch; the local tier alone without a
         server)."""
         if self.redis is None:
-            return [i for i in idx if self._local_get(keys[i]) is None]
+            return self._local_absent(keys, idx)
         out = []
         for batch in self._batches(idx):
             out += self._absent_of(batch, self._checked([["EXISTS", keys[i]] for i in batch], "checking keys"))
@@ -232,19 +227,8 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         if keys is None:
             keys = self.keys(tokens if max_tokens is None else tokens[:max_tokens])
         out: list[np.ndarray] = [] if _into is None else _into  # retrieve(out=): a _Filler
-        i = min(skip_chunks, len(keys))
-        skipped = i
-        # Local tier first.
-        while i < len(keys):
-            value = self._local_get(keys[i])
-            if value is None:
-                break
-            arr = self._decode(keys[i], value)
-            if arr is None:
-                self.local.delete(keys[i])
-                break
-            out.append(arr)
-            i += 1
+        skipped = min(skip_chunks, len(keys))
+        i = self._local_prefix(keys, skipped, out)  # local tier first
         self._count(local_hits=i - skipped)
         if i < len(keys) and self.redis is not None and self._arena_ok:
             # Local server: read in place from its arena, one copy per chunk; with reuse_buffers the arrays are

@@ -29,7 +29,8 @@ object missing (evicted, deleted) is a miss, so SGLang sees a shorter hit, never
 The client speaks RESP over one socket per thread through ``kvstrata.client.fast.FastClient`` (the transport the
 SDK reads with): writes go out with ``socket.sendmsg`` straight from the host pool's memory (no copy into a
 request buffer) and values are received with ``recvmsg_into`` straight into their page's segments in the host
-pool. Small commands are pipelined: one round trip per batch. The connection is ``sglang_conn``'s, the layout
+pool. Reads send TAIR.KV.MGET to a kvstrata server and MGET to plain Redis (the SDK's probe decides, once).
+Small commands are pipelined: one round trip per batch. The connection is ``sglang_conn``'s, the layout
 tags ``sglang_layout``'s; this module maps SGLang's calls onto them.
 """
 
@@ -48,6 +49,7 @@ from typing import Any
 import torch
 
 from kvstrata.client.fast import RespError
+from kvstrata.client.resp import PROBE, mget_command, probe_says_plain
 from kvstrata.engine.stats import Counters
 from kvstrata.integrations.sglang_conn import KvstrataError, RespConnection, _view, parse_url
 from kvstrata.integrations.sglang_layout import _page_object_sizes, _PoolKeys, layout_tag, pool_layout
@@ -138,7 +140,8 @@ class KvstrataHiCacheStorage(_Base):
     ``--hicache-storage-backend dynamic``. Extra-config keys (``--hicache-storage-backend-extra-config``):
 
     ``url``            ``redis://[user:password@]host:port[/db]`` (default ``redis://127.0.0.1:6379``; the
-                       environment variable ``KVSTRATA_URL`` is used when the key is absent)
+                       environment variable ``KVSTRATA_URL`` is used when the key is absent); ``rediss://``
+                       for TLS, with redis-py's ``?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...``
     ``key_prefix``     prefix of every key (default ``hicache:``), so ``clear`` deletes only HiCache objects
     ``extra_backend_tag``  an extra namespace component (as for SGLang's Mooncake backend)
     ``timeout``        socket timeout in seconds (default 30)
@@ -195,6 +198,10 @@ class KvstrataHiCacheStorage(_Base):
         if extra_config.get("password") is not None:
             self._conn_args["password"] = str(extra_config["password"])
         self._timeout = float(extra_config.get("timeout", 30.0))
+        # Whether the server lacks TAIR.KV.* (plain Redis): decided once, on the first connection, by the SDK's
+        # probe. Reads send TAIR.KV.MGET to kvstrata (as the SDK reads: its consistency level and ACL rules),
+        # MGET to Redis.
+        self._plain: bool | None = None
         # SGLang calls from its prefetch and backup threads at once: one connection per thread.
         # A thread's connection lives in its thread-local slot; _conns only lets close() reach the live ones (a
         # finished thread's connection is freed, and its socket closed, with the thread).
@@ -215,12 +222,17 @@ class KvstrataHiCacheStorage(_Base):
     # -- connection -------------------------------------------------------------------------------------------
     def _redacted_url(self) -> str:
         a = self._conn_args
-        return f"redis://{a['host']}:{a['port']}/{a['db']}"
+        scheme = "rediss" if a.get("ssl_context") is not None else "redis"
+        return f"{scheme}://{a['host']}:{a['port']}/{a['db']}"
 
     def _connection(self) -> RespConnection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = RespConnection(**self._conn_args, timeout=self._timeout)
+            if self._plain is None:
+                # The probe's key is under this backend's prefix, where an ACL user restricted to it may ask.
+                reply = conn.pipeline([(PROBE, f"{self.key_prefix}kvstrata-probe".encode())])[0]
+                self._plain = probe_says_plain(str(reply)) if isinstance(reply, KvstrataError) else False
             self._local.conn = conn
             with self._lock:
                 self._conns.add(conn)
@@ -355,17 +367,18 @@ class KvstrataHiCacheStorage(_Base):
             self.counters.add(**deltas)
 
     def _read_pages(self, conn: RespConnection, pages: list[list[_Object]]) -> list[bool]:
-        """One MGET for every object of every page; each value lands straight in its segments. A page is True
-        only if every one of its objects arrived with its full length."""
+        """One TAIR.KV.MGET (MGET on plain Redis) for every object of every page; each value lands straight in
+        its segments. A page is True only if every one of its objects arrived with its full length."""
         keys = [o.key for objs in pages for o in objs]
         if not keys:
             return []
-        conn.sendv([conn.encode([b"MGET", *keys])])
+        command = mget_command(bool(self._plain))
+        conn.sendv([conn.encode([command, *keys])])
         header = conn._line()
         if header[:1] == b"-":
             raise KvstrataError(header[1:].decode(errors="replace"))
         if header[:1] != b"*" or int(header[1:]) != len(keys):
-            raise ConnectionError(f"MGET answered {header[:80]!r} for {len(keys)} keys")
+            raise ConnectionError(f"{command.decode()} answered {header[:80]!r} for {len(keys)} keys")
         results = []
         partial = 0
         for objs in pages:
@@ -562,7 +575,8 @@ class KvstrataHiCacheStorage(_Base):
 
     def batch_get_v2(self, transfers: list[Any],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
-        """Read every transfer's pages into its host pool in one MGET; per pool name, True per page restored."""
+        """Read every transfer's pages into its host pool in one TAIR.KV.MGET; per pool name, True per page
+        restored."""
         groups = [(str(getattr(t.name, "value", t.name)), self._transfer_pages(t)) for t in transfers]
         flat = self._get([p for _, pages in groups for p in pages])
         return _split_results(groups, flat)

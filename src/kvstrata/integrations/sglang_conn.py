@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import ssl
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from kvstrata.client.fast import FastClient, RespError, pack, sendmsg_all
 
@@ -35,13 +36,10 @@ class RespConnection(FastClient):
     ``pipeline`` (raised by ``call``), values received straight into host-pool segments (``read_bulk_into``)."""
 
     def __init__(self, host: str, port: int, *, username: str | None = None, password: str | None = None,
-                 db: int = 0, timeout: float | None = 30.0, connect_timeout: float = 5.0) -> None:
-        super().__init__(host, port, timeout=timeout, connect_timeout=connect_timeout)
-        if password is not None:
-            args = [b"AUTH", username.encode(), password.encode()] if username else [b"AUTH", password.encode()]
-            self.call(*args)
-        if db:
-            self.call(b"SELECT", str(db).encode())
+                 db: int = 0, timeout: float | None = 30.0, connect_timeout: float = 5.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(host, port, timeout=timeout, connect_timeout=connect_timeout, password=password,
+                         username=username, db=db, ssl_context=ssl_context)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -116,19 +114,27 @@ class RespConnection(FastClient):
 
 
 def parse_url(url: str) -> dict[str, Any]:
-    """``redis://[user:password@]host:port[/db]`` (also ``kvstrata://``, ``tcp://``) -> connection keywords."""
+    """``redis://[user:password@]host:port[/db]`` (also ``kvstrata://``, ``tcp://``; ``rediss://`` for TLS, with
+    redis-py's ``?ssl_ca_certs=...&ssl_certfile=...&ssl_keyfile=...`` options, as the SDK reads them) ->
+    connection keywords."""
     parsed = urlparse(url if "://" in url else f"redis://{url}")
-    if parsed.scheme not in ("redis", "kvstrata", "tcp"):
+    if parsed.scheme not in ("redis", "rediss", "kvstrata", "tcp"):
         raise ValueError(f"unsupported URL scheme {parsed.scheme!r} (use redis://host:port)")
     db = 0
     if parsed.path and parsed.path.strip("/"):
         db = int(parsed.path.strip("/"))
-    return {
+    out = {
         "host": parsed.hostname or "127.0.0.1",
         "port": parsed.port or 6379,
         "username": unquote(parsed.username) if parsed.username else None,
         "password": unquote(parsed.password) if parsed.password is not None else None,
         "db": db,
     }
+    if parsed.scheme == "rediss":
+        from kvstrata.client.endpoint import ssl_context
+
+        options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+        out["ssl_context"] = ssl_context(options)
+    return out
 
 
