@@ -94,3 +94,28 @@ def test_staged_store_and_arena_restore_are_byte_exact(make_server, sockdir, lib
         assert calls["strided"] > stored_calls["strided"]  # and the restores their chunk copies
         assert calls["copy"] > 0  # whole contiguous values (retrieve_chunks, the contiguous store)
     assert srv.client().info("memory")["arena_leases"] == 0
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_arena_read_into_streams_whole_values(make_server, sockdir, libs, monkeypatch, verify: bool) -> None:
+    """``ArenaClient.read_into``: each value copied out of the read-only mapping into the caller's buffer."""
+    from kvstrata.client.arena import ArenaClient
+
+    native, calls = _counting(libs["best"])
+    monkeypatch.setattr(ntcopy, "NATIVE", native)
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb"})
+    kv = _kv("bfloat16", seed=7)
+    tokens = list(range(TOKENS))
+    with KVCacheClient(f"unix://{path}", Namespace("nt-read-into", kv_dtype="bfloat16")) as c:
+        assert c.store(tokens, kv) == TOKENS // 256
+        keys = c.keys(tokens)
+    values = [srv.client().get(k) for k in keys]  # the stored values, over TCP
+    bufs = [bytearray(len(v) + 100) for v in values]
+    ac = ArenaClient(path)
+    try:
+        lengths = ac.read_into([*keys, b"no-such-key"], [*bufs, bytearray(10)], verify=verify)
+    finally:
+        ac.close()
+    assert lengths == [len(v) for v in values] + [None]
+    assert all(bytes(b[:len(v)]) == v and not any(b[len(v):]) for b, v in zip(bufs, values, strict=True))
+    assert calls["copy"] == len(values)  # each value (2 MiB) streamed in one call
