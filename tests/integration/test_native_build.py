@@ -10,7 +10,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from tests.native_libs import REPO
 
 pytestmark = pytest.mark.slow
