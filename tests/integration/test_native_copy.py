@@ -1,6 +1,6 @@
-"""Stores and restores through a real server with the native streaming-store copy (kvstrata.client.streamcopy) in
-use, and with it off: the staged store's copy into the segment and every restore copy out of the arena give the
-bytes stored, which a socket read (no client copy at all) confirms; the streamed path is really taken."""
+"""Restores through a real server with the native streaming-store copy (kvstrata.client.streamcopy) in use, and
+with it off: every restore copy out of the arena gives the bytes stored (by a staged store), which a socket read
+(no client copy at all) confirms; the streamed path is really taken."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _kv(dtype: str, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("mode", ["best", "sse2", "off"])
-def test_staged_store_and_arena_restore_are_byte_exact(make_server, sockdir, libs, monkeypatch, dtype: str,
+def test_arena_restores_are_byte_exact(make_server, sockdir, libs, monkeypatch, dtype: str,
                                                         mode: str) -> None:
     calls: dict[str, int] = {}
     if mode == "off":
@@ -68,7 +68,6 @@ def test_staged_store_and_arena_restore_are_byte_exact(make_server, sockdir, lib
     with KVCacheClient(f"unix://{path}", ns, copy_threads=1) as c:
         assert c.store(tokens, kv) == TOKENS // 256  # staged: strided chunks copied into the segment
         assert c._tls.stage is not None
-        stored_calls = dict(calls)
         dst = np.zeros_like(kv)
         n, view = c.retrieve(tokens, out=dst)
         assert n == TOKENS and view.base is dst and dst.tobytes() == want
@@ -90,9 +89,8 @@ def test_staged_store_and_arena_restore_are_byte_exact(make_server, sockdir, lib
         n, got = plain.retrieve(tokens)
         assert n == TOKENS and got.tobytes() == want
     if mode != "off":
-        assert stored_calls["strided"] > 0  # the staged store streamed its blocks
-        assert calls["strided"] > stored_calls["strided"]  # and the restores their chunk copies
-        assert calls["copy"] > 0  # whole contiguous values (retrieve_chunks, the contiguous store)
+        assert calls["strided"] >= 2 * TOKENS // 256  # each chunk into its slot of ``out``: one call
+        assert calls["copy"] > 0  # whole contiguous values (retrieve_chunks)
     assert srv.client().info("memory")["arena_leases"] == 0
 
 

@@ -19,15 +19,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kvstrata.client import streamcopy
 from kvstrata.client.codec import CHECKSUM_OFFSET, parts_nbytes
 from kvstrata.client.fast import FastClient, RespError
 
 PAGE = 4096
 PIECE = 256 * 1024  # copied then hashed at once: the hash reads the piece from (L2) cache
-# Streamed pieces: the hash reads the source, which only the copy's loads brought in, from L2/L3; larger than
-# PIECE because each streamed piece costs a few microseconds of Python and ctypes.
-STREAM_PIECE = 1024 * 1024
 ALIGN = 64  # a reserved value's payload starts this aligned (its header is placed before it: COMMIT ... SKIP)
 
 
@@ -42,18 +38,6 @@ def _span(n: int) -> int:
 def _byte_view(p: Any) -> memoryview:
     mv = p if isinstance(p, memoryview) else memoryview(p)
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-
-
-def _runs(a: np.ndarray) -> Iterator[np.ndarray]:
-    """The C-contiguous pieces of ``a`` (last axis contiguous), in C order: its bytes as a hash reads them."""
-    if a.flags.c_contiguous:
-        yield a
-        return
-    k = 1
-    while not a[(0,) * k].flags.c_contiguous:
-        k += 1
-    for idx in np.ndindex(*a.shape[:k]):
-        yield a[idx]
 
 
 def _blocks(shape: tuple[int, ...], piece: int) -> Iterator[tuple[Any, ...]]:
@@ -119,26 +103,17 @@ class StageWriter(FastClient):
     def write(self, offset: int, parts: Sequence[Any], sum_at: int | None = None) -> int:
         """Copy ``parts`` one after another into the segment at ``offset``, hashing each piece right after
         copying it; returns the xxh3-64 of the bytes. ``sum_at``: the bytes carry their own checksum there
-        (8 bytes, zero in ``parts``, as in ``codec.prepare_parts``' header), which is filled in afterwards.
-        Parts of at least ``streamcopy.NT_MIN_BYTES`` are copied with streaming stores where the native helper
-        is built (``kvstrata.client.streamcopy``): the segment's lines are not read first, and each piece's
-        source, still in cache from the copy, is what gets hashed (the copy is exact; the server verifies its
-        own copy of the segment anyway)."""
+        (8 bytes, zero in ``parts``, as in ``codec.prepare_parts``' header), which is filled in afterwards."""
         view = self.view
         h = xxhash.xxh3_64()
         pos = offset
-        streams = streamcopy.available()
         for p in parts:
             if isinstance(p, np.ndarray):  # a strided chunk (codec.prepare_parts(strided=True)): numpy copies it
-                self._copy_array(pos, p, h, streams and p.nbytes >= streamcopy.NT_MIN_BYTES)
+                self._copy_array(pos, p, h)
                 pos += p.nbytes
                 continue
             src = _byte_view(p)
             n = src.nbytes
-            if streams and n >= streamcopy.NT_MIN_BYTES:
-                self._copy_array(pos, np.frombuffer(src, np.uint8), h, True)
-                pos += n
-                continue
             for o in range(0, n, PIECE):
                 e = min(o + PIECE, n)
                 dst = view[pos + o:pos + e]
@@ -150,21 +125,16 @@ class StageWriter(FastClient):
             view[offset + sum_at:offset + sum_at + 8] = digest.to_bytes(8, "little")
         return digest
 
-    def _copy_array(self, pos: int, arr: np.ndarray, h: Any, streamed: bool = False) -> None:
+    def _copy_array(self, pos: int, arr: np.ndarray, h: Any) -> None:
         """Copy ``arr`` (any strides, last axis contiguous) in C order into the segment at ``pos``, block by
         block (numpy copies each block's strided runs in one call), hashing each block right after it is
-        copied, while it is in cache. ``streamed``: with streaming stores where the helper takes the block; the
-        block then hashed from its source (the destination went to memory, the source is in cache)."""
+        copied, while it is in cache."""
         src = arr.view(np.uint8)  # bytes: the payload may sit at any alignment after the codec header
         dst = np.frombuffer(self.mm, np.uint8, src.size, pos).reshape(src.shape)
-        for idx in _blocks(src.shape, STREAM_PIECE if streamed else PIECE):
-            d, s = dst[idx], src[idx]
-            if streamed and streamcopy.stream(d, s):
-                for run in _runs(s):
-                    h.update(run)
-            else:
-                np.copyto(d, s)
-                h.update(d)
+        for idx in _blocks(src.shape, PIECE):
+            d = dst[idx]
+            np.copyto(d, src[idx])
+            h.update(d)
 
     def put_many(self, items: Sequence[tuple[Any, int, Sequence[Any]]], sum_at: int | None = None) -> list[Any]:
         """Store each (key, ttl_ms, parts) through the segment; one reply per item (the new version, or a
