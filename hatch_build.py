@@ -58,7 +58,8 @@ def compile_library(source: Path, out: Path) -> str | None:
         proc = subprocess.run([*cc, *CFLAGS, "-o", tmp, str(source)], capture_output=True, text=True,
                               timeout=300, check=False)
         if proc.returncode != 0:
-            return f"{' '.join(cc)} failed: {(proc.stderr or proc.stdout).strip()[-2000:]}"
+            return (f"{' '.join(cc)} failed (exit status {proc.returncode})"
+                    + (f": {(proc.stderr or proc.stdout).strip()[-2000:]}" if (proc.stderr or proc.stdout).strip() else ""))
         os.chmod(tmp, 0o755)
         os.replace(tmp, out)
         tmp = ""
