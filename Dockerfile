@@ -11,7 +11,13 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# gcc: hatch_build.py compiles the client's native copy helper into kvstrata's wheel (without it the wheel is
+# built without the helper, and the client copies with numpy). Only in this stage: the image gets the wheel.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml README.md hatch_build.py ./
 COPY src ./src
 # Wheels of kvstrata, its server dependencies and redis-py (the `sdk` extra: the client of the Redis Cluster pool
 # tier). Not the `llm` or `sglang` extras: no torch, no transformers.

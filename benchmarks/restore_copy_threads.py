@@ -10,7 +10,9 @@ page boundary (after the value's header). Timed, interleaved, alternating order,
 * ``memcpy-new``: one ``np.copyto`` of the whole prefix into a new array (the reference of ``new-tN``);
 * ``copy-tN``: the SDK's copy (``kvstrata.client.filler._copy_along`` through a ``CopyPool`` of N threads, the
   16 MiB engagement threshold as in the client) of the chunks into the touched buffer, as ``retrieve(out=)``;
-* ``new-tN``: the same into a new array (``retrieve(tokens)``: first-touch page faults included).
+* ``new-tN``: the same into a new array (``retrieve(tokens)``: first-touch page faults included);
+* ``copy-tN-numpy``: ``copy-tN`` with the native streaming-store copy switched off for the call (as
+  ``KVSTRATA_NATIVE_COPY=0``), where it is built: numpy's copy, in the same rounds.
 
     PYTHONPATH=src python3 benchmarks/restore_copy_threads.py --model llama-3.1-8b --tokens 1536 --threads 1,2,4
 
@@ -32,6 +34,7 @@ import numpy as np
 from kvstrata.bench.restore import CHUNK, MODELS
 from kvstrata.client.copypool import CopyPool
 from kvstrata.client.filler import _copy_along
+from kvstrata.native import ntcopy
 
 MiB = 1024 * 1024
 HEADER = 85  # a value's header: its payload starts this far into its page-aligned slot
@@ -71,6 +74,16 @@ def main() -> None:
     for t, pool in pools.items():
         modes[f"copy-t{t}"] = lambda pool=pool: _copy_along(chunks, out, 3, pool)
         modes[f"new-t{t}"] = lambda pool=pool: _copy_along(chunks, np.empty_like(kv), 3, pool)
+    native = ntcopy.NATIVE
+    if native is not None:
+        for t, pool in pools.items():
+            def numpy_copy(pool: CopyPool = pool) -> None:
+                ntcopy.NATIVE = None
+                try:
+                    _copy_along(chunks, out, 3, pool)
+                finally:
+                    ntcopy.NATIVE = native
+            modes[f"copy-t{t}-numpy"] = numpy_copy
     times: dict[str, list[float]] = {m: [] for m in modes}
     for rnd in range(args.rounds + 1):
         for m in (list(modes) if rnd % 2 == 0 else list(modes)[::-1]):
@@ -85,7 +98,7 @@ def main() -> None:
         pool.close()
     ref = statistics.median(times["memcpy"])
     print(f"{args.model} {tokens} tokens, {kv.nbytes / MiB:.0f} MiB, {os.cpu_count()} CPUs, load "
-          f"{os.getloadavg()[0]:.1f}")
+          f"{os.getloadavg()[0]:.1f}, native copy: {native.level if native is not None else ntcopy.WHY}")
     for m, ts in times.items():
         med = statistics.median(ts)
         print(f"  {m:16s} {kv.nbytes / med / 1e9:6.2f} GB/s  {ref / med:5.2f}x memcpy")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: python3-venv (for the project's .venv), redis-server/redis-tools (the
 # Redis peer, redis-cli, redis-benchmark, and the Redis Cluster for the pool tests), chromium (the dashboard
-# test), prometheus (promtool for the alert rules), and valkey-server 8 from bookworm-backports (the pool tests
-# run against it with KVSTRATA_POOL_SERVER=valkey-server; skipped where backports cannot be reached). Installs
-# only what is missing; as root directly, otherwise through sudo.
+# test), prometheus (promtool for the alert rules), gcc (the client's native copy helper, compiled by
+# `pip install -e .`), and valkey-server 8 from bookworm-backports (the pool tests run against it with
+# KVSTRATA_POOL_SERVER=valkey-server; skipped where backports cannot be reached). Installs only what is missing;
+# as root directly, otherwise through sudo.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
@@ -14,6 +15,8 @@ python3 -c "import ensurepip, venv" >/dev/null 2>&1 || missing+=(python3-venv)  
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 { command -v redis-cli >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } || missing+=(redis-tools)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
+# gcc: `pip install -e .` compiles the client's native copy helper (hatch_build.py); without it, numpy copies.
+command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 prometheus=0
 command -v promtool >/dev/null 2>&1 || prometheus=1
 

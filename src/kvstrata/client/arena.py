@@ -15,8 +15,10 @@ import mmap
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import xxhash
 
+from kvstrata.client import streamcopy
 from kvstrata.client.fast import FastClient, RespError, _bytes_view
 
 
@@ -108,7 +110,8 @@ class ArenaClient(FastClient):
                 dst = _bytes_view(buf)
                 if n > dst.nbytes:
                     raise ValueError(f"value of {n} bytes does not fit a buffer of {dst.nbytes}")
-                dst[:n] = data
+                # streamed when large (kvstrata.client.streamcopy): numpy otherwise, the same bytes
+                streamcopy.copy(np.frombuffer(dst, np.uint8, n), np.frombuffer(data, np.uint8))
                 if verify and isinstance(ref, Ref) and xxhash.xxh3_64_intdigest(dst[:n]) != ref.checksum:
                     raise ValueError("arena copy does not match the server's checksum")
                 out.append(n)
@@ -156,6 +159,4 @@ class ArenaClient(FastClient):
 
 def _address(mm: mmap.mmap) -> int:
     """The address of a read-only mapping (ctypes' from_buffer needs a writable one; numpy does not)."""
-    import numpy as np
-
     return int(np.frombuffer(mm, dtype=np.uint8).ctypes.data)

@@ -11,7 +11,9 @@ thread or the pairs hold less than ``min_bytes`` (a hand-off costs tens of micro
 pieces that the caller and ``threads - 1`` helper threads take from one list until none is left. Work is
 taken, not assigned, so a helper the OS does not schedule in time (a loaded host) delays the copy by at most
 the one piece it holds, never by its share. The call returns only when every piece is done, and raises the
-first error any of them raised. Helpers start on the first parallel copy and end with ``close()``.
+first error any of them raised. Helpers start on the first parallel copy and end with ``close()``. Each copy,
+whole or piece, is ``kvstrata.client.streamcopy.copy``: streaming stores where the native helper is built (its
+ctypes call releases the GIL too), numpy otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import weakref
 from collections.abc import Sequence
 
 import numpy as np
+
+from kvstrata.client.streamcopy import copy as copy_into
 
 MiB = 1024 * 1024
 DEFAULT_MIN_BYTES = 16 * MiB  # below this a copy runs on the calling thread
@@ -74,7 +78,7 @@ def byte_views(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def copy_pair(dst: np.ndarray, src: np.ndarray) -> None:
     """One copy on this thread, through byte views where possible (``byte_views``); dtypes must match."""
     d, s = byte_views(dst, src)
-    np.copyto(d, s, casting="no")
+    copy_into(d, s)
 
 
 def split(dst: np.ndarray, src: np.ndarray, piece: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -122,7 +126,7 @@ class _Job:
                 self.next += 1
                 self.busy += 1
             try:
-                np.copyto(dst, src, casting="no")
+                copy_into(dst, src)
             except BaseException as exc:  # handed to the caller, which re-raises it
                 with self.lock:
                     if self.error is None:
@@ -172,14 +176,14 @@ class CopyPool:
         views = [byte_views(d, s) for d, s in pairs]
         if self.threads == 1 or sum(d.nbytes for d, _ in views) < self.min_bytes:
             for d, s in views:
-                np.copyto(d, s, casting="no")
+                copy_into(d, s)
             return
         # Pairs whose pieces could not be copied apart: broadcasting (or a numpy error, raised here), or arrays
         # that overlap (a piece would read what another wrote): each as one copy, on this thread.
         apart = [d.shape == s.shape and not np.may_share_memory(d, s) for d, s in views]
         for (d, s), ok in zip(views, apart, strict=True):
             if not ok:
-                np.copyto(d, s, casting="no")
+                copy_into(d, s)
         total = sum(d.nbytes for (d, _), ok in zip(views, apart, strict=True) if ok)
         piece = min(MAX_PIECE, max(self.min_piece, total // (self.threads * PIECES_PER_THREAD)))
         pieces = [p for (d, s), ok in zip(views, apart, strict=True) if ok for p in split(d, s, piece)]
