@@ -1,0 +1,194 @@
+"""Ghost history sized to its contents: fingerprints in a ring of flat arrays, found through a 32-bit table.
+
+``GhostFifo`` (``_ghosts.py``) gives its ring and its table one power-of-two capacity and 64-bit table slots:
+simple, but with LRU-K's history per ghost that is 36 B per slot at a load of 3/8 to 3/4, about 50-100 B per
+ghost, more than a whole tracked key may cost (``lru-k-compact``'s budget is 64 B for a resident key *and* its
+share of ghosts). Here the ring is a plain circular array whose capacity follows the ghost count (+1/8, squeezed
+or grown when full), and the table, a power of two at load <= 3/4, holds 32-bit ring positions: 17 B of ring
+per ghost (fingerprint, window end, reference count) plus 5-11 B of table, and 8 B more when the history
+needs the time of the last reference (a correlated-reference period above 0).
+
+Semantics are GhostFifo's, which LRU-K's decisions depend on: FIFO order of first insertion, adding a present
+fingerprint updates its values in place, ``popleft`` drops the oldest. Fingerprints are ``fingerprint(key)``
+(64-bit, never 0; 0 marks a hole left by a deletion from the middle). Every operation is O(1) amortised; a
+rebuild (ring full) costs O(ghosts) and comes at most once per ghosts/8 additions or deletions.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from itertools import compress
+
+_MIN_RING = 16
+_MIN_TABLE = 16
+
+
+def table_size(count: int) -> int:
+    """The smallest power of two (>= 16) holding ``count`` entries at a load of at most 3/4."""
+    size = _MIN_TABLE
+    while 4 * count > 3 * size:
+        size *= 2
+    return size
+
+
+def backshift_delete(table: array, mask: int, i: int, home: Callable[[int], int]) -> None:
+    """Empty slot ``i`` of a linear-probing ``table`` (0 = empty) and move later entries of its probe run back,
+    so no tombstones are needed. ``home(v)`` is the home slot of table value ``v``."""
+    j = i
+    while True:
+        j = (j + 1) & mask
+        v = table[j]
+        if not v:
+            break
+        h = home(v)
+        # The entry at j may move to i only if its home is not cyclically within (i, j].
+        if (i < j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+            table[i] = v
+            i = j
+    table[i] = 0
+
+
+class GhostRing:
+    """Fingerprints in insertion order with a window end (``until``), a reference count (``refs``) and,
+    optionally, the time of the last reference (``last``) each; O(1) membership, deletion and drop-oldest."""
+
+    __slots__ = ("_cap", "_head", "_mask", "_n", "_table", "count", "fps", "last", "refs", "until", "with_last")
+
+    def __init__(self, with_last: bool = False) -> None:
+        self.with_last = with_last
+        self.clear()
+
+    def clear(self) -> None:
+        self._alloc(_MIN_RING)
+        self._table = array("i", bytes(4 * _MIN_TABLE))  # ring position + 1, 0 = empty
+        self._mask = _MIN_TABLE - 1
+        self._head = 0  # ring position of the oldest entry (or hole)
+        self._n = 0  # ring entries from the head, holes included
+        self.count = 0  # live ghosts
+
+    def _alloc(self, cap: int) -> None:
+        self._cap = cap
+        self.fps = array("q", bytes(8 * cap))
+        self.until = array("q", bytes(8 * cap))
+        self.refs = array("B", bytes(cap))
+        self.last = array("q", bytes(8 * cap)) if self.with_last else array("q")
+
+    def __len__(self) -> int:
+        return self.count
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays' items (the ring's capacity and the table's)."""
+        return sum(a.itemsize * len(a) for a in (self.fps, self.until, self.refs, self.last, self._table))
+
+    def find(self, fp: int) -> int:
+        """The ring position of ``fp`` (index into ``until``/``refs``/``last``), or -1."""
+        table, fps, mask = self._table, self.fps, self._mask
+        i = fp & mask
+        while True:
+            v = table[i]
+            if not v:
+                return -1
+            if fps[v - 1] == fp:
+                return v - 1
+            i = (i + 1) & mask
+
+    def take(self, fp: int) -> int:
+        """Forget ``fp`` and return its ring position, whose values stay readable until the next ``add``; or -1."""
+        table, fps, mask = self._table, self.fps, self._mask
+        i = fp & mask
+        while True:
+            v = table[i]
+            if not v:
+                return -1
+            if fps[v - 1] == fp:
+                break
+            i = (i + 1) & mask
+        fps[v - 1] = 0
+        backshift_delete(table, mask, i, self._home)
+        self.count -= 1
+        return v - 1
+
+    def _home(self, v: int) -> int:
+        return self.fps[v - 1] & self._mask
+
+    def add(self, fp: int, until: int, refs: int, last: int = 0) -> None:
+        """Append ``fp`` as the newest ghost; a present ``fp`` keeps its place and takes the new values."""
+        pos = self.find(fp)
+        if pos < 0:
+            if self._n == self._cap:
+                self._rebuild(self.count + 1)
+            elif 4 * (self.count + 1) > 3 * (self._mask + 1):
+                self._reindex(table_size(self.count + 1))
+            pos = self._head + self._n
+            if pos >= self._cap:
+                pos -= self._cap
+            table, mask = self._table, self._mask
+            i = fp & mask
+            while table[i]:
+                i = (i + 1) & mask
+            table[i] = pos + 1
+            self.fps[pos] = fp
+            self._n += 1
+            self.count += 1
+        self.until[pos] = until
+        self.refs[pos] = refs
+        if self.with_last:
+            self.last[pos] = last
+
+    def popleft(self) -> int:
+        """Drop the oldest ghost and return its fingerprint (0 when there is none)."""
+        if not self.count:
+            return 0
+        fps, cap = self.fps, self._cap
+        head = self._head
+        while not fps[head]:  # holes left by deletions from the middle
+            head += 1
+            if head == cap:
+                head = 0
+            self._n -= 1
+        fp = fps[head]
+        self._head = head
+        self.take(fp)
+        head += 1
+        self._head = 0 if head == cap else head
+        self._n -= 1
+        return fp
+
+    def _rebuild(self, need: int) -> None:
+        """Squeeze the holes out, oldest first from position 0, into a ring of ``need`` + 1/8 slots."""
+        head, n, cap = self._head, self._n, self._cap
+        end = head + n
+
+        def unrolled(column: array) -> array:
+            return column[head:end] if end <= cap else column[head:] + column[: end - cap]
+
+        fps = unrolled(self.fps)
+        columns = [unrolled(c) for c in (self.until, self.refs, self.last) if len(c)]
+        live = array("q", compress(fps, fps))
+        kept = [array(c.typecode, compress(c, fps)) for c in columns]
+        self._alloc(max(_MIN_RING, need + (need >> 3) + 8))
+        count = len(live)
+        self.fps[:count] = live
+        for dst, src in zip([c for c in (self.until, self.refs, self.last) if len(c)], kept, strict=True):
+            dst[:count] = src
+        self._head = 0
+        self._n = self.count = count
+        self._reindex(table_size(max(need, count)))
+
+    def _reindex(self, size: int) -> None:
+        table = array("i", bytes(4 * size))
+        mask = size - 1
+        fps, cap = self.fps, self._cap
+        pos = self._head
+        for _ in range(self._n):
+            fp = fps[pos]
+            if fp:
+                i = fp & mask
+                while table[i]:
+                    i = (i + 1) & mask
+                table[i] = pos + 1
+            pos += 1
+            if pos == cap:
+                pos = 0
+        self._table, self._mask = table, mask
