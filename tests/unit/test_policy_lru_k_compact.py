@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstrata.bench.hitrate import memory_per_key
+from kvstrata.bench.policy_diff import Divergence, lockstep
 from kvstrata.bench.traces import PRESETS, generate, trace_stats
 from kvstrata.clock import ManualClock
 from kvstrata.engine.entry import ENTRY_OVERHEAD
@@ -77,32 +78,6 @@ def test_same_decisions_as_lru_k_on_random_scripts(pair: str, script: list[tuple
         assert state(new) == state(old)
 
 
-def lockstep(trace: Any, capacity: int, new: Any, old: Any) -> int:
-    """Replay ``trace`` as ``kvstrata bench hitrate`` does, both policies at once; every victim must agree.
-    Returns the number of evictions."""
-    resident: set[bytes] = set()
-    evictions = 0
-    for req in trace:
-        for key in (*req.reads, *req.writes):
-            if key in resident:
-                new.touch(key)
-                old.touch(key)
-                continue
-            while len(resident) >= capacity:
-                victim = new.victim()
-                assert victim == old.victim(), evictions
-                new.remove(victim)
-                old.remove(victim)
-                resident.discard(victim)
-                evictions += 1
-            new.admit(key)
-            old.admit(key)
-            resident.add(key)
-    assert list(new.victims()) == list(old.victims())
-    assert (new.log_theta, new.segment_sizes()) == (old.log_theta, old.segment_sizes())
-    return evictions
-
-
 @pytest.mark.parametrize("trace_name", list(PRESETS))
 def test_same_victim_sequence_on_the_bench_traces(trace_name: str) -> None:
     # The bench's presets (their traffic shapes), shortened to keep the test fast; the full traces are compared
@@ -112,7 +87,15 @@ def test_same_victim_sequence_on_the_bench_traces(trace_name: str) -> None:
     distinct = trace_stats(trace)["distinct_chunks"]
     for fraction in (0.02, 0.1):
         capacity = max(1, round(fraction * distinct))
-        assert lockstep(trace, capacity, create_policy("lru-k-compact"), create_policy("lru-k")) > 0
+        new, old = create_policy("lru-k-compact"), create_policy("lru-k")
+        assert lockstep(trace, capacity, new, old) > 0
+        assert (new.log_theta, new.segment_sizes()) == (old.log_theta, old.segment_sizes())
+
+
+def test_lockstep_catches_a_different_choice() -> None:
+    trace = generate(dataclasses.replace(PRESETS["default"], arrivals=100))
+    with pytest.raises(Divergence):
+        lockstep(trace, 20, create_policy("lru-k-compact"), create_policy("s3-fifo"))
 
 
 def test_same_decisions_under_heavy_deletion_and_ghost_returns() -> None:

@@ -4,9 +4,10 @@
 simple, but with LRU-K's history per ghost that is 36 B per slot at a load of 3/8 to 3/4, about 50-100 B per
 ghost, more than a whole tracked key may cost (``lru-k-compact``'s budget is 64 B for a resident key *and* its
 share of ghosts). Here the ring is a plain circular array whose capacity follows the ghost count (+1/8, squeezed
-or grown when full), and the table, a power of two at load <= 3/4, holds 32-bit ring positions: 17 B of ring
-per ghost (fingerprint, window end, reference count) plus 5-11 B of table, and 8 B more when the history
-needs the time of the last reference (a correlated-reference period above 0).
+or grown when full), and the table, at a load between 1/2 and 3/4 (any size, indexed modulo its size: a
+power of two would leave it between 3/8 and 3/4), holds 32-bit ring positions: 17 B of ring per ghost
+(fingerprint, window end, reference count) plus 5.3-8 B of table, and 8 B more when the history needs the
+time of the last reference (a correlated-reference period above 0).
 
 Semantics are GhostFifo's, which LRU-K's decisions depend on: FIFO order of first insertion, adding a present
 fingerprint updates its values in place, ``popleft`` drops the oldest. Fingerprints are ``fingerprint(key)``
@@ -25,19 +26,19 @@ _MIN_TABLE = 16
 
 
 def table_size(count: int) -> int:
-    """The smallest power of two (>= 16) holding ``count`` entries at a load of at most 3/4."""
-    size = _MIN_TABLE
-    while 4 * count > 3 * size:
-        size *= 2
-    return size
+    """The size of a table grown for ``count`` entries: load 1/2 (it grows again past 3/4)."""
+    return max(_MIN_TABLE, 2 * count)
 
 
-def backshift_delete(table: array, mask: int, i: int, home: Callable[[int], int]) -> None:
+def backshift_delete(table: array, i: int, home: Callable[[int], int]) -> None:
     """Empty slot ``i`` of a linear-probing ``table`` (0 = empty) and move later entries of its probe run back,
     so no tombstones are needed. ``home(v)`` is the home slot of table value ``v``."""
+    size = len(table)
     j = i
     while True:
-        j = (j + 1) & mask
+        j += 1
+        if j == size:
+            j = 0
         v = table[j]
         if not v:
             break
@@ -53,7 +54,7 @@ class GhostRing:
     """Fingerprints in insertion order with a window end (``until``), a reference count (``refs``) and,
     optionally, the time of the last reference (``last``) each; O(1) membership, deletion and drop-oldest."""
 
-    __slots__ = ("_cap", "_head", "_mask", "_n", "_table", "count", "fps", "last", "refs", "until", "with_last")
+    __slots__ = ("_cap", "_head", "_n", "_size", "_table", "count", "fps", "last", "refs", "until", "with_last")
 
     def __init__(self, with_last: bool = False) -> None:
         self.with_last = with_last
@@ -62,7 +63,7 @@ class GhostRing:
     def clear(self) -> None:
         self._alloc(_MIN_RING)
         self._table = array("i", bytes(4 * _MIN_TABLE))  # ring position + 1, 0 = empty
-        self._mask = _MIN_TABLE - 1
+        self._size = _MIN_TABLE
         self._head = 0  # ring position of the oldest entry (or hole)
         self._n = 0  # ring entries from the head, holes included
         self.count = 0  # live ghosts
@@ -83,34 +84,38 @@ class GhostRing:
 
     def find(self, fp: int) -> int:
         """The ring position of ``fp`` (index into ``until``/``refs``/``last``), or -1."""
-        table, fps, mask = self._table, self.fps, self._mask
-        i = fp & mask
+        table, fps, size = self._table, self.fps, self._size
+        i = fp % size
         while True:
             v = table[i]
             if not v:
                 return -1
             if fps[v - 1] == fp:
                 return v - 1
-            i = (i + 1) & mask
+            i += 1
+            if i == size:
+                i = 0
 
     def take(self, fp: int) -> int:
         """Forget ``fp`` and return its ring position, whose values stay readable until the next ``add``; or -1."""
-        table, fps, mask = self._table, self.fps, self._mask
-        i = fp & mask
+        table, fps, size = self._table, self.fps, self._size
+        i = fp % size
         while True:
             v = table[i]
             if not v:
                 return -1
             if fps[v - 1] == fp:
                 break
-            i = (i + 1) & mask
+            i += 1
+            if i == size:
+                i = 0
         fps[v - 1] = 0
-        backshift_delete(table, mask, i, self._home)
+        backshift_delete(table, i, self._home)
         self.count -= 1
         return v - 1
 
     def _home(self, v: int) -> int:
-        return self.fps[v - 1] & self._mask
+        return self.fps[v - 1] % self._size
 
     def add(self, fp: int, until: int, refs: int, last: int = 0) -> None:
         """Append ``fp`` as the newest ghost; a present ``fp`` keeps its place and takes the new values."""
@@ -118,15 +123,17 @@ class GhostRing:
         if pos < 0:
             if self._n == self._cap:
                 self._rebuild(self.count + 1)
-            elif 4 * (self.count + 1) > 3 * (self._mask + 1):
+            elif 4 * (self.count + 1) > 3 * self._size:
                 self._reindex(table_size(self.count + 1))
             pos = self._head + self._n
             if pos >= self._cap:
                 pos -= self._cap
-            table, mask = self._table, self._mask
-            i = fp & mask
+            table, size = self._table, self._size
+            i = fp % size
             while table[i]:
-                i = (i + 1) & mask
+                i += 1
+                if i == size:
+                    i = 0
             table[i] = pos + 1
             self.fps[pos] = fp
             self._n += 1
@@ -178,17 +185,18 @@ class GhostRing:
 
     def _reindex(self, size: int) -> None:
         table = array("i", bytes(4 * size))
-        mask = size - 1
         fps, cap = self.fps, self._cap
         pos = self._head
         for _ in range(self._n):
             fp = fps[pos]
             if fp:
-                i = fp & mask
+                i = fp % size
                 while table[i]:
-                    i = (i + 1) & mask
+                    i += 1
+                    if i == size:
+                        i = 0
                 table[i] = pos + 1
             pos += 1
             if pos == cap:
                 pos = 0
-        self._table, self._mask = table, mask
+        self._table, self._size = table, size

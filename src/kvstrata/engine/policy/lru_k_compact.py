@@ -12,19 +12,21 @@ int object (~124 B per key with the dict), and its ghosts in a ``GhostFifo`` (~6
   links (``array('i')``) of two circular doubly linked lists, probation and protected, each in order of last
   reference, with slots 0 and 1 as their sentinels. Free slots are chained through ``next``;
 * a key finds its slot through an open-addressing table of slot numbers (``array('i')``, linear probing from
-  ``hash(key)``, backward-shift deletion, load <= 3/4): bytes keys cache their hash, so a lookup is one
-  multiplication-free mask and usually one key comparison. The slot lives in the policy, not on the store's
-  entry: an int attribute per entry would be an int object (32 B) plus the attribute (8 B), more than the table;
+  ``hash(key)`` modulo the table's size, backward-shift deletion, load between 1/2 and 3/4): bytes keys cache
+  their hash, so a lookup is usually one probe and one key comparison. The slot lives in the policy, not on the
+  store's entry: an int attribute per entry would be an int object (32 B) plus the attribute (8 B), more than
+  the table, and the policy protocol (keys in, keys out) would have to change for every caller;
 * ghosts (keys that left, with their window end and count) are a ``GhostRing`` (``_ghost_ring.py``): the same
   64-bit fingerprints and FIFO semantics as ``lru-k``'s ``GhostFifo`` (so even a fingerprint collision leads to
   the same decision), in a ring sized to its contents with a 32-bit table. The time of a ghost's last reference
   is kept only when the CRP is above 0 (with CRP 0 every return is uncorrelated: times strictly increase).
 
-Memory, measured by ``kvstrata bench hitrate`` (``memory_per_key``: 20k tracked keys and as many ghosts, bytes
-the policy holds per tracked key): about 25 B of slot arrays and 5-11 B of table per resident key, 17 B of ring
-(+1/8 slack) and 5-11 B of table per ghost; ~60 B per tracked key at that size (BENCHMARKS.md, "Eviction: LRU-K
-in flat arrays"). A touch of a proven key (a DRAM hit) is a table probe, a store of the time and a move to the
-tail of its list: about twice ``lru-k``'s C-level ``OrderedDict`` calls, under 1 us.
+Memory, measured by ``kvstrata bench hitrate`` (``memory_per_key``: as many ghosts as tracked keys, bytes the
+policy holds per tracked key, growth slack included): about 27 B of slot arrays and 5.3-8 B of table per
+resident key, 17 B of ring (+1/8 slack at most) and 5.3-8 B of table per ghost: 55-63 B per tracked key
+(BENCHMARKS.md, "Eviction: LRU-K in flat arrays"). A touch of a proven key (a DRAM hit) is a table probe, a
+store of the time and a move to the tail of its list in Python, against ``lru-k``'s two C-level
+``OrderedDict`` calls.
 
 Time is the policy's own call count (ticked exactly where ``lru-k`` ticks it), never a clock, so the ranking is
 the same at any request rate; times are exact 64-bit ints.
@@ -65,7 +67,6 @@ class CompactLRUKPolicy:
         "_keys",
         "_last",
         "_log_theta",
-        "_mask",
         "_n_prob",
         "_n_prot",
         "_next",
@@ -73,6 +74,7 @@ class CompactLRUKPolicy:
         "_offered",
         "_prev",
         "_refs",
+        "_size",
         "_theta",
         "adapt_rate",
         "crp",
@@ -113,7 +115,7 @@ class CompactLRUKPolicy:
         self._next = array("i", [_PROBATION, _PROTECTED])
         self._free = 0  # head of the free-slot chain (through _next); 0: none
         self._index = array("i", bytes(4 * 16))  # slot number, 0 = empty
-        self._mask = 15
+        self._size = 16
         self._n_prob = self._n_prot = 0
         self._ghosts = GhostRing(with_last=self.crp > 0)
         self._log_theta = _LOG_THETA_MAX
@@ -142,11 +144,13 @@ class CompactLRUKPolicy:
 
     def slot_of(self, key: object) -> int:
         """The key's slot (>= 2) while it is tracked, else 0."""
-        index, keys, mask = self._index, self._keys, self._mask
-        i = hash(key) & mask
+        index, keys, size = self._index, self._keys, self._size
+        i = hash(key) % size
         s = index[i]
         while s and keys[s] != key:
-            i = (i + 1) & mask
+            i += 1
+            if i == size:
+                i = 0
             s = index[i]
         return s
 
@@ -157,11 +161,13 @@ class CompactLRUKPolicy:
 
     # ---- the policy protocol ----
     def touch(self, key: bytes) -> None:
-        index, keys, mask = self._index, self._keys, self._mask
-        i = hash(key) & mask
+        index, keys, size = self._index, self._keys, self._size
+        i = hash(key) % size
         s = index[i]
         while s and keys[s] != key:
-            i = (i + 1) & mask
+            i += 1
+            if i == size:
+                i = 0
             s = index[i]
         if not s:
             self.admit(key)
@@ -223,7 +229,7 @@ class CompactLRUKPolicy:
     def _insert(self, key: bytes, now: int, count: int) -> None:
         """Give ``key`` a slot at the tail of its list (protected when ``count`` is K) and index it."""
         tracked = self._n_prob + self._n_prot + 1
-        if 4 * tracked > 3 * (self._mask + 1):
+        if 4 * tracked > 3 * self._size:
             self._reindex(table_size(tracked))
         keys, last, refs, prev, nxt = self._keys, self._last, self._refs, self._prev, self._next
         s = self._free
@@ -250,36 +256,41 @@ class CompactLRUKPolicy:
         prev[s] = t
         nxt[s] = tail
         prev[tail] = s
-        index, mask = self._index, self._mask
-        i = hash(key) & mask
+        index, size = self._index, self._size
+        i = hash(key) % size
         while index[i]:
-            i = (i + 1) & mask
+            i += 1
+            if i == size:
+                i = 0
         index[i] = s
 
     def _reindex(self, size: int) -> None:
         index = array("i", bytes(4 * size))
-        mask = size - 1
         for s, key in enumerate(self._keys):
             if key is not None:
-                i = hash(key) & mask
+                i = hash(key) % size
                 while index[i]:
-                    i = (i + 1) & mask
+                    i += 1
+                    if i == size:
+                        i = 0
                 index[i] = s
-        self._index, self._mask = index, mask
+        self._index, self._size = index, size
 
     def _home(self, s: int) -> int:
-        return hash(self._keys[s]) & self._mask
+        return hash(self._keys[s]) % self._size
 
     def remove(self, key: bytes) -> None:
-        index, keys, mask = self._index, self._keys, self._mask
-        i = hash(key) & mask
+        index, keys, size = self._index, self._keys, self._size
+        i = hash(key) % size
         s = index[i]
         while s and keys[s] != key:
-            i = (i + 1) & mask
+            i += 1
+            if i == size:
+                i = 0
             s = index[i]
         if not s:
             return
-        backshift_delete(index, mask, i, self._home)
+        backshift_delete(index, i, self._home)
         prev, nxt = self._prev, self._next
         p, n = prev[s], nxt[s]
         nxt[p] = n
