@@ -249,7 +249,7 @@ def test_live_store_demotes_overwrites_and_reuses_slots(ssd: SsdTier) -> None:
         assert dram.used <= dram.budget
         assert len(policy) == len(dram.entries) and all(k in policy for k in dram.entries)
         peak = max(peak, len(dram.entries))
-    assert 20 <= peak <= 40 and policy.slot_capacity() == peak
+    assert peak >= 20 and policy.slot_capacity() == peak
     slots = [policy.slot_of(k) for k in store.dram.entries]
     assert 0 not in slots and len(set(slots)) == len(slots)
     assert any(store.tier_of(k) == "ssd" for k in written)  # demotions happened

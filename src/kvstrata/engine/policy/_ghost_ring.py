@@ -18,7 +18,6 @@ rebuild (ring full) costs O(ghosts) and comes at most once per ghosts/8 addition
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
 from itertools import compress
 
 _MIN_RING = 16
@@ -28,26 +27,6 @@ _MIN_TABLE = 16
 def table_size(count: int) -> int:
     """The size of a table grown for ``count`` entries: load 1/2 (it grows again past 3/4)."""
     return max(_MIN_TABLE, 2 * count)
-
-
-def backshift_delete(table: array, i: int, home: Callable[[int], int]) -> None:
-    """Empty slot ``i`` of a linear-probing ``table`` (0 = empty) and move later entries of its probe run back,
-    so no tombstones are needed. ``home(v)`` is the home slot of table value ``v``."""
-    size = len(table)
-    j = i
-    while True:
-        j += 1
-        if j == size:
-            j = 0
-        v = table[j]
-        if not v:
-            break
-        h = home(v)
-        # The entry at j may move to i only if its home is not cyclically within (i, j].
-        if (i < j and (h <= i or h > j)) or (i > j and h <= i and h > j):
-            table[i] = v
-            i = j
-    table[i] = 0
 
 
 class GhostRing:
@@ -110,32 +89,55 @@ class GhostRing:
             if i == size:
                 i = 0
         fps[v - 1] = 0
-        backshift_delete(table, i, self._home)
+        # Backward-shift deletion (no tombstones): later entries of the probe run move back into the gap unless
+        # their home slot lies cyclically within (gap, entry]. Inline: a call per entry doubled the miss path.
+        j = i
+        while True:
+            j += 1
+            if j == size:
+                j = 0
+            w = table[j]
+            if not w:
+                break
+            h = fps[w - 1] % size
+            if (i < j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+                table[i] = w
+                i = j
+        table[i] = 0
         self.count -= 1
         return v - 1
 
-    def _home(self, v: int) -> int:
-        return self.fps[v - 1] % self._size
-
     def add(self, fp: int, until: int, refs: int, last: int = 0) -> None:
         """Append ``fp`` as the newest ghost; a present ``fp`` keeps its place and takes the new values."""
-        pos = self.find(fp)
-        if pos < 0:
-            if self._n == self._cap:
-                self._rebuild(self.count + 1)
-            elif 4 * (self.count + 1) > 3 * self._size:
-                self._reindex(table_size(self.count + 1))
+        table, fps, size = self._table, self.fps, self._size
+        i = fp % size
+        while True:  # one probe run: either fp's slot or the empty slot where it goes
+            v = table[i]
+            if not v:
+                break
+            if fps[v - 1] == fp:
+                pos = v - 1
+                break
+            i += 1
+            if i == size:
+                i = 0
+        if not v:
+            if self._n == self._cap or 4 * (self.count + 1) > 3 * size:
+                if self._n == self._cap:
+                    self._rebuild(self.count + 1)
+                else:
+                    self._reindex(table_size(self.count + 1))
+                table, fps, size = self._table, self.fps, self._size
+                i = fp % size
+                while table[i]:
+                    i += 1
+                    if i == size:
+                        i = 0
             pos = self._head + self._n
             if pos >= self._cap:
                 pos -= self._cap
-            table, size = self._table, self._size
-            i = fp % size
-            while table[i]:
-                i += 1
-                if i == size:
-                    i = 0
             table[i] = pos + 1
-            self.fps[pos] = fp
+            fps[pos] = fp
             self._n += 1
             self.count += 1
         self.until[pos] = until

@@ -39,7 +39,7 @@ import math
 from array import array
 from collections.abc import Iterator
 
-from kvstrata.engine.policy._ghost_ring import GhostRing, backshift_delete, table_size
+from kvstrata.engine.policy._ghost_ring import GhostRing, table_size
 from kvstrata.engine.policy._ghosts import fingerprint
 from kvstrata.engine.policy.lru_k import (
     _LOG_THETA_MAX,
@@ -207,14 +207,22 @@ class CompactLRUKPolicy:
             prev[tail] = s
 
     def admit(self, key: bytes) -> None:
-        if self.slot_of(key):
+        index, keys, size = self._index, self._keys, self._size
+        i = hash(key) % size
+        s = index[i]
+        while s and keys[s] != key:
+            i += 1
+            if i == size:
+                i = 0
+            s = index[i]
+        if s:
             self.touch(key)
             return
         now = self._now()
         ghosts = self._ghosts
         pos = ghosts.take(fingerprint(key)) if ghosts.count else -1
         if pos < 0:
-            self._insert(key, now, 1)
+            self._insert(key, now, 1, i)
             return
         until, count = ghosts.until[pos], ghosts.refs[pos]
         proven = count >= self.k
@@ -224,13 +232,15 @@ class CompactLRUKPolicy:
         if not proven and (not ghosts.with_last or now - ghosts.last[pos] > self.crp):
             count += 1
             proven = count >= self.k
-        self._insert(key, now, self.k if proven else count)
+        self._insert(key, now, self.k if proven else count, i)
 
-    def _insert(self, key: bytes, now: int, count: int) -> None:
-        """Give ``key`` a slot at the tail of its list (protected when ``count`` is K) and index it."""
+    def _insert(self, key: bytes, now: int, count: int, i: int) -> None:
+        """Give ``key`` a slot at the tail of its list (protected when ``count`` is K) and index it at ``i``, the
+        empty table slot that ended its lookup (found again if the table grows)."""
         tracked = self._n_prob + self._n_prot + 1
         if 4 * tracked > 3 * self._size:
             self._reindex(table_size(tracked))
+            i = -1
         keys, last, refs, prev, nxt = self._keys, self._last, self._refs, self._prev, self._next
         s = self._free
         if s:
@@ -256,12 +266,14 @@ class CompactLRUKPolicy:
         prev[s] = t
         nxt[s] = tail
         prev[tail] = s
-        index, size = self._index, self._size
-        i = hash(key) % size
-        while index[i]:
-            i += 1
-            if i == size:
-                i = 0
+        index = self._index
+        if i < 0:
+            size = self._size
+            i = hash(key) % size
+            while index[i]:
+                i += 1
+                if i == size:
+                    i = 0
         index[i] = s
 
     def _reindex(self, size: int) -> None:
@@ -276,9 +288,6 @@ class CompactLRUKPolicy:
                 index[i] = s
         self._index, self._size = index, size
 
-    def _home(self, s: int) -> int:
-        return hash(self._keys[s]) % self._size
-
     def remove(self, key: bytes) -> None:
         index, keys, size = self._index, self._keys, self._size
         i = hash(key) % size
@@ -290,7 +299,20 @@ class CompactLRUKPolicy:
             s = index[i]
         if not s:
             return
-        backshift_delete(index, i, self._home)
+        # Backward-shift deletion, as in GhostRing.take: no tombstones, so lookups stay short.
+        j = i
+        while True:
+            j += 1
+            if j == size:
+                j = 0
+            w = index[j]
+            if not w:
+                break
+            h = hash(keys[w]) % size
+            if (i < j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+                index[i] = w
+                i = j
+        index[i] = 0
         prev, nxt = self._prev, self._next
         p, n = prev[s], nxt[s]
         nxt[p] = n
