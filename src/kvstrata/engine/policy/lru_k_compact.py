@@ -7,11 +7,11 @@ both). Only the storage differs. ``lru-k`` keeps a resident key in an ``OrderedD
 int object (~124 B per key with the dict), and its ghosts in a ``GhostFifo`` (~60 B per ghost); here:
 
 * every resident key has a **slot**, a small integer from a free list, valid while the key is resident (reused
-  after it leaves); per slot: the key reference (a list), the time of the last reference (``array('q')``), the
+  after it leaves); per slot: the key reference (a list), the time of the last reference (``array('Q')``), the
   reference count capped at K (``array('B')``; K means proven, i.e. the protected segment) and ``prev``/``next``
-  links (``array('i')``) of two circular doubly linked lists, probation and protected, each in order of last
+  links (``array('I')``) of two circular doubly linked lists, probation and protected, each in order of last
   reference, with slots 0 and 1 as their sentinels. Free slots are chained through ``next``;
-* a key finds its slot through an open-addressing table of slot numbers (``array('i')``, linear probing from
+* a key finds its slot through an open-addressing table of slot numbers (``array('I')``, linear probing from
   ``hash(key)`` modulo the table's size, backward-shift deletion, load between 1/2 and 3/4): bytes keys cache
   their hash, so a lookup is usually one probe and one key comparison. The slot lives in the policy, not on the
   store's entry: an int attribute per entry would be an int object (32 B) plus the attribute (8 B), more than
@@ -39,7 +39,7 @@ import math
 from array import array
 from collections.abc import Iterator
 
-from kvstrata.engine.policy._ghost_ring import GhostRing, table_size
+from kvstrata.engine.policy._ghost_ring import U64, GhostRing, table_size
 from kvstrata.engine.policy._ghosts import fingerprint
 from kvstrata.engine.policy.lru_k import (
     _LOG_THETA_MAX,
@@ -109,12 +109,12 @@ class CompactLRUKPolicy:
 
     def _reset(self) -> None:
         self._keys: list[bytes | None] = [None, None]
-        self._last = array("q", [0, 0])
+        self._last = array("Q", [0, 0])
         self._refs = array("B", [0, 0])
-        self._prev = array("i", [_PROBATION, _PROTECTED])  # two empty circular lists
-        self._next = array("i", [_PROBATION, _PROTECTED])
+        self._prev = array("I", [_PROBATION, _PROTECTED])  # two empty circular lists
+        self._next = array("I", [_PROBATION, _PROTECTED])
         self._free = 0  # head of the free-slot chain (through _next); 0: none
-        self._index = array("i", bytes(4 * 16))  # slot number, 0 = empty
+        self._index = array("I", bytes(4 * 16))  # slot number, 0 = empty
         self._size = 16
         self._n_prob = self._n_prot = 0
         self._ghosts = GhostRing(with_last=self.crp > 0)
@@ -220,7 +220,7 @@ class CompactLRUKPolicy:
             return
         now = self._now()
         ghosts = self._ghosts
-        pos = ghosts.take(fingerprint(key)) if ghosts.count else -1
+        pos = ghosts.take(fingerprint(key) & U64) if ghosts.count else -1
         if pos < 0:
             self._insert(key, now, 1, i)
             return
@@ -277,7 +277,7 @@ class CompactLRUKPolicy:
         index[i] = s
 
     def _reindex(self, size: int) -> None:
-        index = array("i", bytes(4 * size))
+        index = array("I", bytes(4 * size))
         for s, key in enumerate(self._keys):
             if key is not None:
                 i = hash(key) % size
@@ -346,9 +346,9 @@ class CompactLRUKPolicy:
                 self._exposure_prob = self._exposure_prob * decay + window
                 self._exposure_prot *= decay
         else:
-            until = -1  # never evidence (times are >= 0)
+            until = 0  # never evidence: now < 0 never holds (as -inf in lru-k)
         ghosts = self._ghosts
-        ghosts.add(fingerprint(key), until, count, last)
+        ghosts.add(fingerprint(key) & U64, until, count, last)
         if ghosts.count > tracked or ghosts.count > self.retained:
             bound = min(self.retained, tracked)
             while ghosts.count > bound:
@@ -406,7 +406,7 @@ class CompactLRUKPolicy:
         s = self.slot_of(key)
         if s:
             return self._refs[s]
-        pos = self._ghosts.find(fingerprint(key))
+        pos = self._ghosts.find(fingerprint(key) & U64)
         return 0 if pos < 0 else min(self._ghosts.refs[pos], self.k)
 
     def __len__(self) -> int:
