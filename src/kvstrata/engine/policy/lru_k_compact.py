@@ -34,7 +34,6 @@ the same at any request rate; times are exact 64-bit ints.
 
 from __future__ import annotations
 
-import itertools
 import math
 from array import array
 from collections.abc import Iterator
@@ -70,12 +69,12 @@ class CompactLRUKPolicy:
         "_n_prob",
         "_n_prot",
         "_next",
-        "_now",
         "_offered",
         "_prev",
         "_refs",
         "_size",
         "_theta",
+        "_tick",
         "adapt_rate",
         "crp",
         "k",
@@ -103,7 +102,7 @@ class CompactLRUKPolicy:
         self.crp = crp
         self.retained = retained
         self.adapt_rate = adapt_rate
-        self._now = itertools.count().__next__
+        self._tick = 0  # the policy's clock: its call count, ticked where lru-k ticks (itertools.count from 0)
         self._offered: set[bytes] = set()
         self._reset()
 
@@ -172,28 +171,37 @@ class CompactLRUKPolicy:
         if not s:
             self.admit(key)
             return
+        now = self._tick
+        self._tick = now + 1
+        if self._refs[s] != self.k:
+            self._touch_probation(s, now)
+            return
+        # The common hit: a proven key becomes the most recent one (1 is the protected list's sentinel; literals
+        # and single loads because this is the server's hot path).
+        self._last[s] = now
+        nxt = self._next
+        n = nxt[s]
+        if n != 1:
+            prev = self._prev
+            p = prev[s]
+            nxt[p] = n
+            prev[n] = p
+            t = prev[1]
+            nxt[t] = s
+            prev[s] = t
+            nxt[s] = 1
+            prev[1] = s
+
+    def _touch_probation(self, s: int, now: int) -> None:
         refs, last, prev, nxt = self._refs, self._last, self._prev, self._next
-        now = self._now()
-        if refs[s] == self.k:  # the common hit: a proven key becomes the most recent one
-            tail = _PROTECTED
-        else:
-            if now - last[s] > self.crp:
-                count = refs[s] + 1
-                refs[s] = count
-                if count >= self.k:  # proven: from the probation list to the protected one
-                    self._n_prob -= 1
-                    self._n_prot += 1
-                    p, n = prev[s], nxt[s]
-                    nxt[p] = n
-                    prev[n] = p
-                    t = prev[_PROTECTED]
-                    nxt[t] = s
-                    prev[s] = t
-                    nxt[s] = _PROTECTED
-                    prev[_PROTECTED] = s
-                    last[s] = now
-                    return
-            tail = _PROBATION
+        tail = _PROBATION
+        if now - last[s] > self.crp:
+            count = refs[s] + 1
+            refs[s] = count
+            if count >= self.k:  # proven: from the probation list to the protected one
+                self._n_prob -= 1
+                self._n_prot += 1
+                tail = _PROTECTED
         last[s] = now
         n = nxt[s]
         if n != tail:  # not the most recent key of its list yet
@@ -218,7 +226,8 @@ class CompactLRUKPolicy:
         if s:
             self.touch(key)
             return
-        now = self._now()
+        now = self._tick
+        self._tick = now + 1
         ghosts = self._ghosts
         pos = ghosts.take(fingerprint(key) & U64) if ghosts.count else -1
         if pos < 0:
@@ -333,7 +342,8 @@ class CompactLRUKPolicy:
         if key in offered:
             # An eviction: until twice its idle time has passed, a return is evidence about its segment.
             offered.discard(key)
-            now = self._now()
+            now = self._tick
+            self._tick = now + 1
             window = now - last
             if window < 0:
                 window = 0
@@ -362,7 +372,8 @@ class CompactLRUKPolicy:
             key = self._keys[nxt[_PROBATION]]
         else:
             s1, s2 = nxt[_PROBATION], nxt[_PROTECTED]
-            now = self._now()
+            now = self._tick
+            self._tick = now + 1
             last = self._last
             key = self._keys[s1 if self._probation_first(now - last[s1], now - last[s2]) else s2]
         offered = self._offered
@@ -378,7 +389,8 @@ class CompactLRUKPolicy:
         offered.clear()
         keys, last, nxt = self._keys, self._last, self._next
         s1, s2 = nxt[_PROBATION], nxt[_PROTECTED]
-        now = self._now()
+        now = self._tick
+        self._tick = now + 1
         while s1 != _PROBATION and s2 != _PROTECTED:
             if self._probation_first(now - last[s1], now - last[s2]):
                 s, s1 = s1, nxt[s1]
