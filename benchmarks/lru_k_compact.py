@@ -27,7 +27,7 @@ from kvstrata.bench.traces import PRESETS, generate, preset, trace_stats
 from kvstrata.engine.policy import create_policy
 
 PEERS = ("lru", "lru-k", "lru-k-compact")
-SIZES = (2_000, 5_000, 10_000, 20_000, 50_000)
+SIZES = (2_000, 5_000, 10_000, 30_000)
 
 
 def main(argv: list[str]) -> int:

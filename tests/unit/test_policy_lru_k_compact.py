@@ -193,12 +193,13 @@ def test_ghost_ring_keeps_ghost_fifo_semantics() -> None:
     assert order == list(fifo)
 
 
-@pytest.mark.parametrize("keys", [2_000, 20_000])
-def test_at_most_64_bytes_per_tracked_key(keys: int) -> None:
+def test_at_most_64_bytes_per_tracked_key() -> None:
     # Counted as the bench counts it (tracemalloc, 3x churn so ghosts fill to one per tracked key; the engine's own
-    # key objects subtracted): slot arrays with their growth slack, both tables, the ghost ring.
-    assert memory_per_key("lru-k-compact", keys=keys) <= 64
-    assert memory_per_key("lru-k", keys=keys) > 150  # the object-based policy, for scale
+    # key objects subtracted): slot arrays with their growth slack, both tables, the ghost ring. The bench itself
+    # measures 20k keys (BENCHMARKS.md); smaller sizes here keep the test fast (tracemalloc is slow).
+    for keys in (1_500, 4_000):
+        assert memory_per_key("lru-k-compact", keys=keys) <= 64, keys
+    assert memory_per_key("lru-k", keys=1_500) > 150  # the object-based policy, for scale
 
 
 def test_registry_factory_and_options() -> None:
