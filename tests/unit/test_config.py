@@ -96,7 +96,7 @@ def test_defaults():
     assert cfg.requirepass is None
     assert cfg.protected_mode is True
     assert cfg.maxmemory_policy == "allkeys-lru"
-    assert cfg.eviction_policy == "lru-k-compact"
+    assert cfg.eviction_policy == "lru-k"
     assert cfg.essd_path == ""
     assert cfg.essd_size == 16 * GiB
     assert cfg.proto_max_bulk_len == 512 * MiB

@@ -33,9 +33,10 @@ def create_policy(name: str, *, clock: Clock | None = None, **options: Any) -> E
     return factory(clock=clock, **options)
 
 
-DEFAULT_POLICY = "lru-k-compact"
-"""The live server's default, chosen by `kvstrata bench hitrate` (see BENCHMARKS.md, "Eviction policies"): LRU-K,
-in flat arrays (the same decisions as ``lru-k``, a quarter of its memory)."""
+DEFAULT_POLICY = "lru-k"
+"""The live server's default, chosen by `kvstrata bench hitrate` (see BENCHMARKS.md, "Eviction policies"). Its
+twin ``lru-k-compact`` makes the same decisions in a quarter of the memory but costs ~4x more per DRAM hit
+(BENCHMARKS.md, "Eviction: LRU-K in flat arrays")."""
 
 
 def _pick(options: dict[str, Any], *names: str) -> dict[str, Any]:
