@@ -30,7 +30,7 @@ ops = st.lists(
 
 
 def test_registry_lists_every_candidate_and_config_allows_them() -> None:
-    assert set(NAMES) == {"lru", "lru-k", "arc", "s3-fifo", "w-tinylfu"}
+    assert set(NAMES) == {"lru", "lru-k", "lru-k-compact", "arc", "s3-fifo", "w-tinylfu"}
     param = next(p for p in PARAMS if p.name == "eviction-policy")
     assert param.default == DEFAULT_POLICY
     for name in NAMES:

@@ -18,7 +18,7 @@ from kvstrata.engine.policy import create_policy
 from kvstrata.engine.store import Store
 from kvstrata.errors import OutOfMemoryError, VersionMismatchError
 
-POLICIES = ["lru", "lru-k"]
+POLICIES = ["lru", "lru-k", "lru-k-compact"]
 PROPERTY = settings(max_examples=100, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 

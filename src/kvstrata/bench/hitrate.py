@@ -47,7 +47,7 @@ from kvstrata.engine.policy.lru_k import LRUKPolicy
 from kvstrata.engine.policy.registry import DEFAULT_POLICY
 from kvstrata.engine.tiers.ssd_rank import SSD_POLICIES
 
-POLICIES: tuple[str, ...] = ("lru", "lru-k", "arc", "s3-fifo", "w-tinylfu")
+POLICIES: tuple[str, ...] = ("lru", "lru-k", "lru-k-compact", "arc", "s3-fifo", "w-tinylfu")
 """The registered candidates, in table order."""
 WALL_LRU_K = "lru-k@1s"
 """LRU-K as the server ran it before: K=2 and a correlated-reference period of 1 s of (trace) time."""
@@ -422,6 +422,7 @@ def run(
         "default": default,
         "policies": {
             "lru-k": {"k": 2, "crp": 0, "time": "accesses"},
+            "lru-k-compact": {"k": 2, "crp": 0, "time": "accesses", "storage": "flat arrays"},
             WALL_LRU_K: {"k": 2, "crp_s": 1.0, "time": "trace seconds"},
             "optimal": {"algorithm": "belady-min"},
         },
