@@ -1,0 +1,373 @@
+"""Reference caches for the hit-ratio benchmark: how close can an *online* policy get to Belady's MIN?
+
+MIN knows the future. The registered policies know keys and access order only. Between them this module puts:
+
+* **informed** (online): knows the trace generator's true parameters and, for every request served so far, its
+  hidden :class:`~kvstrata.bench.traces.Origin` (family, session and turn, prompt and document), and the current
+  time. It never sees a later request. For each resident chunk it computes the probability that the chunk is read
+  within the next ``horizon`` seconds, from the generator's own model, and evicts the least likely one:
+
+  - a chunk of a request that is never read again by construction (a single request's message and answer, a
+    RAG query and answer, the chunks of a chat session that reached ``max_turns``): probability 0, evicted first;
+  - a prompt or document chunk: read by a Poisson stream of new arrivals at rate ``lambda`` (arrival rate x family
+    share x Zipf share of the prompt or document): ``1 - exp(-lambda H)``;
+  - a chat session's own chunks: the session continues with probability ``p = 1 - 1/mean_turns`` and, if it does,
+    returns ``decode_s + Exp(think_time_mean_s)`` after its last turn. Once it is ``x`` seconds overdue, Bayes
+    gives ``q = p e^(-x/T) / (p e^(-x/T) + 1 - p)``, and the probability of a read within H is
+    ``q (1 - e^(-H/T))`` (before it is due: ``p (1 - e^(-(H - wait)/T))``).
+
+  ``horizon`` ``None`` (the default) uses the cache's characteristic time, measured online: a running mean of the
+  idle time of the chunks it evicted (the one-off ones left out). Sessions share a continuation probability, so
+  among sessions the score falls with how overdue they are, and three heap heads (least popular Poisson chunk,
+  most overdue session, session due last) hold the minimum: O(log n) per eviction.
+* **informed+peek** (not online): the same, but told whether each session will have another turn (``p`` is 1
+  or 0). How much of MIN's lead is "knowing which sessions end".
+* **static** (offline): the best static cache, the ``C`` chunks with the most re-reads in the whole trace; every
+  read of them after their first access hits. How much is popularity alone.
+
+The informed reference is an online policy, so its hit count is *reachable* online with the generator's hidden
+state. It is not proven optimal among online policies (no such bound is computed here), but it ranks by the
+exact posterior of a model in which the remaining randomness (which sessions end, think times, which prompt or
+document the next arrival draws) is independent of everything observable: a policy that beats it by much would
+need information the generator does not reveal.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvstrata.bench.traces import Origin, Request, TraceParams
+
+__all__ = [
+    "InformedCache",
+    "run_references",
+    "simulate_informed",
+    "simulate_static",
+    "session_continues",
+]
+
+_ONEOFF, _POISSON, _SESSION = 0, 1, 2
+
+
+def _zipf_shares(n: int, s: float) -> list[float]:
+    weights = [1.0 / (i + 1) ** s for i in range(n)]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def session_continues(origins: Sequence[Origin]) -> dict[int, set[int]]:
+    """For the peeking reference only: session -> the turns after which that session has another turn."""
+    last: dict[int, int] = {}
+    for o in origins:
+        if o.family == "chat":
+            last[o.session] = max(last.get(o.session, -1), o.turn)
+    return {s: set(range(t)) for s, t in last.items()}
+
+
+@dataclass(slots=True)
+class _Session:
+    ready: float
+    """When the session's next turn can come at the earliest (last turn's time plus its decode time)."""
+    version: int
+    chunks: list[bytes]
+
+
+class InformedCache:
+    """The informed reference's ranking: tells, at each request, which resident chunk is least likely to be read.
+
+    Driven by :func:`simulate_informed`: ``begin(time, origin)`` before a request's accesses, ``access(key, index)``
+    for each of its chunks (position in the request's chain), ``victim()`` when the cache is full, ``evicted``.
+    """
+
+    def __init__(
+        self,
+        params: TraceParams,
+        *,
+        horizon: float | None = None,
+        continues: dict[int, set[int]] | None = None,
+    ) -> None:
+        self._p = 1.0 - 1.0 / params.mean_turns
+        self._max_turns = params.max_turns
+        self._think = max(params.think_time_mean_s, 1e-9)
+        weights = params.weight_chat + params.weight_single + params.weight_rag
+        sys_rate = params.arrival_rate * (params.weight_chat + params.weight_single) / weights
+        rag_rate = params.arrival_rate * params.weight_rag / weights / params.rag_system_prompts
+        self._sys_rate = [sys_rate * z for z in _zipf_shares(params.system_prompts, params.system_zipf_s)]
+        self._rag_rate = rag_rate
+        self._doc_rate = [rag_rate * z for z in _zipf_shares(params.documents, params.doc_zipf_s)]
+        self._fixed_horizon = horizon
+        self._horizon = horizon if horizon is not None else self._think
+        self._continues = continues
+        self.now = 0.0
+        self._origin: Origin | None = None
+        self._reads = 0
+        self._p_now = self._p
+        # key -> (class, rate or session id); key -> time of last access
+        self._cls: dict[bytes, tuple[int, float]] = {}
+        self._last: dict[bytes, float] = {}
+        self._oneoff: deque[bytes] = deque()
+        self._poisson: list[tuple[float, bytes]] = []  # min-heap by rate
+        self._sessions: dict[int, _Session] = {}
+        self._early: list[tuple[float, int, int]] = []  # min-heap (ready, version, session)
+        self._late: list[tuple[float, int, int]] = []  # max-heap (-ready, version, session)
+
+    # -- the request being served ------------------------------------------------------------------------------
+    def begin(self, time: float, origin: Origin, reads: int) -> None:
+        """A request at ``time`` with hidden ``origin`` and ``reads`` read chunks is about to be served."""
+        self.now = time
+        self._origin = origin
+        self._reads = reads
+        if origin.family == "chat":
+            more = origin.turn + 1 < self._max_turns
+            if self._continues is not None:
+                more = more and origin.turn in self._continues.get(origin.session, ())
+                self._p_now = 1.0 if more else 0.0
+            else:
+                self._p_now = self._p if more else 0.0
+            sess = self._sessions.get(origin.session)
+            if sess is None:
+                sess = self._sessions[origin.session] = _Session(0.0, 0, [])
+            sess.ready = time + origin.decode_s
+            sess.version += 1
+            if self._p_now > 0:
+                heapq.heappush(self._early, (sess.ready, sess.version, origin.session))
+                heapq.heappush(self._late, (-sess.ready, sess.version, origin.session))
+
+    def access(self, key: bytes, index: int) -> None:
+        """``key`` is the ``index``-th chunk of the current request's chain; it is (or becomes) resident."""
+        o = self._origin
+        assert o is not None
+        self._last[key] = self.now
+        if index < o.prompt_chunks:
+            rate = self._rag_rate if o.family == "rag" else self._sys_rate[o.prompt]
+            cls = (_POISSON, rate)
+        elif o.family == "rag" and index < self._reads:
+            cls = (_POISSON, self._doc_rate[o.doc] if o.doc >= 0 else 0.0)
+        elif o.family == "chat" and self._p_now > 0:
+            cls = (_SESSION, float(o.session))
+        else:
+            cls = (_ONEOFF, 0.0)
+        if self._cls.get(key) == cls:
+            return  # already filed there (a session's chunks stay on its list)
+        self._cls[key] = cls
+        if cls[0] == _ONEOFF:
+            self._oneoff.append(key)
+        elif cls[0] == _POISSON:
+            heapq.heappush(self._poisson, (cls[1], key))
+        else:
+            self._sessions[o.session].chunks.append(key)
+
+    # -- eviction ------------------------------------------------------------------------------------------------
+    def score_session(self, ready: float) -> float:
+        """Probability that a session last due at ``ready`` reads its chunks within the horizon (see module doc)."""
+        p, t, h = self._p_now_for_scoring(), self._think, self._horizon
+        x = self.now - ready
+        if x >= 0:
+            stay = p * math.exp(-x / t)
+            q = stay / (stay + 1.0 - p) if stay > 0 else 0.0
+            return q * -math.expm1(-h / t)
+        return p * -math.expm1(-(h + x) / t) if h + x > 0 else 0.0
+
+    def _p_now_for_scoring(self) -> float:
+        return 1.0 if self._continues is not None else self._p
+
+    def _valid(self, key: bytes, cls: int) -> bool:
+        c = self._cls.get(key)
+        return c is not None and c[0] == cls
+
+    def _session_head(self, heap: list[tuple[float, int, int]], sign: float) -> tuple[float, int] | None:
+        while heap:
+            r, version, sid = heap[0]
+            sess = self._sessions.get(sid)
+            if sess is None or sess.version != version or not self._session_has_chunks(sess, sid):
+                heapq.heappop(heap)
+                continue
+            return sign * r, sid
+        return None
+
+    def _session_has_chunks(self, sess: _Session, sid: int) -> bool:
+        chunks = sess.chunks
+        while chunks and self._cls.get(chunks[-1]) != (_SESSION, float(sid)):
+            chunks.pop()
+        return bool(chunks)
+
+    def victim(self) -> bytes:
+        """The resident chunk least likely to be read within the horizon (popped from the ranking)."""
+        while self._oneoff:
+            key = self._oneoff.popleft()
+            if self._valid(key, _ONEOFF):
+                return self._drop(key)
+        best: tuple[float, int, Any] | None = None
+        while self._poisson and not (self._valid(self._poisson[0][1], _POISSON)
+                                     and self._cls[self._poisson[0][1]][1] == self._poisson[0][0]):
+            heapq.heappop(self._poisson)
+        if self._poisson:
+            rate, key = self._poisson[0]
+            best = (-math.expm1(-rate * self._horizon), 0, key)
+        early = self._session_head(self._early, 1.0)
+        if early is not None and early[0] <= self.now:
+            s = self.score_session(early[0])
+            if best is None or s < best[0]:
+                best = (s, 1, early[1])
+        late = self._session_head(self._late, -1.0)
+        if late is not None and late[0] > self.now:
+            s = self.score_session(late[0])
+            if best is None or s < best[0]:
+                best = (s, 1, late[1])
+        if best is None:  # pragma: no cover - every resident chunk is filed somewhere
+            raise RuntimeError("informed reference: no victim")
+        if best[1] == 0:
+            heapq.heappop(self._poisson)
+            return self._drop(best[2])
+        sess = self._sessions[best[2]]
+        return self._drop(sess.chunks.pop())  # the deepest chunk first: its prefix stays usable
+
+    def _drop(self, key: bytes) -> bytes:
+        cls = self._cls.pop(key)
+        last = self._last.pop(key)
+        if cls[0] != _ONEOFF and self._fixed_horizon is None:
+            # The characteristic time: how long an evicted (reusable) chunk had been idle, a moving average.
+            self._horizon = max(self._horizon + (self.now - last - self._horizon) / 256.0, 1e-3)
+        return key
+
+
+def simulate_informed(
+    trace: Sequence[Request],
+    origins: Sequence[Origin],
+    params: TraceParams,
+    capacity: int,
+    *,
+    horizon: float | None = None,
+    peek: bool = False,
+    victims: list[tuple[int, bytes]] | None = None,
+) -> int:
+    """Read hits of the informed reference (``peek``: also told which sessions continue; not online).
+
+    Same replay as :func:`kvstrata.bench.hitrate.replay`: a read hits if resident, a missed read and every written
+    chunk not resident are admitted, evicting while full. ``victims``, when given, receives ``(request index,
+    evicted key)`` for every eviction, in order.
+    """
+    if capacity < 1:
+        raise ValueError("capacity must be at least one chunk")
+    if len(origins) != len(trace):
+        raise ValueError("one origin per request is required")
+    ref = InformedCache(params, horizon=horizon, continues=session_continues(origins) if peek else None)
+    resident: set[bytes] = set()
+    hits = 0
+    for i, (req, origin) in enumerate(zip(trace, origins, strict=True)):
+        ref.begin(req.time, origin, len(req.reads))
+        for index, key in enumerate(req.reads + req.writes):
+            if key in resident:
+                hits += index < len(req.reads)
+            else:
+                while len(resident) >= capacity:
+                    v = ref.victim()
+                    resident.discard(v)
+                    if victims is not None:
+                        victims.append((i, v))
+                resident.add(key)
+            ref.access(key, index)
+    return hits
+
+
+def simulate_static(trace: Sequence[Request], capacity: int) -> int:
+    """Read hits of the best static cache of ``capacity`` chunks (offline: it counts every future read).
+
+    A chunk's first access is a compulsory miss; every later read of a chunk in the static set hits.
+    """
+    if capacity < 1:
+        raise ValueError("capacity must be at least one chunk")
+    seen: set[bytes] = set()
+    rereads: Counter[bytes] = Counter()
+    for req in trace:
+        for key in req.reads:
+            if key in seen:
+                rereads[key] += 1
+            seen.add(key)
+        seen.update(req.writes)
+    return sum(n for _, n in rereads.most_common(capacity))
+
+
+HORIZONS: tuple[float | None, ...] = (None, 10.0, 100.0, 1000.0)
+"""Horizons (seconds) the informed reference is run with: ``None`` is the measured characteristic time."""
+
+
+def run_references(
+    traces: Sequence[str],
+    fractions: Sequence[float],
+    *,
+    policies: Sequence[str],
+    seed_offset: int = 0,
+    trace_file: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """MIN, the references and ``policies`` on each trace and capacity: the JSON document of ``--online-ref``.
+
+    A public trace (no generator, so no hidden state) gets MIN, the static reference and the policies only."""
+    from kvstrata.bench.hitrate import _capacity, simulate_optimal, simulate_policy
+    from kvstrata.bench.public_traces import PUBLIC_TRACES, load_public
+    from kvstrata.bench.traces import generate_annotated, preset
+
+    say = progress or (lambda _msg: None)
+    rows: list[dict[str, Any]] = []
+    for name in traces:
+        params: TraceParams | None = None
+        origins: list[Origin] | None = None
+        if name in PUBLIC_TRACES:
+            trace = load_public(name, trace_file)
+        else:
+            params = preset(name, seed_offset=seed_offset)
+            trace, origins = generate_annotated(params)
+        reads = sum(len(r.reads) for r in trace)
+        distinct = len({k for r in trace for k in (*r.reads, *r.writes)})
+        for fraction in fractions:
+            cap = _capacity(fraction, distinct)
+            opt = simulate_optimal(trace, cap)
+            hits: dict[str, int] = {}
+            by_h: dict[str, int] = {}
+            best_h = "-"
+            if params is not None and origins is not None:
+                by_h = {("auto" if h is None else f"{h:g}s"): simulate_informed(trace, origins, params, cap, horizon=h)
+                        for h in HORIZONS}
+                best_h = max(by_h, key=lambda k: by_h[k])
+                hits["informed"] = by_h["auto"]
+                hits["informed-best"] = by_h[best_h]
+                hits["informed+peek"] = simulate_informed(trace, origins, params, cap, peek=True)
+            hits["static"] = simulate_static(trace, cap)
+            hits.update({p: simulate_policy(trace, cap, p) for p in policies})
+            row = {"trace": name, "fraction": fraction, "capacity": cap, "reads": reads,
+                   "optimal": opt / reads if reads else 0.0, "best_horizon": best_h,
+                   "informed_by_horizon": {h: v / opt if opt else 1.0 for h, v in by_h.items()},
+                   "over_optimal": {k: v / opt if opt else 1.0 for k, v in hits.items()},
+                   "hits": {**hits, "optimal": opt}}
+            rows.append(row)
+            say(f"  {name} {fraction:.0%} ({cap} slots) OPT {row['optimal']:.4f}: "
+                + " ".join(f"{k} {v:.3f}" for k, v in row["over_optimal"].items()))
+    return {"benchmark": "hitrate-online-ref", "horizons": ["auto" if h is None else h for h in HORIZONS],
+            "results": rows}
+
+
+def format_references(result: dict[str, Any], markdown: bool = False) -> str:
+    """The ``--online-ref`` table (ratios to MIN), plain or as a Markdown table; ``-`` where a column has no value."""
+    rows = result["results"]
+    cols = list(dict.fromkeys(c for r in rows for c in r["over_optimal"]))
+
+    def cell(r: dict[str, Any], c: str, width: int = 0) -> str:
+        v = r["over_optimal"].get(c)
+        return f"{'-' if v is None else f'{v:.3f}':>{width}}"
+
+    if markdown:
+        out = ["| trace | capacity | slots | OPT | " + " | ".join(cols) + " | best H |",
+               "|---|---:|---:|---:|" + "---:|" * len(cols) + "---|"]
+        out += [f"| {r['trace']} | {r['fraction']:.0%} | {r['capacity']} | {r['optimal']:.4f} | "
+                + " | ".join(cell(r, c) for c in cols) + f" | {r['best_horizon']} |" for r in rows]
+        return "\n".join(out)
+    out = [f"{'trace':<12} {'cap':>4} {'slots':>6} {'OPT':>7} " + " ".join(f"{c:>14}" for c in cols) + "  best H"]
+    out += [f"{r['trace']:<12} {r['fraction']:>4.0%} {r['capacity']:>6} {r['optimal']:>7.4f} "
+            + " ".join(cell(r, c, 14) for c in cols) + f"  {r['best_horizon']}" for r in rows]
+    return "\n".join(out)
