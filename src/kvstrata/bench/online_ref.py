@@ -16,10 +16,14 @@ MIN knows the future. The registered policies know keys and access order only. B
     gives ``q = p e^(-x/T) / (p e^(-x/T) + 1 - p)``, and the probability of a read within H is
     ``q (1 - e^(-H/T))`` (before it is due: ``p (1 - e^(-(H - wait)/T))``).
 
-  ``horizon`` ``None`` (the default) uses the cache's characteristic time, measured online: a running mean of the
-  idle time of the chunks it evicted (the one-off ones left out). Sessions share a continuation probability, so
-  among sessions the score falls with how overdue they are, and three heap heads (least popular Poisson chunk,
-  most overdue session, session due last) hold the minimum: O(log n) per eviction.
+  ``horizon`` ``None`` (the default) uses the cache's characteristic time, measured online from the idle time
+  of the chunks it evicted (a moving average; one-off ones left out). Sessions share a continuation
+  probability, so among sessions the score falls with how overdue they are, and three heap heads (least popular
+  Poisson chunk, most overdue session, session due last) hold the minimum: O(log n) per eviction.
+  ``informed-best`` is the best of the horizons in ``HORIZONS`` (each one an online policy).
+* **informed-no-oneoff**, **informed-no-popularity** (online, ablations): the informed reference denied one part
+  of the hidden state: which requests are one-off (a single or RAG request's own chunks are then treated like a
+  chat session's first turn), or the Zipf ranks (every prompt and every document equally popular).
 * **informed+peek** (not online): the same, but told whether each session will have another turn (``p`` is 1
   or 0). How much of MIN's lead is "knowing which sessions end".
 * **static** (offline): the best static cache, the ``C`` chunks with the most re-reads in the whole trace; every
@@ -90,7 +94,12 @@ class InformedCache:
         *,
         horizon: float | None = None,
         continues: dict[int, set[int]] | None = None,
+        blind: frozenset[str] = frozenset(),
     ) -> None:
+        unknown = set(blind) - BLIND
+        if unknown:
+            raise ValueError(f"unknown blind spots {sorted(unknown)}; known: {sorted(BLIND)}")
+        self._blind_oneoff = "oneoff" in blind
         self._p = 1.0 - 1.0 / params.mean_turns
         self._max_turns = params.max_turns
         self._think = max(params.think_time_mean_s, 1e-9)
@@ -100,6 +109,9 @@ class InformedCache:
         self._sys_rate = [sys_rate * z for z in _zipf_shares(params.system_prompts, params.system_zipf_s)]
         self._rag_rate = rag_rate
         self._doc_rate = [rag_rate * z for z in _zipf_shares(params.documents, params.doc_zipf_s)]
+        if "popularity" in blind:  # every prompt, and every document, looks equally popular
+            self._sys_rate = [sys_rate / params.system_prompts] * params.system_prompts
+            self._doc_rate = [rag_rate / params.documents] * params.documents
         self._fixed_horizon = horizon
         self._horizon = horizon if horizon is not None else self._think
         self._continues = continues
@@ -122,9 +134,10 @@ class InformedCache:
         self.now = time
         self._origin = origin
         self._reads = reads
-        if origin.family == "chat":
-            more = origin.turn + 1 < self._max_turns
-            if self._continues is not None:
+        if origin.family == "chat" or self._blind_oneoff:
+            # Blind to one-off requests, a single or RAG request's own chunks look like a session's first turn.
+            more = origin.turn + 1 < self._max_turns or origin.family != "chat"
+            if self._continues is not None and origin.family == "chat":
                 more = more and origin.turn in self._continues.get(origin.session, ())
                 self._p_now = 1.0 if more else 0.0
             else:
@@ -148,7 +161,7 @@ class InformedCache:
             cls = (_POISSON, rate)
         elif o.family == "rag" and index < self._reads:
             cls = (_POISSON, self._doc_rate[o.doc] if o.doc >= 0 else 0.0)
-        elif o.family == "chat" and self._p_now > 0:
+        elif (o.family == "chat" or self._blind_oneoff) and self._p_now > 0:
             cls = (_SESSION, float(o.session))
         else:
             cls = (_ONEOFF, 0.0)
@@ -245,8 +258,11 @@ def simulate_informed(
     horizon: float | None = None,
     peek: bool = False,
     victims: list[tuple[int, bytes]] | None = None,
+    blind: frozenset[str] = frozenset(),
 ) -> int:
     """Read hits of the informed reference (``peek``: also told which sessions continue; not online).
+
+    ``blind`` denies it part of the hidden state (see ``BLIND``), to show what each part is worth.
 
     Same replay as :func:`kvstrata.bench.hitrate.replay`: a read hits if resident, a missed read and every written
     chunk not resident are admitted, evicting while full. ``victims``, when given, receives ``(request index,
@@ -256,7 +272,8 @@ def simulate_informed(
         raise ValueError("capacity must be at least one chunk")
     if len(origins) != len(trace):
         raise ValueError("one origin per request is required")
-    ref = InformedCache(params, horizon=horizon, continues=session_continues(origins) if peek else None)
+    ref = InformedCache(params, horizon=horizon, continues=session_continues(origins) if peek else None,
+                        blind=blind)
     resident: set[bytes] = set()
     hits = 0
     for i, (req, origin) in enumerate(zip(trace, origins, strict=True)):
@@ -293,6 +310,8 @@ def simulate_static(trace: Sequence[Request], capacity: int) -> int:
     return sum(n for _, n in rereads.most_common(capacity))
 
 
+BLIND = frozenset({"oneoff", "popularity"})
+"""What an ablation of the informed reference can be denied: which requests are one-off, and Zipf ranks."""
 HORIZONS: tuple[float | None, ...] = (None, 10.0, 100.0, 1000.0)
 """Horizons (seconds) the informed reference is run with: ``None`` is the measured characteristic time."""
 
@@ -338,6 +357,9 @@ def run_references(
                 hits["informed"] = by_h["auto"]
                 hits["informed-best"] = by_h[best_h]
                 hits["informed+peek"] = simulate_informed(trace, origins, params, cap, peek=True)
+                for spot in sorted(BLIND):
+                    hits[f"informed-no-{spot}"] = simulate_informed(trace, origins, params, cap,
+                                                                 blind=frozenset({spot}))
             hits["static"] = simulate_static(trace, cap)
             hits.update({p: simulate_policy(trace, cap, p) for p in policies})
             row = {"trace": name, "fraction": fraction, "capacity": cap, "reads": reads,
