@@ -173,7 +173,12 @@ class InformedCache:
         elif cls[0] == _POISSON:
             heapq.heappush(self._poisson, (cls[1], key))
         else:
-            self._sessions[o.session].chunks.append(key)
+            sess = self._sessions[o.session]
+            if not self._session_has_chunks(sess, o.session):
+                # A victim search may have dropped its heap entries while it had no chunk: file it again.
+                heapq.heappush(self._early, (sess.ready, sess.version, o.session))
+                heapq.heappush(self._late, (-sess.ready, sess.version, o.session))
+            sess.chunks.append(key)
 
     # -- eviction ------------------------------------------------------------------------------------------------
     def score_session(self, ready: float) -> float:
