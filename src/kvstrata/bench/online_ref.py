@@ -4,23 +4,21 @@ MIN knows the future. The registered policies know keys and access order only. B
 
 * **informed** (online): knows the trace generator's true parameters and, for every request served so far, its
   hidden :class:`~kvstrata.bench.traces.Origin` (family, session and turn, prompt and document), and the current
-  time. It never sees a later request. For each resident chunk it computes the probability that the chunk is read
-  within the next ``horizon`` seconds, from the generator's own model, and evicts the least likely one:
+  time. It never sees a later request. It evicts the resident chunk of lowest *hit density* (LHD, Beckmann et
+  al., NSDI 2018): the most expected hits per second of cache space, ``max over t of F(t) / E[min(T, t)]``,
+  ``T`` the time to the chunk's next read and ``F`` its distribution, here the generator's own:
 
   - a chunk of a request that is never read again by construction (a single request's message and answer, a
-    RAG query and answer, the chunks of a chat session that reached ``max_turns``): probability 0, evicted first;
+    RAG query and answer, the chunks of a chat session that reached ``max_turns``): density 0, evicted first;
   - a prompt or document chunk: read by a Poisson stream of new arrivals at rate ``lambda`` (arrival rate x family
-    share x Zipf share of the prompt or document): ``1 - exp(-lambda H)``;
+    share x Zipf share of the prompt or document): density ``lambda``;
   - a chat session's own chunks: the session continues with probability ``p = 1 - 1/mean_turns`` and, if it does,
-    returns ``decode_s + Exp(think_time_mean_s)`` after its last turn. Once it is ``x`` seconds overdue, Bayes
-    gives ``q = p e^(-x/T) / (p e^(-x/T) + 1 - p)``, and the probability of a read within H is
-    ``q (1 - e^(-H/T))`` (before it is due: ``p (1 - e^(-(H - wait)/T))``).
+    returns ``decode_s + Exp(T)`` (``T = think_time_mean_s``) after its last turn. Once it is ``x`` seconds
+    overdue, Bayes gives ``q = p e^(-x/T) / (p e^(-x/T) + 1 - p)`` and the density is ``q / T``; while it is
+    still ``w`` seconds from due, the maximum over ``t`` is found numerically (it falls as ``w`` grows).
 
-  ``horizon`` ``None`` (the default) uses the cache's characteristic time, measured online from the idle time
-  of the chunks it evicted (a moving average; one-off ones left out). Sessions share a continuation
-  probability, so among sessions the score falls with how overdue they are, and three heap heads (least popular
-  Poisson chunk, most overdue session, session due last) hold the minimum: O(log n) per eviction.
-  ``informed-best`` is the best of the horizons in ``HORIZONS`` (each one an online policy).
+  Sessions share ``p``, so among sessions the density falls with how overdue they are, and three heap heads
+  (least popular Poisson chunk, most overdue session, session due last) hold the minimum: O(log n) per eviction.
 * **informed-no-oneoff**, **informed-no-popularity** (online, ablations): the informed reference denied one part
   of the hidden state: which requests are one-off (a single or RAG request's own chunks are then treated like a
   chat session's first turn), or the Zipf ranks (every prompt and every document equally popular).
@@ -92,7 +90,6 @@ class InformedCache:
         self,
         params: TraceParams,
         *,
-        horizon: float | None = None,
         continues: dict[int, set[int]] | None = None,
         blind: frozenset[str] = frozenset(),
     ) -> None:
@@ -112,8 +109,6 @@ class InformedCache:
         if "popularity" in blind:  # every prompt, and every document, looks equally popular
             self._sys_rate = [sys_rate / params.system_prompts] * params.system_prompts
             self._doc_rate = [rag_rate / params.documents] * params.documents
-        self._fixed_horizon = horizon
-        self._horizon = horizon if horizon is not None else self._think
         self._continues = continues
         self.now = 0.0
         self._origin: Origin | None = None
@@ -121,7 +116,6 @@ class InformedCache:
         self._p_now = self._p
         # key -> (class, rate or session id); key -> time of last access
         self._cls: dict[bytes, tuple[int, float]] = {}
-        self._last: dict[bytes, float] = {}
         self._oneoff: deque[bytes] = deque()
         self._poisson: list[tuple[float, bytes]] = []  # min-heap by rate
         self._sessions: dict[int, _Session] = {}
@@ -155,7 +149,6 @@ class InformedCache:
         """``key`` is the ``index``-th chunk of the current request's chain; it is (or becomes) resident."""
         o = self._origin
         assert o is not None
-        self._last[key] = self.now
         if index < o.prompt_chunks:
             rate = self._rag_rate if o.family == "rag" else self._sys_rate[o.prompt]
             cls = (_POISSON, rate)
@@ -182,14 +175,13 @@ class InformedCache:
 
     # -- eviction ------------------------------------------------------------------------------------------------
     def score_session(self, ready: float) -> float:
-        """Probability that a session last due at ``ready`` reads its chunks within the horizon (see module doc)."""
-        p, t, h = self._p_now_for_scoring(), self._think, self._horizon
+        """Hit density (expected reads per second of cache space) of a session last due at ``ready``."""
+        p, t = self._p_now_for_scoring(), self._think
         x = self.now - ready
         if x >= 0:
             stay = p * math.exp(-x / t)
-            q = stay / (stay + 1.0 - p) if stay > 0 else 0.0
-            return q * -math.expm1(-h / t)
-        return p * -math.expm1(-(h + x) / t) if h + x > 0 else 0.0
+            return (stay / (stay + 1.0 - p) if stay > 0 else 0.0) / t
+        return _waiting_density(p, t, -x)
 
     def _p_now_for_scoring(self) -> float:
         return 1.0 if self._continues is not None else self._p
@@ -215,7 +207,7 @@ class InformedCache:
         return bool(chunks)
 
     def victim(self) -> bytes:
-        """The resident chunk least likely to be read within the horizon (popped from the ranking)."""
+        """The resident chunk of lowest hit density (popped from the ranking)."""
         while self._oneoff:
             key = self._oneoff.popleft()
             if self._valid(key, _ONEOFF):
@@ -226,7 +218,7 @@ class InformedCache:
             heapq.heappop(self._poisson)
         if self._poisson:
             rate, key = self._poisson[0]
-            best = (-math.expm1(-rate * self._horizon), 0, key)
+            best = (rate, 0, key)
         early = self._session_head(self._early, 1.0)
         if early is not None and early[0] <= self.now:
             s = self.score_session(early[0])
@@ -246,12 +238,24 @@ class InformedCache:
         return self._drop(sess.chunks.pop())  # the deepest chunk first: its prefix stays usable
 
     def _drop(self, key: bytes) -> bytes:
-        cls = self._cls.pop(key)
-        last = self._last.pop(key)
-        if cls[0] != _ONEOFF and self._fixed_horizon is None:
-            # The characteristic time: how long an evicted (reusable) chunk had been idle, a moving average.
-            self._horizon = max(self._horizon + (self.now - last - self._horizon) / 256.0, 1e-3)
+        del self._cls[key]
         return key
+
+
+_GRID = tuple(0.02 * 1.25**i for i in range(36))
+"""Times (in think-time means) after a waiting session is due at which its hit density is evaluated."""
+
+
+def _waiting_density(p: float, think: float, wait: float) -> float:
+    """``max over u`` of ``p (1 - e^(-u/T)) / (wait + (1 - p) u + p T (1 - e^(-u/T)))``: a session due in
+    ``wait`` seconds that returns with probability ``p`` after ``Exp(T)``, kept until ``wait + u``."""
+    best = 0.0
+    for g in _GRID:
+        a = -math.expm1(-g)
+        d = p * a / (wait + (1.0 - p) * g * think + p * think * a)
+        if d > best:
+            best = d
+    return best
 
 
 def simulate_informed(
@@ -260,7 +264,6 @@ def simulate_informed(
     params: TraceParams,
     capacity: int,
     *,
-    horizon: float | None = None,
     peek: bool = False,
     victims: list[tuple[int, bytes]] | None = None,
     blind: frozenset[str] = frozenset(),
@@ -277,7 +280,7 @@ def simulate_informed(
         raise ValueError("capacity must be at least one chunk")
     if len(origins) != len(trace):
         raise ValueError("one origin per request is required")
-    ref = InformedCache(params, horizon=horizon, continues=session_continues(origins) if peek else None,
+    ref = InformedCache(params, continues=session_continues(origins) if peek else None,
                         blind=blind)
     resident: set[bytes] = set()
     hits = 0
@@ -317,8 +320,6 @@ def simulate_static(trace: Sequence[Request], capacity: int) -> int:
 
 BLIND = frozenset({"oneoff", "popularity"})
 """What an ablation of the informed reference can be denied: which requests are one-off, and Zipf ranks."""
-HORIZONS: tuple[float | None, ...] = (None, 10.0, 100.0, 1000.0)
-"""Horizons (seconds) the informed reference is run with: ``None`` is the measured characteristic time."""
 
 
 def run_references(
@@ -353,14 +354,8 @@ def run_references(
             cap = _capacity(fraction, distinct)
             opt = simulate_optimal(trace, cap)
             hits: dict[str, int] = {}
-            by_h: dict[str, int] = {}
-            best_h = "-"
             if params is not None and origins is not None:
-                by_h = {("auto" if h is None else f"{h:g}s"): simulate_informed(trace, origins, params, cap, horizon=h)
-                        for h in HORIZONS}
-                best_h = max(by_h, key=lambda k: by_h[k])
-                hits["informed"] = by_h["auto"]
-                hits["informed-best"] = by_h[best_h]
+                hits["informed"] = simulate_informed(trace, origins, params, cap)
                 hits["informed+peek"] = simulate_informed(trace, origins, params, cap, peek=True)
                 for spot in sorted(BLIND):
                     hits[f"informed-no-{spot}"] = simulate_informed(trace, origins, params, cap,
@@ -368,15 +363,13 @@ def run_references(
             hits["static"] = simulate_static(trace, cap)
             hits.update({p: simulate_policy(trace, cap, p) for p in policies})
             row = {"trace": name, "fraction": fraction, "capacity": cap, "reads": reads,
-                   "optimal": opt / reads if reads else 0.0, "best_horizon": best_h,
-                   "informed_by_horizon": {h: v / opt if opt else 1.0 for h, v in by_h.items()},
+                   "optimal": opt / reads if reads else 0.0,
                    "over_optimal": {k: v / opt if opt else 1.0 for k, v in hits.items()},
                    "hits": {**hits, "optimal": opt}}
             rows.append(row)
             say(f"  {name} {fraction:.0%} ({cap} slots) OPT {row['optimal']:.4f}: "
                 + " ".join(f"{k} {v:.3f}" for k, v in row["over_optimal"].items()))
-    return {"benchmark": "hitrate-online-ref", "horizons": ["auto" if h is None else h for h in HORIZONS],
-            "results": rows}
+    return {"benchmark": "hitrate-online-ref", "results": rows}
 
 
 def format_references(result: dict[str, Any], markdown: bool = False) -> str:
@@ -389,12 +382,12 @@ def format_references(result: dict[str, Any], markdown: bool = False) -> str:
         return f"{'-' if v is None else f'{v:.3f}':>{width}}"
 
     if markdown:
-        out = ["| trace | capacity | slots | OPT | " + " | ".join(cols) + " | best H |",
-               "|---|---:|---:|---:|" + "---:|" * len(cols) + "---|"]
+        out = ["| trace | capacity | slots | OPT | " + " | ".join(cols) + " |",
+               "|---|---:|---:|---:|" + "---:|" * len(cols)]
         out += [f"| {r['trace']} | {r['fraction']:.0%} | {r['capacity']} | {r['optimal']:.4f} | "
-                + " | ".join(cell(r, c) for c in cols) + f" | {r['best_horizon']} |" for r in rows]
+                + " | ".join(cell(r, c) for c in cols) + " |" for r in rows]
         return "\n".join(out)
-    out = [f"{'trace':<12} {'cap':>4} {'slots':>6} {'OPT':>7} " + " ".join(f"{c:>14}" for c in cols) + "  best H"]
+    out = [f"{'trace':<12} {'cap':>4} {'slots':>6} {'OPT':>7} " + " ".join(f"{c:>14}" for c in cols)]
     out += [f"{r['trace']:<12} {r['fraction']:>4.0%} {r['capacity']:>6} {r['optimal']:>7.4f} "
-            + " ".join(cell(r, c, 14) for c in cols) + f"  {r['best_horizon']}" for r in rows]
+            + " ".join(cell(r, c, 14) for c in cols) for r in rows]
     return "\n".join(out)
