@@ -12,6 +12,7 @@ import pytest
 
 from kvstrata.bench.hitrate import main, simulate_optimal, simulate_policy
 from kvstrata.bench.online_ref import (
+    _waiting_density,
     format_references,
     session_continues,
     simulate_informed,
@@ -98,6 +99,16 @@ def test_informed_prefers_the_popular_prompt() -> None:
     simulate_informed([trace[1], trace[0], trace[2]], [origins[1], origins[0], origins[2]], params, 2,
                       victims=victims)
     assert victims == [(2, b"P2")]  # P2 is the most recent, still the least popular
+
+
+def test_hit_density_of_a_waiting_session() -> None:
+    """A session sure to return (p = 1) after wait + Exp(T) is worth one hit per wait + T seconds of space; a
+    session that may not return is worth less, and less the longer it is still to wait; at wait 0 its density
+    tends to p / T, the overdue formula's value at x = 0 (continuity between the two cases)."""
+    assert _waiting_density(1.0, 30.0, 10.0) == pytest.approx(1 / 40, rel=0.01)
+    assert _waiting_density(0.75, 30.0, 10.0) < _waiting_density(1.0, 30.0, 10.0)
+    assert _waiting_density(0.75, 30.0, 20.0) < _waiting_density(0.75, 30.0, 5.0)
+    assert _waiting_density(0.75, 30.0, 1e-6) == pytest.approx(0.75 / 30, rel=0.02)
 
 
 def test_static_reference_counts_rereads_of_the_best_set() -> None:

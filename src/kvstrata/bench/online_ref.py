@@ -19,9 +19,12 @@ MIN knows the future. The registered policies know keys and access order only. B
 
   Sessions share ``p``, so among sessions the density falls with how overdue they are, and three heap heads
   (least popular Poisson chunk, most overdue session, session due last) hold the minimum: O(log n) per eviction.
-* **informed-no-oneoff**, **informed-no-popularity** (online, ablations): the informed reference denied one part
-  of the hidden state: which requests are one-off (a single or RAG request's own chunks are then treated like a
-  chat session's first turn), or the Zipf ranks (every prompt and every document equally popular).
+* **informed-no-decode**, **informed-no-oneoff**, **informed-no-popularity** (online, ablations): the informed
+  reference denied one part of the hidden state: the decode times (a session is due as soon as it is served, so
+  sessions rank by idle time, as in LRU), which requests are one-off (a single or RAG request's own chunks are
+  then treated like a chat session's first turn), or the Zipf ranks (every prompt and document equally popular).
+  **informed-no-ranks** learns them instead: a prompt's or document's rate is the requests seen for it so far
+  over the time so far, as a server counting reads per key could estimate it.
 * **informed+peek** (not online): the same, but told whether each session will have another turn (``p`` is 1
   or 0). How much of MIN's lead is "knowing which sessions end".
 * **static** (offline): the best static cache, the ``C`` chunks with the most re-reads in the whole trace; every
@@ -97,6 +100,9 @@ class InformedCache:
         if unknown:
             raise ValueError(f"unknown blind spots {sorted(unknown)}; known: {sorted(BLIND)}")
         self._blind_oneoff = "oneoff" in blind
+        self._blind_decode = "decode" in blind
+        self._learn = "ranks" in blind
+        self._counts: Counter[tuple[int, ...]] = Counter()  # requests seen per prompt and document (learnt ranks)
         self._p = 1.0 - 1.0 / params.mean_turns
         self._max_turns = params.max_turns
         self._think = max(params.think_time_mean_s, 1e-9)
@@ -128,6 +134,10 @@ class InformedCache:
         self.now = time
         self._origin = origin
         self._reads = reads
+        if self._learn:
+            self._counts[(origin.family == "rag", origin.prompt)] += 1
+            if origin.family == "rag":
+                self._counts[(2, origin.prompt, origin.doc)] += 1
         if origin.family == "chat" or self._blind_oneoff:
             # Blind to one-off requests, a single or RAG request's own chunks look like a session's first turn.
             more = origin.turn + 1 < self._max_turns or origin.family != "chat"
@@ -139,7 +149,7 @@ class InformedCache:
             sess = self._sessions.get(origin.session)
             if sess is None:
                 sess = self._sessions[origin.session] = _Session(0.0, 0, [])
-            sess.ready = time + origin.decode_s
+            sess.ready = time if self._blind_decode else time + origin.decode_s
             sess.version += 1
             if self._p_now > 0:
                 heapq.heappush(self._early, (sess.ready, sess.version, origin.session))
@@ -150,10 +160,16 @@ class InformedCache:
         o = self._origin
         assert o is not None
         if index < o.prompt_chunks:
-            rate = self._rag_rate if o.family == "rag" else self._sys_rate[o.prompt]
+            if self._learn:
+                rate = float(self._counts[(o.family == "rag", o.prompt)])
+            else:
+                rate = self._rag_rate if o.family == "rag" else self._sys_rate[o.prompt]
             cls = (_POISSON, rate)
         elif o.family == "rag" and index < self._reads:
-            cls = (_POISSON, self._doc_rate[o.doc] if o.doc >= 0 else 0.0)
+            if self._learn:
+                cls = (_POISSON, float(self._counts[(2, o.prompt, o.doc)]))
+            else:
+                cls = (_POISSON, self._doc_rate[o.doc] if o.doc >= 0 else 0.0)
         elif (o.family == "chat" or self._blind_oneoff) and self._p_now > 0:
             cls = (_SESSION, float(o.session))
         else:
@@ -218,7 +234,8 @@ class InformedCache:
             heapq.heappop(self._poisson)
         if self._poisson:
             rate, key = self._poisson[0]
-            best = (rate, 0, key)
+            # Learnt ranks file the count of requests seen; the rate estimate is that count over the time so far.
+            best = (rate / max(self.now, 1.0) if self._learn else rate, 0, key)
         early = self._session_head(self._early, 1.0)
         if early is not None and early[0] <= self.now:
             s = self.score_session(early[0])
@@ -318,8 +335,10 @@ def simulate_static(trace: Sequence[Request], capacity: int) -> int:
     return sum(n for _, n in rereads.most_common(capacity))
 
 
-BLIND = frozenset({"oneoff", "popularity"})
-"""What an ablation of the informed reference can be denied: which requests are one-off, and Zipf ranks."""
+BLIND = frozenset({"decode", "oneoff", "popularity", "ranks"})
+"""What an ablation of the informed reference can be denied: decode times (a session is then due as soon as it
+is served, so sessions rank by idle time as in LRU), which requests are one-off, the Zipf ranks (``popularity``:
+all equal; ``ranks``: learnt, each prompt's and document's rate estimated as requests seen / time so far)."""
 
 
 def run_references(
