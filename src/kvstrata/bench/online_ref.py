@@ -83,10 +83,11 @@ class _Session:
 
 
 class InformedCache:
-    """The informed reference's ranking: tells, at each request, which resident chunk is least likely to be read.
+    """The informed reference's ranking: which resident chunk has the lowest hit density now.
 
-    Driven by :func:`simulate_informed`: ``begin(time, origin)`` before a request's accesses, ``access(key, index)``
-    for each of its chunks (position in the request's chain), ``victim()`` when the cache is full, ``evicted``.
+    Driven by :func:`simulate_informed`: ``begin(time, origin, reads)`` before a request's accesses,
+    ``access(key, index)`` for each of its chunks once it is resident (``index``: position in the request's
+    chain), and ``victim()`` (which also forgets the chunk) whenever the cache is full.
     """
 
     def __init__(
@@ -120,7 +121,7 @@ class InformedCache:
         self._origin: Origin | None = None
         self._reads = 0
         self._p_now = self._p
-        # key -> (class, rate or session id); key -> time of last access
+        # resident key -> (class, rate or count or session id)
         self._cls: dict[bytes, tuple[int, float]] = {}
         self._oneoff: deque[bytes] = deque()
         self._poisson: list[tuple[float, bytes]] = []  # min-heap by rate
