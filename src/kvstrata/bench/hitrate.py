@@ -17,7 +17,9 @@ The optimum is Belady's MIN (demand paging: every accessed chunk is admitted; on
 whose next access is farthest away leaves), computed offline with a lazily invalidated max-heap. Every write is
 a chunk's first access in these traces, so minimising all misses also maximises read hits: MIN bounds every
 online policy from above. Hit ratio = read hits / reads. Capacities are fractions of the trace's distinct
-chunks. Run ``kvstrata bench hitrate`` (or :func:`main`); ``--json`` prints one JSON document.
+chunks. Run ``kvstrata bench hitrate`` (or :func:`main`); ``--json`` prints one JSON document. ``--online-ref``
+runs the reference caches of ``bench/online_ref.py`` instead; ``--trace twitter52`` replays a public cache trace
+(``bench/public_traces.py``).
 """
 
 from __future__ import annotations
