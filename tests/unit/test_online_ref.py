@@ -101,6 +101,24 @@ def test_informed_prefers_the_popular_prompt() -> None:
     assert victims == [(2, b"P2")]  # P2 is the most recent, still the least popular
 
 
+def test_blind_to_decode_ranks_sessions_by_idle_time() -> None:
+    """Session 0 was served first with a short answer, session 1 later with a long one. Knowing decode times,
+    session 1 is the one that cannot come back for a minute, so its chunk goes; blind to them, the session idle
+    longest goes, as in LRU."""
+    params = TraceParams(mean_turns=4.0, think_time_mean_s=30.0, system_prompts=1)
+    trace = [Request(0.0, (b"P",), (b"A",), "chat"), Request(5.0, (b"P",), (b"B",), "chat"),
+             Request(6.0, (b"P",), (b"C",), "chat")]
+    origins = [_chat(0, 0, decode=1.0), _chat(1, 0, decode=60.0), _chat(2, 0, decode=1.0)]
+    seen: list[tuple[int, bytes]] = []
+    simulate_informed(trace, origins, params, 3, victims=seen)
+    assert seen == [(2, b"B")]  # session 1 cannot return before t = 65; session 0 is due since t = 1
+    seen.clear()
+    simulate_informed(trace, origins, params, 3, victims=seen, blind=frozenset({"decode"}))
+    assert seen == [(2, b"A")]  # without decode times: the longest idle session, as LRU would
+    with pytest.raises(ValueError, match="unknown blind"):
+        simulate_informed(trace, origins, params, 3, blind=frozenset({"future"}))
+
+
 def test_hit_density_of_a_waiting_session() -> None:
     """A session sure to return (p = 1) after wait + Exp(T) is worth one hit per wait + T seconds of space; a
     session that may not return is worth less, and less the longer it is still to wait; at wait 0 its density
@@ -172,8 +190,8 @@ def test_online_ref_command(capsys: pytest.CaptureFixture[str], tiny: str) -> No
     assert doc["benchmark"] == "hitrate-online-ref" and len(doc["results"]) == 2
     for row in doc["results"]:
         ratios = row["over_optimal"]
-        assert {"informed", "informed+peek", "informed-no-oneoff", "informed-no-popularity", "static", "lru",
-                "lru-k"} <= set(ratios)
+        assert {"informed", "informed+peek", "informed-no-decode", "informed-no-oneoff", "informed-no-popularity",
+                "informed-no-ranks", "static", "lru", "lru-k"} <= set(ratios)
         assert all(0 < v <= 1.0 for k, v in ratios.items() if k != "static")
     md = format_references(doc, markdown=True)
     assert md.count(f"| {tiny} |") == 2 and "informed+peek" in md
