@@ -16,6 +16,7 @@ from kvstrata.bench.online_ref import (
     format_references,
     session_continues,
     simulate_informed,
+    simulate_lfu_memory,
     simulate_static,
 )
 from kvstrata.bench.public_traces import TWITTER_MEMBER, load_named, load_public, parse_twitter_csv
@@ -129,6 +130,18 @@ def test_hit_density_of_a_waiting_session() -> None:
     assert _waiting_density(0.75, 30.0, 1e-6) == pytest.approx(0.75 / 30, rel=0.02)
 
 
+def test_lfu_memory_keeps_the_most_read_key_and_remembers_counts() -> None:
+    seq = [b"a", b"a", b"a", b"b", b"c", b"a"]
+    trace = [Request(float(i), (k,), ()) for i, k in enumerate(seq)]
+    assert simulate_policy(trace, 2, "lru") == 2  # c evicts a, the least recently used
+    assert simulate_lfu_memory(trace, 2) == 3  # c evicts b (read once), a hits again
+    # b is evicted (a tie at count 1), comes back with its old count (now 2), so c's arrival evicts y (1), not b.
+    back = [Request(float(i), (k,), ()) for i, k in enumerate([b"b", b"x", b"y", b"b", b"c", b"b"])]
+    assert simulate_lfu_memory(back, 2) == 1
+    with pytest.raises(ValueError):
+        simulate_lfu_memory(trace, 0)
+
+
 def test_static_reference_counts_rereads_of_the_best_set() -> None:
     trace = [Request(float(i), (k,), ()) for i, k in enumerate([b"a", b"a", b"a", b"b", b"b", b"c"])]
     assert simulate_static(trace, 1) == 2  # a: first access is compulsory, two re-reads
@@ -191,7 +204,7 @@ def test_online_ref_command(capsys: pytest.CaptureFixture[str], tiny: str) -> No
     for row in doc["results"]:
         ratios = row["over_optimal"]
         assert {"informed", "informed+peek", "informed-no-decode", "informed-no-oneoff", "informed-no-popularity",
-                "informed-no-ranks", "static", "lru", "lru-k"} <= set(ratios)
+                "informed-no-ranks", "lfu-memory", "static", "lru", "lru-k"} <= set(ratios)
         assert all(0 < v <= 1.0 for k, v in ratios.items() if k != "static")
     md = format_references(doc, markdown=True)
     assert md.count(f"| {tiny} |") == 2 and "informed+peek" in md

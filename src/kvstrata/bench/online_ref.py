@@ -27,6 +27,8 @@ MIN knows the future. The registered policies know keys and access order only. B
   over the time so far, as a server counting reads per key could estimate it.
 * **informed+peek** (not online): the same, but told whether each session will have another turn (``p`` is 1
   or 0). How much of MIN's lead is "knowing which sessions end".
+* **lfu-memory** (online, keys and order only): evicts the lowest access count among 16 sampled residents,
+  counts kept for every key ever seen. Tests the lead of ``informed-no-ranks``: popularity with long memory.
 * **static** (offline): the best static cache, the ``C`` chunks with the most re-reads in the whole trace; every
   read of them after their first access hits. How much is popularity alone.
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +55,7 @@ __all__ = [
     "InformedCache",
     "run_references",
     "simulate_informed",
+    "simulate_lfu_memory",
     "simulate_static",
     "session_continues",
 ]
@@ -336,6 +340,41 @@ def simulate_static(trace: Sequence[Request], capacity: int) -> int:
     return sum(n for _, n in rereads.most_common(capacity))
 
 
+def simulate_lfu_memory(trace: Sequence[Request], capacity: int, *, sample: int = 16, seed: int = 1) -> int:
+    """Read hits of ``lfu-memory``: keys and order only, the lead that ``informed-no-ranks`` points to.
+
+    Every key's access count is kept for the whole trace (it outlives eviction: a long memory, unbounded here; a
+    decayed count-min sketch would bound it); a full cache evicts the lowest count among ``sample`` residents
+    drawn at random (all of them when there are no more), as Redis samples. Online, and without hidden state.
+    """
+    if capacity < 1:
+        raise ValueError("capacity must be at least one chunk")
+    rng = random.Random(seed)
+    count: Counter[bytes] = Counter()
+    pool: list[bytes] = []
+    pos: dict[bytes, int] = {}
+    hits = 0
+    for req in trace:
+        reads = len(req.reads)
+        for index, key in enumerate(req.reads + req.writes):
+            if key in pos:
+                hits += index < reads
+            else:
+                while len(pool) >= capacity:
+                    n = len(pool)
+                    cands = pool if n <= sample else [pool[rng.randrange(n)] for _ in range(sample)]
+                    v = min(cands, key=count.__getitem__)
+                    i = pos.pop(v)
+                    tail = pool.pop()
+                    if tail != v:
+                        pool[i] = tail
+                        pos[tail] = i
+                pos[key] = len(pool)
+                pool.append(key)
+            count[key] += 1
+    return hits
+
+
 BLIND = frozenset({"decode", "oneoff", "popularity", "ranks"})
 """What an ablation of the informed reference can be denied: decode times (a session is then due as soon as it
 is served, so sessions rank by idle time as in LRU), which requests are one-off, the Zipf ranks (``popularity``:
@@ -380,6 +419,7 @@ def run_references(
                 for spot in sorted(BLIND):
                     hits[f"informed-no-{spot}"] = simulate_informed(trace, origins, params, cap,
                                                                  blind=frozenset({spot}))
+            hits["lfu-memory"] = simulate_lfu_memory(trace, cap)
             hits["static"] = simulate_static(trace, cap)
             hits.update({p: simulate_policy(trace, cap, p) for p in policies})
             row = {"trace": name, "fraction": fraction, "capacity": cap, "reads": reads,
