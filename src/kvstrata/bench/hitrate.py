@@ -17,7 +17,9 @@ The optimum is Belady's MIN (demand paging: every accessed chunk is admitted; on
 whose next access is farthest away leaves), computed offline with a lazily invalidated max-heap. Every write is
 a chunk's first access in these traces, so minimising all misses also maximises read hits: MIN bounds every
 online policy from above. Hit ratio = read hits / reads. Capacities are fractions of the trace's distinct
-chunks. Run ``kvstrata bench hitrate`` (or :func:`main`); ``--json`` prints one JSON document.
+chunks. Run ``kvstrata bench hitrate`` (or :func:`main`); ``--json`` prints one JSON document. ``--online-ref``
+runs the reference caches of ``bench/online_ref.py`` instead; ``--trace twitter52`` replays a public cache trace
+(``bench/public_traces.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvstrata.bench.hitrate_ssd import DRAM_FRACTION, SSD_FRACTION, format_ssd, run_ssd
+from kvstrata.bench.online_ref import format_references, run_references
+from kvstrata.bench.public_traces import ENV_FILE, PUBLIC_TRACES, load_named
 from kvstrata.bench.report import target_lines, target_table
-from kvstrata.bench.traces import PRESETS, Request, generate, preset, trace_stats
+from kvstrata.bench.traces import PRESETS, Request, trace_stats
 from kvstrata.clock import ManualClock
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.policy.base import EvictionPolicy
@@ -335,9 +339,12 @@ def run(
     default: str = DEFAULT_POLICY,
     seed_offset: int = 0,
     costs: bool = True,
+    trace_file: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Simulate every (trace, fraction, policy) and return the benchmark's JSON document."""
+    """Simulate every (trace, fraction, policy) and return the benchmark's JSON document.
+
+    ``traces`` are preset names or public trace names (``bench/public_traces.py``, read from ``trace_file``)."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     policies = list(dict.fromkeys([*policies, default]))
@@ -347,16 +354,15 @@ def run(
     rates: list[dict[str, Any]] = []
     cost_rows: dict[str, dict[str, float]] = {}
     for name in traces:
-        params = preset(name, seed_offset=seed_offset)
         t0 = time.perf_counter()
-        trace = generate(params)
+        trace, params = load_named(name, seed_offset=seed_offset, trace_file=trace_file)
         stats = trace_stats(trace)
         say(
             f"{name}: {stats['requests']} requests, {stats['chunk_reads']} chunk reads, "
             f"{stats['chunk_writes']} writes, {stats['distinct_chunks']} distinct chunks "
             f"({time.perf_counter() - t0:.2f}s)"
         )
-        trace_info[name] = {"params": params.to_dict(), "stats": stats}
+        trace_info[name] = {"params": params, "stats": stats}
         reads = _read_count(trace)
         for fraction in fractions:
             cap = _capacity(fraction, stats["distinct_chunks"])
@@ -566,9 +572,12 @@ def main(argv: list[str]) -> int:
         prog="kvstrata bench hitrate",
         description="Hit ratio of the eviction policies and Belady's optimal on synthetic KV-cache traces.",
     )
-    parser.add_argument(
-        "--trace", choices=[*PRESETS, "all"], default="all", help="trace preset (default: all)"
-    )
+    parser.add_argument("--trace", choices=[*PRESETS, *PUBLIC_TRACES, "all"], default="all",
+                        help="trace preset, or a public trace read from --trace-file (default: all presets)")
+    parser.add_argument("--trace-file", help="file of a public trace (see bench/public_traces.py)")
+    parser.add_argument("--online-ref", action="store_true",
+                        help="instead: MIN, the online (informed) and static references and the policies "
+                        "(bench/online_ref.py)")
     parser.add_argument(
         "--fractions",
         type=_fractions,
@@ -602,10 +611,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     names = list(PRESETS) if args.trace == "all" else [args.trace]
+    if args.trace in PUBLIC_TRACES and not (args.trace_file or os.environ.get(ENV_FILE)):
+        parser.error(f"--trace {args.trace} needs --trace-file (or ${ENV_FILE}); see bench/public_traces.py")
 
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.online_ref:
+        ref = run_references(names, args.fractions, policies=POLICIES, seed_offset=args.seed,
+                             trace_file=args.trace_file, progress=progress)
+        print(json.dumps(ref, indent=2) if args.json else format_references(ref))
+        return 0
     if args.ssd:
         ssd_policies = [p.strip() for p in args.ssd_policies.split(",") if p.strip()]
         unknown = [p for p in ssd_policies if p not in SSD_POLICIES]
@@ -617,7 +633,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(ssd_result, indent=2) if args.json else format_ssd(ssd_result))
         progress(f"done in {ssd_result['runtime_s']:.1f}s")
         return 0
-    result = run(names, args.fractions, seed_offset=args.seed, costs=not args.no_cost, progress=progress)
+    result = run(names, args.fractions, seed_offset=args.seed, costs=not args.no_cost, trace_file=args.trace_file,
+                 progress=progress)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

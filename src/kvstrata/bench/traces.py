@@ -34,10 +34,12 @@ from typing import Any
 
 __all__ = [
     "PRESETS",
+    "Origin",
     "Request",
     "TraceParams",
     "chunk_chain",
     "generate",
+    "generate_annotated",
     "preset",
     "trace_stats",
 ]
@@ -140,6 +142,30 @@ class Request:
     kind: str = field(default="", compare=False)
 
 
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """What the generator knew about a request when it issued it (hidden from a cache; for reference policies).
+
+    Everything here is known by the time the request has been served; none of it tells the future (a session's
+    number of turns and its think times are not here).
+    """
+
+    family: str
+    """``chat``, ``single`` or ``rag``."""
+    session: int
+    """The arrival this request belongs to (a chat session's turns share it)."""
+    turn: int
+    """Turn of a chat session, from 0 (0 for single and RAG requests)."""
+    prompt: int
+    """System prompt (chat, single) or RAG system prompt (rag) index, which is also its popularity rank."""
+    doc: int
+    """RAG document index (its popularity rank), -1 for other families."""
+    prompt_chunks: int
+    """Leading reads that are the prompt's own full chunks (shared by every request with this prompt)."""
+    decode_s: float
+    """Seconds this request's answer takes to decode (a chat session's next turn comes after it plus a think time)."""
+
+
 class _Context:
     """A token context cut into chained chunks; only full chunks have keys."""
 
@@ -212,6 +238,11 @@ def _turns(rng: random.Random, mean: float, cap: int) -> int:
 
 def generate(params: TraceParams) -> list[Request]:
     """The trace for ``params``: requests sorted by time (ties keep generation order)."""
+    return generate_annotated(params)[0]
+
+
+def generate_annotated(params: TraceParams) -> tuple[list[Request], list[Origin]]:
+    """The trace for ``params`` and, for each request in the same order, its :class:`Origin`."""
     rng = random.Random(params.seed)
     c = params.chunk_tokens
 
@@ -244,13 +275,14 @@ def generate(params: TraceParams) -> list[Request]:
             rng, params.answer_tokens_median, params.answer_tokens_sigma, params.max_message_tokens
         )
 
-    out: list[tuple[float, int, Request]] = []
+    out: list[tuple[float, int, Request, Origin]] = []
     t = 0.0
     for a in range(params.arrivals):
         t += rng.expovariate(params.arrival_rate)
         kind = kinds[bisect_left(cum_weights, rng.random() * cum_weights[-1])]
         if kind == "rag":
-            ctx = rag_sys_ctx[rng.randrange(params.rag_system_prompts)].copy()
+            r = rng.randrange(params.rag_system_prompts)
+            ctx = rag_sys_ctx[r].copy()
             d = doc_zipf.draw(rng)
             ctx.extend(b"doc:%d" % d, doc_tokens[d])
             n_read = len(ctx.keys)
@@ -258,10 +290,13 @@ def generate(params: TraceParams) -> list[Request]:
                 rng, params.query_tokens_median, params.user_tokens_sigma, params.max_message_tokens
             )
             ctx.extend(b"q:%d" % a, q)
-            ctx.extend(b"a:%d" % a, answer_tokens())
-            out.append((t, len(out), Request(t, tuple(ctx.keys[:n_read]), tuple(ctx.keys[n_read:]), kind)))
+            answer = answer_tokens()
+            ctx.extend(b"a:%d" % a, answer)
+            origin = Origin(kind, a, 0, r, d, len(rag_sys_ctx[r].keys), answer / params.decode_tokens_per_s)
+            out.append((t, len(out), Request(t, tuple(ctx.keys[:n_read]), tuple(ctx.keys[n_read:]), kind), origin))
             continue
-        ctx = sys_ctx[sys_zipf.draw(rng)].copy()
+        prompt = sys_zipf.draw(rng)
+        ctx = sys_ctx[prompt].copy()
         turns = 1 if kind == "single" else _turns(rng, params.mean_turns, params.max_turns)
         when = t
         for turn in range(turns):
@@ -269,14 +304,15 @@ def generate(params: TraceParams) -> list[Request]:
             ctx.extend(b"u:%d:%d" % (a, turn), user_tokens())
             answer = answer_tokens()
             ctx.extend(b"a:%d:%d" % (a, turn), answer)
+            origin = Origin(kind, a, turn, prompt, -1, len(sys_ctx[prompt].keys), answer / params.decode_tokens_per_s)
             out.append(
-                (when, len(out), Request(when, tuple(ctx.keys[:n_read]), tuple(ctx.keys[n_read:]), kind))
+                (when, len(out), Request(when, tuple(ctx.keys[:n_read]), tuple(ctx.keys[n_read:]), kind), origin)
             )
             when += answer / params.decode_tokens_per_s
             if params.think_time_mean_s > 0:
                 when += rng.expovariate(1.0 / params.think_time_mean_s)
     out.sort(key=lambda item: (item[0], item[1]))
-    return [r for _, _, r in out]
+    return [item[2] for item in out], [item[3] for item in out]
 
 
 PRESETS: dict[str, TraceParams] = {
