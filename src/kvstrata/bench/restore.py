@@ -203,7 +203,7 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
         _log(f"restore: {len(cases)} cases, {total / MB:.0f} MB of KV; starting kvstrata")
         kv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve", "--loglevel", "warning",
                                        "--http-port", "0", "--dram-size", str(2 * total + 256 * MB),
-                                       "--unixsocket", sock])
+                                       "--unixsocket", sock, "--pull-store", "yes"])
         servers.append(kv)
         clients = {
             "arena": KVCacheClient(f"unix://{sock}", local_plane=True, stage_writes=True),
