@@ -88,7 +88,7 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
     dram = store.dram
     # The slot is charged from now on, like a reservation (unmovable for make_room): room first, -OOM as a SET.
-    charge = arena.charge(n)
+    charge = arena.charge(n) if n else 0
     if dram.used + charge > dram.budget:
         store.make_room(charge, exclude=bytes(args[1]))
         if dram.used + charge > dram.budget:

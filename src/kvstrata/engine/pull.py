@@ -118,10 +118,13 @@ def peer_of(sock: socket.socket, age_s: float) -> Peer:
             pidfd = -1
         if pidfd >= 0:
             try:
-                return Peer(_pid_of(pidfd), pidfd)
+                pid = _pid_of(pidfd)
             except OSError:
+                pid = -1
+            if pid <= 0:  # gone (-1), or in a PID namespace the server cannot see (0)
                 os.close(pidfd)
-                raise PullError("ERR the process that connected this socket is gone") from None
+                raise PullError("ERR the process that connected this socket is gone or not visible to the server")
+            return Peer(pid, pidfd)
         import struct
 
         pid, _uid, _gid = struct.unpack("3i", dup.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
