@@ -30,8 +30,8 @@ MAX_RANGES = 1 << 16  # per value: a strided KV chunk is a few hundred runs
 PROBE_MAX = 64 * 1024
 
 
-def _peer(ctx: Context) -> Peer:
-    """The connecting process of this Unix-socket connection (CommandError on TCP, when disabled or gone)."""
+def _unix_socket(ctx: Context) -> Any:
+    """This connection's Unix socket (CommandError when pulls are disabled or the client is not on it)."""
     from kvstrata.server.dataplane import unix_transport
 
     if not ctx.config.get("pull-store"):
@@ -41,6 +41,11 @@ def _peer(ctx: Context) -> Peer:
     sock = unix_transport(conn) if conn is not None else None
     if sock is None:
         raise CommandError("TAIR.KV.PULL reads the client's memory: only on the Unix socket (unixsocket)")
+    return sock
+
+
+def _peer(ctx: Context, sock: Any) -> Peer:
+    """The process that connected this Unix-socket connection (CommandError when it is gone)."""
     age_s = max(0, ctx.store.clock.now_ms() - ctx.client.created_ms) / 1000
     try:
         return peer_of(sock, age_s)
@@ -85,6 +90,7 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError(f"SUMAT {sum_at} is outside the head ({len(head)} bytes)")
     if n > int(ctx.config.get("proto-max-bulk-len")):
         raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
+    sock = _unix_socket(ctx)  # before anything moves for a command that is refused anyway
     store = ctx.store
     dram = store.dram
     # The slot is charged from now on, like a reservation (unmovable for make_room): room first, -OOM as a SET.
@@ -93,7 +99,7 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
         store.make_room(charge, exclude=bytes(args[1]))
         if dram.used + charge > dram.budget:
             raise OutOfMemoryError()
-    peer = _peer(ctx)
+    peer = _peer(ctx, sock)
     staging.hold_bytes(charge)
     # Freed slots of overwritten values first, while their pages are resident (as COMMIT does).
     arena.collect_unreferenced()
@@ -143,7 +149,7 @@ def kv_pullprobe(ctx: Context, args: list[bytes]) -> Any:
     n = sum(length for _, length in ranges)
     if n > PROBE_MAX:
         raise CommandError(f"TAIR.KV.PULLPROBE reads at most {PROBE_MAX} bytes")
-    peer = _peer(ctx)
+    peer = _peer(ctx, _unix_socket(ctx))
     buf = bytearray(n)
     try:
         digest = pull_hash(peer.pid, b"", ranges, buf)
