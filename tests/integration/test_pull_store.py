@@ -18,6 +18,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import redis
 import xxhash
 from tests.integration.polling import wait_for
 from tests.integration.support import memory_info as _info
@@ -179,7 +180,7 @@ def test_too_large_a_pull_gets_oom_like_a_set(make_server, sockdir) -> None:
     w = PullWriter(path)
     try:
         big = np.ones(40 * MB, np.uint8)
-        with pytest.raises(Exception, match="OOM"):
+        with pytest.raises(redis.exceptions.OutOfMemoryError):  # redis-py's class for -OOM
             tcp.set(b"s", big.tobytes())
         base = _info(tcp)["dram_used"]
         with pytest.raises(RespError, match="OOM"):
@@ -293,20 +294,26 @@ _NOT_PERMITTED = textwrap.dedent("""
 """)
 
 
+def _without_ptrace_capability() -> None:
+    """In the server's process before exec: drop CAP_SYS_PTRACE from the bounding set, so that a server started by
+    root cannot read a non-dumpable process either (as an unprivileged one cannot; there the call fails, harmless)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(24, 19, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_SYS_PTRACE
+
+
 def test_kernel_refusal_is_noperm_and_the_sdk_stages_instead(sockdir) -> None:
-    # A server that may not read the client: another user (when the tests run as root, whose CAP_SYS_PTRACE would
-    # read anything) or, as the same user, a client that made itself non-dumpable.
-    os.chmod(sockdir, 0o777)
+    # A server that may not read the client: the client made itself non-dumpable (PR_SET_DUMPABLE 0), and the
+    # server has no CAP_SYS_PTRACE (dropped before exec when the tests run as root).
     path = os.path.join(sockdir, "kv.sock")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.path.abspath(SRC)}
-    user = 65534 if os.geteuid() == 0 else None
     proc = subprocess.Popen([sys.executable, "-m", "kvstrata", "serve", "--port", str(port), "--bind", "127.0.0.1",
-                             "--unixsocket", path, "--unixsocketperm", "777", "--http-port", "0",
+                             "--unixsocket", path, "--http-port", "0",
                              "--dram-size", "64mb", "--pull-store", "yes", "--loglevel", "warning"],
-                            env=env, cwd=sockdir, user=user, stdin=subprocess.DEVNULL,
+                            env=env, cwd=sockdir, preexec_fn=_without_ptrace_capability, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         def ready() -> bool:
