@@ -7,6 +7,7 @@ the server read anything but the process that connected.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import mmap
@@ -29,7 +30,7 @@ from kvstrata.client.codec import CHECKSUM_OFFSET
 from kvstrata.client.fast import FastClient, RespError
 from kvstrata.client.keys import Namespace
 from kvstrata.client.pull_store import PullUnavailable, PullWriter, address
-from kvstrata.client.sdk import KVCacheClient
+from kvstrata.client.sdk import AsyncKVCacheClient, KVCacheClient
 from kvstrata.client.stage import StageWriter
 
 pytestmark = pytest.mark.kvstrata_only
@@ -272,7 +273,7 @@ _NOT_PERMITTED = textwrap.dedent("""
     from kvstrata.client.fast import FastClient, RespError
     from kvstrata.client.keys import Namespace
     from kvstrata.client.pull_store import address
-    from kvstrata.client.sdk import KVCacheClient
+    from kvstrata.client.sdk import AsyncKVCacheClient, KVCacheClient
     path = sys.argv[1]
     out = {}
     raw = FastClient(unix_path=path)
@@ -345,3 +346,28 @@ def test_kernel_refusal_is_noperm_and_the_sdk_stages_instead(sockdir) -> None:
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_async_client_pulls_too_and_the_environment_turns_it_off(make_server, sockdir, monkeypatch) -> None:
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb", "pull-store": "yes"})
+    tcp = srv.client()
+    kv = np.random.default_rng(9).standard_normal((4, 2, 2, 512, 64), dtype=np.float32)
+    tokens = list(range(512))
+
+    async def go(model: str) -> np.ndarray:
+        c = AsyncKVCacheClient(f"unix://{path}", Namespace(model, kv_dtype="float32"))
+        try:
+            assert await c.store(tokens, kv) == 2
+            n, out = await c.retrieve(tokens)
+            assert n == 512
+            return out
+        finally:
+            await c.aclose()
+
+    assert np.array_equal(asyncio.run(go("async-pull")), kv)
+    info = _info(tcp)
+    assert info["pull_stores"] == 2 and info["stage_commits"] == 0
+    monkeypatch.setenv("KVSTRATA_PULL_STORE", "0")
+    assert np.array_equal(asyncio.run(go("async-staged")), kv)
+    info = _info(tcp)
+    assert info["pull_stores"] == 2 and info["stage_commits"] == 2
