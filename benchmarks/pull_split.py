@@ -9,7 +9,7 @@ K/V, kv heads, tokens, head dim; 256-token chunks), then rounds of, in alternati
 tensor into an existing array), ``sdk-pull`` (``KVCacheClient.store``, pulled by the server), ``sdk-stage`` (the
 same through the staging segment, ``pull_store = False``), ``raw-strided`` (pipelined ``TAIR.KV.PULL`` of each
 chunk's runs, what the SDK sends without its planning), ``raw-contig`` (the same bytes as one contiguous range per
-chunk). Medians after the first round. Figures in BENCHMARKS.md ("Store: pull stores").
+chunk). Medians after the first round, with the server's minor page faults per store. Figures in BENCHMARKS.md ("Store: pull stores").
 """
 
 from __future__ import annotations
@@ -31,6 +31,13 @@ from kvstrata.client.pull_store import PullWriter, address, value_ranges
 from kvstrata.client.sdk import KVCacheClient
 
 CHUNK = 256
+
+
+def _minflt(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (``/proc/PID/stat`` field 10)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        text = f.read()
+    return int(text[text.rindex(")") + 2:].split()[7])
 
 
 def main() -> int:
@@ -74,19 +81,23 @@ def main() -> int:
             "raw-contig": lambda: raw(True),
         }
         times: dict[str, list[float]] = {m: [] for m in modes}
+        faults: dict[str, list[int]] = {m: [] for m in modes}
         for rnd in range(args.rounds):
             order = list(modes.items())
             for name, fn in order if rnd % 2 else order[::-1]:
+                f0 = _minflt(srv.pid)
                 t = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t)
+                faults[name].append(_minflt(srv.pid) - f0)
         if getattr(pull, "_pull_off", False):
             raise SystemExit("the server refused to pull from this process (see the log)")
         ref = statistics.median(times["memcpy"][1:])
         print(f"{kv.nbytes / 1e6:.1f} MB, shape {shape}, load {os.getloadavg()[0]:.1f}")
         for name, ts in times.items():
             med = statistics.median(ts[1:])
-            print(f"  {name:12s} {kv.nbytes / med / 1e9:6.2f} GB/s  x{ref / med:.2f} memcpy")
+            print(f"  {name:12s} {kv.nbytes / med / 1e9:6.2f} GB/s  x{ref / med:.2f} memcpy  "
+                  f"server minor faults {statistics.median(faults[name][1:]):.0f}")
     finally:
         w.close()
         pull.close()
