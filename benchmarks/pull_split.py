@@ -27,7 +27,7 @@ import numpy as np
 
 from kvstrata.bench.procs import start_server
 from kvstrata.client.keys import Namespace
-from kvstrata.client.pull_store import PullWriter, address, value_ranges
+from kvstrata.client.pull_store import PullWriter, address, pull_command, value_ranges
 from kvstrata.client.sdk import KVCacheClient
 
 CHUNK = 256
@@ -69,7 +69,7 @@ def main() -> int:
                     ranges = [(address(flat) + i * per, per)]
                 else:
                     _, ranges, _ = value_ranges([b"", kv[:, :, :, i * CHUNK:(i + 1) * CHUNK]])
-                w.send(b"TAIR.KV.PULL", b"raw%d" % i, 0, b"", len(ranges), *[x for r in ranges for x in r])
+                w.sock.sendall(pull_command(b"raw%d" % i, 0, b"", ranges))
             for _ in range(chunks):
                 w.read_reply()
 
