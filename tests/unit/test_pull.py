@@ -81,3 +81,44 @@ def test_array_ranges_merge_and_cover_the_c_order_bytes() -> None:
     buf = np.zeros(100, np.uint8)
     _, ranges, _ = value_ranges([b"h", memoryview(buf[:40]), memoryview(buf[40:])])
     assert ranges == [(buf.ctypes.data, 100)]
+
+
+@pytest.mark.parametrize("pidfd_option", [True, False])
+def test_peer_of_a_unix_socket_is_the_connecting_process(monkeypatch, pidfd_option: bool) -> None:
+    import socket
+    import time
+
+    from kvstrata.engine import pull
+
+    if not pidfd_option:  # an older kernel: SO_PEERCRED's pid, opened with pidfd_open, checked against reuse
+        monkeypatch.setattr(pull, "SO_PEERPIDFD", 0x7FFF)
+    a, b = socket.socketpair(socket.AF_UNIX)
+    try:
+        peer = pull.peer_of(a, 0.0)
+        try:
+            assert peer.pid == os.getpid() and peer.alive()
+        finally:
+            peer.close()
+        if not pidfd_option:
+            # A process found under the pid that started after the connection was made is not the one that made it.
+            started = pull._started_s(os.getpid())
+            age = time.clock_gettime(time.CLOCK_BOOTTIME) - started + 10
+            with pytest.raises(PullError, match="gone"):
+                pull.peer_of(a, age)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_dead_process_pidfd_is_not_alive() -> None:
+    from kvstrata.engine.pull import Peer
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    peer = Peer(pid, os.pidfd_open(pid))  # opened before the child is reaped: it is this child for good
+    try:
+        os.waitpid(pid, 0)
+        assert not peer.alive()
+    finally:
+        peer.close()
