@@ -371,3 +371,9 @@ def test_async_client_pulls_too_and_the_environment_turns_it_off(make_server, so
     assert np.array_equal(asyncio.run(go("async-staged")), kv)
     info = _info(tcp)
     assert info["pull_stores"] == 2 and info["stage_commits"] == 2
+    # stage_writes=False keeps every store on the socket, pulls included.
+    monkeypatch.delenv("KVSTRATA_PULL_STORE")
+    with KVCacheClient(f"unix://{path}", Namespace("socket", kv_dtype="float32"), stage_writes=False) as c:
+        assert c._stager() is None and c.store(tokens, kv) == 2
+    info = _info(tcp)
+    assert info["pull_stores"] == 2 and info["stage_commits"] == 2

@@ -9,7 +9,8 @@ must stay unchanged until the reply (``put_many`` returns only then): the value 
 server copied them.
 
 ``pull_writer(client)`` is the SDK's hook (``KVCacheClient``'s store path): this thread's writer when the server
-is local, ``client.pull_store`` (default: ``$KVSTRATA_PULL_STORE``, on unless ``0``/``no``/``false``) is on, and
+is local, ``client.pull_store`` (default: ``$KVSTRATA_PULL_STORE``, on unless ``0``/``no``/``false``) and
+``stage_writes`` are on, and
 a probe succeeded (``TAIR.KV.PULLPROBE``: the server read a buffer of this process and hashed it right). A
 refusal (an older server, ``pull-store no``, the kernel's ptrace rules: another user, Yama ``ptrace_scope``,
 seccomp in a container) turns pull stores off for that client, logged once, and the store path falls back to
@@ -160,8 +161,9 @@ def pull_writer(client: Any) -> PullWriter | None:
     enabled = getattr(client, "pull_store", None)
     if enabled is None:
         enabled = os.environ.get("KVSTRATA_PULL_STORE", "1").lower() not in ("0", "no", "false", "off")
-    if not enabled or not getattr(client, "_stage_ok", False) or getattr(client, "_pull_off", False) \
-            or client.redis is None:
+    # stage_writes=False keeps every store on the socket, as it always has.
+    if not enabled or not getattr(client, "_stage_ok", False) or not getattr(client, "stage_writes", True) \
+            or getattr(client, "_pull_off", False) or client.redis is None:
         return None
     pw = getattr(client._tls, "pull", None)
     if pw is not None and (pw.pid != os.getpid() or pw.sock.fileno() < 0):
