@@ -24,6 +24,7 @@ import errno
 import os
 import signal
 import socket
+import struct
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -125,8 +126,6 @@ def peer_of(sock: socket.socket, age_s: float) -> Peer:
                 os.close(pidfd)
                 raise PullError("ERR the process that connected this socket is gone or not visible to the server")
             return Peer(pid, pidfd)
-        import struct
-
         pid, _uid, _gid = struct.unpack("3i", dup.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     finally:
         dup.close()
