@@ -152,6 +152,10 @@ PARAMS: tuple[Param, ...] = (
           "A two-phase write's TAIR.KV.COMMIT of a value this large or larger copies and verifies it in a worker "
           "thread, so other clients are not held up meanwhile (smaller ones run inline: the thread hop costs more "
           "than it saves).", mutable=True),
+    Param("pull-store", _yes_no, False,
+          "Let Unix-socket clients store values that the server copies straight out of their memory "
+          "(TAIR.KV.PULL, process_vm_readv: one copy instead of two-phase writes' two; only the connecting "
+          "process's memory, as far as the kernel's ptrace rules allow; docs/dataplane.md).", mutable=True),
     Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),

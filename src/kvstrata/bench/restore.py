@@ -26,7 +26,8 @@ Stores are timed the same way: ``store-stage`` (the SDK with ``stage_writes=True
 each chunk copied once into the client's own staging segment, then committed with its checksum, which the
 server verifies on its own copy), ``store-reserve`` (the same client's ``reserve``: the caller copies each chunk
 into its reservation itself, as an engine's device-to-host copy would, and marks it ``done``, which hashes and
-commits it at once; waves of up to ``STAGE_WAVE`` bytes), ``store-unix`` and ``store-tcp`` (the same store with
+commits it at once; waves of up to ``STAGE_WAVE`` bytes), ``store-pull`` (the same store pulled by the server out of
+the client's tensors with ``process_vm_readv``: ``TAIR.KV.PULL``, no copy on the client), ``store-unix`` and ``store-tcp`` (the same store with
 ``local_plane=False``: over the Unix socket each value is received straight into its arena slot),
 ``store-lmcache``.
 
@@ -70,8 +71,10 @@ DEFAULT_CASES = "smollm2-135m:float32:1536,smollm2-135m:bfloat16:4096,qwen2.5-7b
 PREFILL_RATES = (15_000, 30_000)  # tokens/s of a 7-8B model on one Hopper GPU (the issue's figures)
 RESTORE_MODES = ("memcpy", "arena", "arena-copy", "unix", "tcp", "tcp-buffered", "tcp-new", "tcp-new-concat",
                  "loopback", "redis-py", "lmcache")
-STORE_MODES = ("store-memcpy", "store-stage", "store-reserve", "store-unix", "store-tcp", "store-lmcache")
-_STORE_CLIENT = {"store-stage": "arena", "store-reserve": "arena", "store-unix": "unix", "store-tcp": "tcp"}
+STORE_MODES = ("store-memcpy", "store-stage", "store-pull", "store-reserve", "store-unix", "store-tcp",
+               "store-lmcache")
+_STORE_CLIENT = {"store-stage": "arena", "store-pull": "pull", "store-reserve": "arena", "store-unix": "unix",
+                 "store-tcp": "tcp"}
 STAGE_WAVE = 96 * MB  # chunks reserved at once by store-reserve (the server's staging segment is 128 MB)
 
 
@@ -200,10 +203,11 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
         _log(f"restore: {len(cases)} cases, {total / MB:.0f} MB of KV; starting kvstrata")
         kv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve", "--loglevel", "warning",
                                        "--http-port", "0", "--dram-size", str(2 * total + 256 * MB),
-                                       "--unixsocket", sock])
+                                       "--unixsocket", sock, "--pull-store", "yes"])
         servers.append(kv)
         clients = {
             "arena": KVCacheClient(f"unix://{sock}", local_plane=True, stage_writes=True),
+            "pull": KVCacheClient(f"unix://{sock}", local_plane=True),
             "unix": KVCacheClient(f"unix://{sock}", local_plane=False),
             "tcp": KVCacheClient(f"redis://127.0.0.1:{kv.port}", local_plane=False),
         }
@@ -225,6 +229,8 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             else:
                 notes.append(f"{lmcache_python} not found (python3 -m venv /tmp/lmc && /tmp/lmc/bin/pip install "
                              "torch==2.13.0 lmcache==0.5.6): LMCache skipped")
+        clients["arena"].pull_store = False  # store-stage: the staging segment, not pulls
+        clients["pull"].pull_store = True
         for c in cases:
             for name in ("arena", "redis-py"):
                 if name in clients:
@@ -280,7 +286,10 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             cl.namespace = c.namespace()
             if mode == "store-reserve":
                 return _timed(lambda: _reserve_store(cl, c))
-            return _timed(lambda: cl.store(c.token_ids, c.kv, skip_existing=False))
+            dt = _timed(lambda: cl.store(c.token_ids, c.kv, skip_existing=False))
+            if mode == "store-pull" and getattr(cl, "_pull_off", False):
+                raise RuntimeError("store-pull: the server refused to pull from this process (see the log)")
+            return dt
 
         active = [m for m in modes if m in ("memcpy", "arena", "arena-copy", "unix", "tcp", "tcp-buffered", "tcp-new",
                                             "tcp-new-concat", "loopback")
@@ -338,10 +347,13 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             "store-reserve/memcpy": round(g["store-reserve"] / g["store-memcpy"], 3),
             "store-unix/memcpy": round(g["store-unix"] / g["store-memcpy"], 3),
             "store-stage/store-unix": round(g["store-stage"] / g["store-unix"], 3),
+            "store-pull/memcpy": round(g["store-pull"] / g["store-memcpy"], 3),
+            "store-pull/store-stage": round(g["store-pull"] / g["store-stage"], 3),
         }
         if "lmcache" in g:
             row["ratios"]["arena/lmcache"] = round(g["arena"] / g["lmcache"], 3)
             row["ratios"]["store-stage/store-lmcache"] = round(g["store-stage"] / g["store-lmcache"], 3)
+            row["ratios"]["store-pull/store-lmcache"] = round(g["store-pull"] / g["store-lmcache"], 3)
             row["ratios"]["store-reserve/store-lmcache"] = round(g["store-reserve"] / g["store-lmcache"], 3)
             row["ratios"]["store-unix/store-lmcache"] = round(g["store-unix"] / g["store-lmcache"], 3)
         if "tcp" in g:
@@ -386,11 +398,13 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
     t = {
         "arena restore >= 0.8x memcpy": all(r["ratios"]["arena/memcpy"] >= 0.8 for r in rows),
         "store >= 0.5x memcpy (two-phase)": all(r["ratios"]["store-stage/memcpy"] >= 0.5 for r in rows),
+        "store >= 0.5x memcpy (pull)": all(r["ratios"]["store-pull/memcpy"] >= 0.5 for r in rows),
     }
     if all("arena/lmcache" in r["ratios"] for r in rows):
         t["arena restore >= 1.0x LMCache local_cpu"] = all(r["ratios"]["arena/lmcache"] >= 1.0 for r in rows)
         t["store >= 0.5x LMCache store (two-phase)"] = all(r["ratios"]["store-stage/store-lmcache"] >= 0.5
                                                              for r in rows)
+        t["store >= 0.5x LMCache store (pull)"] = all(r["ratios"]["store-pull/store-lmcache"] >= 0.5 for r in rows)
     big = [r for r in rows if r["chunk_mb"] >= 4 and "tcp/loopback" in r["ratios"]]
     if big:
         t["TCP restore >= 90% of loopback (chunks >= 4 MB)"] = all(r["ratios"]["tcp/loopback"] >= 0.9 for r in big)

@@ -2,8 +2,9 @@
 
 ``_StorePath`` is a part of ``KVCacheClient`` (it uses the connection state set up in its ``__init__``):
 ``_roundtrip`` sends a batch of writes in vectored writes on this thread's ``FastClient``, and
-``_stager``/``_put_staged`` write through a local server's staging segment (``kvstrata.client.stage``, imported
-on first use), falling back to the socket. ``reserve`` hands an engine
+``_stager``/``_put_staged`` store without the socket when the server is local: pulled by the server out of
+this process (``kvstrata.client.pull_store``), or through this client's staging segment
+(``kvstrata.client.stage``, imported on first use), falling back to the socket. ``reserve`` hands an engine
 the room of its next chunks to write its KV into (the staging segment itself when the server is local).
 """
 
@@ -19,6 +20,7 @@ import numpy as np
 from kvstrata.client.codec import CHECKSUM_OFFSET, DTYPES, parts_nbytes, raw_header, seal_parts
 from kvstrata.client.fast import pack, sendmsg_all
 from kvstrata.client.planning import _Base
+from kvstrata.client.pull_store import PullRefused, pull_refused, pull_writer
 from kvstrata.client.rediserrors import reply_error, socket_error
 
 log = logging.getLogger("kvstrata.client")
@@ -79,13 +81,23 @@ class _StorePath(_Base):
     # "Store: block copies, resident pages, reserve"); stage_writes=False keeps stores on the socket.
 
     def _forget_stager(self, sw: Any) -> None:
-        """This thread's StageWriter failed: it is not used again (the next store makes a new one)."""
-        self._tls.stage = None
+        """This thread's StageWriter (or PullWriter) failed: it is not used again (the next store makes a new one)."""
+        if getattr(self._tls, "pull", None) is sw:
+            self._tls.pull = None
+        else:
+            self._tls.stage = None
         with self._lock:
             if sw in self._fast_clients:
                 self._fast_clients.remove(sw)
 
     def _stager(self) -> Any:
+        """This thread's writer for stores that skip the socket, else None: a ``PullWriter`` when the server pulls
+        the values out of this process (``kvstrata.client.pull_store``: no copy on this side), else the
+        ``StageWriter`` of ``_segment_writer``."""
+        pw = pull_writer(self)
+        return pw if pw is not None else self._segment_writer()
+
+    def _segment_writer(self) -> Any:
         """This thread's ``StageWriter`` when the server is local and gives this client a staging segment (the
         store path then copies each chunk once into it instead of sending it through the socket), else None."""
         if not (self._stage_ok and self.stage_writes):
@@ -120,6 +132,12 @@ class _StorePath(_Base):
 
         try:
             replies = sw.put_many(items, CHECKSUM_OFFSET)
+        except PullRefused as exc:  # pull stores are off for this client now (logged once): stage this batch
+            pull_refused(self, exc)
+            sw = self._segment_writer()
+            if sw is not None and all(sw.fits(parts_nbytes(p)) for _, _, p in items):
+                return self._put_staged(sw, items)
+            replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
         except RespError as exc:  # a reservation refused for another reason than memory: this batch by socket
             log.info("kvstrata: staging refused (%s); storing this batch over the socket", exc)
             replies = self._roundtrip([["TAIR.KV.SETEX", k, t, seal_parts(list(p))] for k, t, p in items])
@@ -225,7 +243,7 @@ class _StorePath(_Base):
 
         if not todo or self.redis is None or self.local is not None or self.compression != "raw":
             return None
-        sw = self._stager()
+        sw = self._segment_writer()
         if sw is None:
             return None
         header = raw_header(shape, name, self._layout())

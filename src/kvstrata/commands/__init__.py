@@ -6,6 +6,7 @@ from kvstrata.commands import (  # noqa: F401
     dataplane,
     keyspace,
     observe,
+    pull,
     server_cmds,
     staging,
     strings,

@@ -128,6 +128,11 @@ class Staging:
         self.offload_min = OFFLOAD_MIN
         self.offloaded = 0  # commits copied and verified in a worker thread
         self.in_flight = 0  # of those, taken and not yet finished
+        # Pull stores (kvstrata.engine.pull, TAIR.KV.PULL): stored, refused, bytes stored, copying now.
+        self.pulls = 0
+        self.pull_failures = 0
+        self.pull_bytes = 0
+        self.pulls_in_flight = 0
 
     # ---- segments ----
     def segment(self, client: int) -> Segment:
@@ -229,6 +234,18 @@ class Staging:
         if seg.closed and not seg.pins:
             seg.region.close()
 
+    def hold_bytes(self, n: int) -> None:
+        """Charge ``n`` bytes of a value being pulled (TAIR.KV.PULL) to the DRAM budget until ``unhold_bytes``:
+        counted with the reserved bytes, which ``make_room`` treats as unmovable."""
+        self.reserved_bytes += n
+        self._charge(n)
+        self.pulls_in_flight += 1
+
+    def unhold_bytes(self, n: int) -> None:
+        self.reserved_bytes -= n
+        self._uncharge(n)
+        self.pulls_in_flight -= 1
+
     def unreserve(self, client: int, rids: list[int]) -> int:
         seg = self.segments.get(client)
         if seg is None:
@@ -319,6 +336,10 @@ class Staging:
             "stage_segments_trimmed": self.trims,
             "stage_commits_offloaded": self.offloaded,
             "stage_commits_in_flight": self.in_flight,
+            "pull_stores": self.pulls,
+            "pull_stored_bytes": self.pull_bytes,
+            "pull_failures": self.pull_failures,
+            "pulls_in_flight": self.pulls_in_flight,
         }
 
 
@@ -351,7 +372,7 @@ class CommitJob:
     the exception it raised. ``abandon`` is for a commit whose continuation will never run (its task was
     cancelled): what the job touches is given back (``cleanup``) only once the thread is done with it."""
 
-    def __init__(self, src: memoryview, dst: Any, sum_at: int | None, cleanup: Callable[[], None]) -> None:
+    def __init__(self, src: memoryview | None, dst: Any, sum_at: int | None, cleanup: Callable[[], None]) -> None:
         self.src = src
         self.dst = dst
         self.sum_at = sum_at
@@ -362,9 +383,14 @@ class CommitJob:
         self._orphan_loop: Any = None
         self._also: Callable[[], None] | None = None
 
+    def work(self) -> tuple[int, int]:
+        """The copy and hash itself (a pull store's job reads another process instead: engine/pull.py)."""
+        assert self.src is not None
+        return copy_hash(self.src, self.dst, self.sum_at)
+
     def run(self) -> tuple[int, int] | BaseException:
         try:
-            self.found = copy_hash(self.src, self.dst, self.sum_at)
+            self.found = self.work()
         except Exception as exc:  # handed to the continuation, which replies with an error
             self.found = exc
         with self._lock:
@@ -379,7 +405,8 @@ class CommitJob:
         what the continuation would have)."""
         done, self._cleanup = self._cleanup, None
         if done is not None:
-            self.src.release()
+            if self.src is not None:
+                self.src.release()
             done()
             if self._also is not None:
                 self._also()

@@ -1,0 +1,162 @@
+"""Pull stores: ``TAIR.KV.PULL`` stores a value that the server copies straight out of its client's memory.
+
+``TAIR.KV.PULL key ttl_ms head count addr len [addr len ...] [SUMAT offset] [VER expected_version]`` stores
+``head`` (sent inline: the SDK codec's small header) followed by the bytes of the ``count`` ranges of the
+*connecting process's* memory, read with ``process_vm_readv`` into a fresh arena slot (kvstrata.engine.pull),
+off the event loop from ``stage-offload-min`` on, as ``TAIR.KV.COMMIT`` copies. ``SUMAT offset``: the value
+carries its own xxh3-64 there (8 bytes inside ``head``), computed by the server over its own copy with the field
+zeroed, as the codec's header wants it; ``VER``: compare-and-set, as SETEX's. The value is published through the
+same write path as SETEX and COMMIT (version, acks, replication, tiers). Only on a Unix-socket connection, only
+while ``pull-store`` is yes. ``TAIR.KV.PULLPROBE addr len`` reads up to 64 KiB the same way and answers its
+xxh3-64 (hex), storing nothing: how a client learns that the server may read its memory. Design and security
+model: docs/dataplane.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kvstrata.commands.args import parse_int
+from kvstrata.commands.context import Context
+from kvstrata.commands.dataplane import _arena
+from kvstrata.commands.registry import command
+from kvstrata.commands.tairkv import _setex
+from kvstrata.commands.waits import Offload, Suspend
+from kvstrata.engine.pull import Peer, PullError, PullJob, parse_ranges, peer_of, pull_hash
+from kvstrata.errors import CommandError, OutOfMemoryError, syntax_error
+
+MAX_RANGES = 1 << 16  # per value: a strided KV chunk is a few hundred runs
+PROBE_MAX = 64 * 1024
+
+
+def _unix_socket(ctx: Context) -> Any:
+    """This connection's Unix socket (CommandError when pulls are disabled or the client is not on it)."""
+    from kvstrata.server.dataplane import unix_transport
+
+    if not ctx.config.get("pull-store"):
+        raise CommandError("pull stores are disabled (pull-store no)")
+    server = ctx.server
+    conn = server.clients.get(ctx.client.id) if server is not None else None
+    sock = unix_transport(conn) if conn is not None else None
+    if sock is None:
+        raise CommandError("TAIR.KV.PULL reads the client's memory: only on the Unix socket (unixsocket)")
+    return sock
+
+
+def _peer(ctx: Context, sock: Any) -> Peer:
+    """The process that connected this Unix-socket connection (CommandError when it is gone)."""
+    age_s = max(0, ctx.store.clock.now_ms() - ctx.client.created_ms) / 1000
+    try:
+        return peer_of(sock, age_s)
+    except PullError as exc:
+        raise CommandError(str(exc), raw=True) from None
+
+
+@command("tair.kv.pull", -5, "write denyoom", keys=(1, 1, 1), group="tairkv", since="0.2.0",
+         summary="Stores head + ranges of the connecting process's memory, copied by the server; replies with the "
+                 "version.",
+         syntax="TAIR.KV.PULL key ttl_ms head count addr len [addr len ...] [SUMAT offset] [VER expected_version]")
+def kv_pull(ctx: Context, args: list[bytes]) -> Any:
+    arena = _arena(ctx)
+    staging = arena.staging
+    if staging is None:
+        raise CommandError("pull stores need the arena's staging (stage-size)")
+    ttl_ms = parse_int(bytes(args[2]))
+    if ttl_ms < 0:
+        raise CommandError("invalid expire time in 'tair.kv.pull' command")
+    head = bytes(args[3])
+    count = parse_int(bytes(args[4]))
+    if count < 0 or 5 + 2 * count > len(args):
+        raise CommandError(f"TAIR.KV.PULL names {count} ranges but sends fewer addresses and lengths")
+    expected: int | None = None
+    sum_at: int | None = None
+    i = 5 + 2 * count
+    while i < len(args):
+        opt = bytes(args[i]).upper()
+        if opt == b"VER" and i + 1 < len(args):
+            expected = parse_int(bytes(args[i + 1]))
+        elif opt == b"SUMAT" and i + 1 < len(args):
+            sum_at = parse_int(bytes(args[i + 1]))
+        else:
+            raise syntax_error()
+        i += 2
+    try:
+        ranges = parse_ranges(args[5:5 + 2 * count], MAX_RANGES)
+    except PullError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    n = len(head) + sum(length for _, length in ranges)
+    if sum_at is not None and not 0 <= sum_at <= len(head) - 8:
+        raise CommandError(f"SUMAT {sum_at} is outside the head ({len(head)} bytes)")
+    if n > int(ctx.config.get("proto-max-bulk-len")):
+        raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
+    sock = _unix_socket(ctx)  # before anything moves for a command that is refused anyway
+    store = ctx.store
+    dram = store.dram
+    # The slot is charged from now on, like a reservation (unmovable for make_room): room first, -OOM as a SET.
+    charge = arena.charge(n) if n else 0
+    if dram.used + charge > dram.budget:
+        store.make_room(charge, exclude=bytes(args[1]))
+        if dram.used + charge > dram.budget:
+            raise OutOfMemoryError()
+    peer = _peer(ctx, sock)
+    staging.hold_bytes(charge)
+    # Freed slots of overwritten values first, while their pages are resident (as COMMIT does).
+    arena.collect_unreferenced()
+    view: Any = arena.held_slot(n) if n >= arena.min_size else None
+    if view is None:
+        view = bytearray(n)
+
+    def given_back() -> None:
+        peer.close()
+        staging.unhold_bytes(charge)
+
+    def stored(found: Any) -> Any:
+        job.cleanup()  # the copy is over: the charge goes back before the value is charged its slot
+        try:
+            if isinstance(found, PullError):
+                staging.pull_failures += 1
+                raise CommandError(str(found), raw=True)
+            if isinstance(found, BaseException):
+                staging.pull_failures += 1
+                raise found
+            slot = arena.slot(view)
+            if slot is not None and sum_at is None:
+                slot.checksum = found[0]  # TAIR.KV.MGETREF answers it without hashing again
+            expire_at = store.clock.now_ms() + ttl_ms if ttl_ms else 0
+            reply = _setex(ctx, args[1], view, expire_at, False, expected, 0)
+            staging.pulls += 1
+            staging.pull_bytes += n
+            return reply
+        finally:
+            arena.release(view)  # the stored entry holds the slot now; a refused one goes back to the arena
+
+    job = PullJob(peer, head, ranges, view, sum_at, given_back)
+    if n < staging.offload_min:
+        return stored(job.run())
+    return Suspend(Offload(job.run), stored, reload=True,
+                   cancel=lambda: job.abandon(asyncio.get_running_loop(), lambda: arena.release(view)))
+
+
+@command("tair.kv.pullprobe", 3, "fast", group="tairkv", since="0.2.0",
+         summary="Reads up to 64 KiB of the connecting process's memory as TAIR.KV.PULL would; answers its xxh3-64.",
+         syntax="TAIR.KV.PULLPROBE addr len")
+def kv_pullprobe(ctx: Context, args: list[bytes]) -> Any:
+    try:
+        ranges = parse_ranges(args[1:3], 1)
+    except PullError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    n = sum(length for _, length in ranges)
+    if n > PROBE_MAX:
+        raise CommandError(f"TAIR.KV.PULLPROBE reads at most {PROBE_MAX} bytes")
+    peer = _peer(ctx, _unix_socket(ctx))
+    buf = bytearray(n)
+    try:
+        digest = pull_hash(peer.pid, b"", ranges, buf)
+        if not peer.alive():
+            raise PullError("ERR the client process is gone")
+    except PullError as exc:
+        raise CommandError(str(exc), raw=True) from None
+    finally:
+        peer.close()
+    return b"%016x" % digest

@@ -1,0 +1,124 @@
+"""The pieces of pull stores without a server: ``pull_hash`` reading this very process with ``process_vm_readv``
+(ranges cut into pieces and iovec batches, the self-checksum field, short reads), range parsing, and the client's
+ranges of strided arrays (``pull_store.value_ranges``) against the codec's bytes."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvstrata.client.codec import CHECKSUM_OFFSET, prepare_parts, seal_parts
+from kvstrata.client.pull_store import address, array_ranges, value_ranges
+from kvstrata.engine.pull import PullError, parse_ranges, pull_hash
+
+
+def _joined(parts: list) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+@pytest.mark.parametrize("piece", [4096, 100_000, 1 << 20])
+def test_pull_hash_of_strided_chunks_gives_the_sealed_codec_value(piece: int) -> None:
+    rng = np.random.default_rng(1)
+    for shape, cut in (((4, 2, 3, 600, 64), (10, 266)), ((2, 700, 128), (1, 301)), ((3, 2, 2, 9, 8), (2, 5))):
+        full = rng.standard_normal(shape, dtype=np.float32)
+        chunk = full[..., cut[0]:cut[1], :] if len(shape) > 3 else full[:, cut[0]:cut[1]]
+        parts = prepare_parts(chunk, "raw", "LKHTD", strided=True)
+        head, ranges, keep = value_ranges(parts)
+        assert not keep and len(head) >= CHECKSUM_OFFSET + 8
+        n = len(head) + sum(k for _, k in ranges)
+        dst = bytearray(n)
+        digest = pull_hash(os.getpid(), head, ranges, dst, CHECKSUM_OFFSET, piece=piece)
+        sealed = _joined(seal_parts(prepare_parts(np.ascontiguousarray(chunk), "raw", "LKHTD")))
+        assert bytes(dst) == sealed
+        assert int.from_bytes(sealed[CHECKSUM_OFFSET:CHECKSUM_OFFSET + 8], "little") == digest
+
+
+def test_pull_hash_without_sum_at_is_the_hash_of_the_bytes_and_more_ranges_than_one_call_takes() -> None:
+    data = np.arange(3000 * 16, dtype=np.uint8)
+    ranges = [(address(data) + 16 * i, 16) for i in range(0, 3000, 2)]  # 1,500 ranges: two iovec batches
+    dst = bytearray(4 + 1500 * 16)
+    digest = pull_hash(os.getpid(), b"head", ranges, dst)
+    want = b"head" + b"".join(data[16 * i:16 * i + 16].tobytes() for i in range(0, 3000, 2))
+    assert bytes(dst) == want and digest == xxhash.xxh3_64_intdigest(want)
+
+
+def test_pull_hash_refuses_unreadable_ranges_with_the_address() -> None:
+    good = np.ones(3 << 20, np.uint8)
+    m = mmap.mmap(-1, 1 << 20)
+    hole = address(m)
+    m.close()
+    dst = bytearray(good.nbytes + 4096)
+    with pytest.raises(PullError, match="EFAULT") as err:
+        pull_hash(os.getpid(), b"", [(address(good), good.nbytes), (hole, 4096)], dst)
+    assert str(err.value).startswith("ERR") and f"{hole:#x}" in str(err.value)
+    with pytest.raises(PullError, match="gone"):
+        pull_hash(2**22 + 12345, b"", [(address(good), 10)], bytearray(10))  # no such process
+
+
+def test_parse_ranges_bounds() -> None:
+    assert parse_ranges([b"10", b"5", b"20", b"0"], 4) == [(10, 5)]  # empty ranges are left out
+    with pytest.raises(PullError, match="invalid"):
+        parse_ranges([b"-1", b"5"], 4)
+    with pytest.raises(PullError, match="decimal"):
+        parse_ranges([b"0x10", b"5"], 4)
+    with pytest.raises(PullError, match="too many"):
+        parse_ranges([b"1", b"1"] * 3, 2)
+
+
+def test_array_ranges_merge_and_cover_the_c_order_bytes() -> None:
+    a = np.arange(2 * 3 * 10 * 4, dtype=np.int16).reshape(2, 3, 10, 4)
+    assert array_ranges(a) == [(a.ctypes.data, a.nbytes)]
+    s = a[:, :, 2:7]
+    r = array_ranges(s)
+    assert len(r) == 6 and all(n == 5 * 4 * 2 for _, n in r)
+    got = b"".join(bytes(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_ubyte * n).from_address(p))) for p, n in r)
+    assert got == np.ascontiguousarray(s).tobytes()
+    # Parts that follow each other in memory become one range.
+    buf = np.zeros(100, np.uint8)
+    _, ranges, _ = value_ranges([b"h", memoryview(buf[:40]), memoryview(buf[40:])])
+    assert ranges == [(buf.ctypes.data, 100)]
+
+
+@pytest.mark.parametrize("pidfd_option", [True, False])
+def test_peer_of_a_unix_socket_is_the_connecting_process(monkeypatch, pidfd_option: bool) -> None:
+    import socket
+    import time
+
+    from kvstrata.engine import pull
+
+    if not pidfd_option:  # an older kernel: SO_PEERCRED's pid, opened with pidfd_open, checked against reuse
+        monkeypatch.setattr(pull, "SO_PEERPIDFD", 0x7FFF)
+    a, b = socket.socketpair(socket.AF_UNIX)
+    try:
+        peer = pull.peer_of(a, 0.0)
+        try:
+            assert peer.pid == os.getpid() and peer.alive()
+        finally:
+            peer.close()
+        if not pidfd_option:
+            # A process found under the pid that started after the connection was made is not the one that made it.
+            started = pull._started_s(os.getpid())
+            age = time.clock_gettime(time.CLOCK_BOOTTIME) - started + 10
+            with pytest.raises(PullError, match="gone"):
+                pull.peer_of(a, age)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_dead_process_pidfd_is_not_alive() -> None:
+    from kvstrata.engine.pull import Peer
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    peer = Peer(pid, os.pidfd_open(pid))  # opened before the child is reaped: it is this child for good
+    try:
+        os.waitpid(pid, 0)
+        assert not peer.alive()
+    finally:
+        peer.close()
