@@ -17,14 +17,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kvstrata.commands.args import parse_int
+from kvstrata.commands.args import parse_int, parse_options
 from kvstrata.commands.context import Context
 from kvstrata.commands.dataplane import _arena
 from kvstrata.commands.registry import command
+from kvstrata.commands.staging import PUBLISH_OPTIONS
 from kvstrata.commands.tairkv import _setex
 from kvstrata.commands.waits import Offload, Suspend
 from kvstrata.engine.pull import Peer, PullError, PullJob, parse_ranges, peer_of, pull_hash
-from kvstrata.errors import CommandError, OutOfMemoryError, syntax_error
+from kvstrata.errors import CommandError, OutOfMemoryError
 
 MAX_RANGES = 1 << 16  # per value: a strided KV chunk is a few hundred runs
 PROBE_MAX = 64 * 1024
@@ -69,18 +70,9 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
     count = parse_int(bytes(args[4]))
     if count < 0 or 5 + 2 * count > len(args):
         raise CommandError(f"TAIR.KV.PULL names {count} ranges but sends fewer addresses and lengths")
-    expected: int | None = None
-    sum_at: int | None = None
-    i = 5 + 2 * count
-    while i < len(args):
-        opt = bytes(args[i]).upper()
-        if opt == b"VER" and i + 1 < len(args):
-            expected = parse_int(bytes(args[i + 1]))
-        elif opt == b"SUMAT" and i + 1 < len(args):
-            sum_at = parse_int(bytes(args[i + 1]))
-        else:
-            raise syntax_error()
-        i += 2
+    opts = parse_options([bytes(a) for a in args[5 + 2 * count:]], 0, PUBLISH_OPTIONS)
+    expected = parse_int(opts[b"VER"][0]) if b"VER" in opts else None
+    sum_at = parse_int(opts[b"SUMAT"][0]) if b"SUMAT" in opts else None
     try:
         ranges = parse_ranges(args[5:5 + 2 * count], MAX_RANGES)
     except PullError as exc:

@@ -14,15 +14,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kvstrata.commands.args import parse_int
+from kvstrata.commands.args import Option, parse_int, parse_options
 from kvstrata.commands.context import Context
 from kvstrata.commands.dataplane import _arena
 from kvstrata.commands.registry import command
 from kvstrata.commands.tairkv import _setex
 from kvstrata.commands.waits import Offload, Suspend
 from kvstrata.engine.staging import CommitJob, StageError, Staging
-from kvstrata.errors import CommandError, OutOfMemoryError, syntax_error
+from kvstrata.errors import CommandError, OutOfMemoryError
 from kvstrata.protocol.encoder import NO_REPLY
+
+# Options of the commands that publish a value written outside the socket (COMMIT, PULL): the version it must
+# replace and where the value's own checksum field is.
+PUBLISH_OPTIONS = {b"VER": Option(b"VER", 1), b"SUMAT": Option(b"SUMAT", 1)}
+_COMMIT_OPTIONS = {**PUBLISH_OPTIONS, b"SKIP": Option(b"SKIP", 1)}
 
 
 def _staging(ctx: Context) -> Staging:
@@ -109,21 +114,10 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError("invalid expire time in 'tair.kv.commit' command")
     rid = parse_int(bytes(args[3]))
     checksum = _checksum(args[4])
-    expected: int | None = None
-    sum_at: int | None = None
-    skip = 0
-    i = 5
-    while i < len(args):
-        opt = bytes(args[i]).upper()
-        if opt == b"VER" and i + 1 < len(args):
-            expected = parse_int(bytes(args[i + 1]))
-        elif opt == b"SUMAT" and i + 1 < len(args):
-            sum_at = parse_int(bytes(args[i + 1]))
-        elif opt == b"SKIP" and i + 1 < len(args):
-            skip = parse_int(bytes(args[i + 1]))
-        else:
-            raise syntax_error()
-        i += 2
+    opts = parse_options([bytes(a) for a in args[5:]], 0, _COMMIT_OPTIONS)
+    expected = parse_int(opts[b"VER"][0]) if b"VER" in opts else None
+    sum_at = parse_int(opts[b"SUMAT"][0]) if b"SUMAT" in opts else None
+    skip = parse_int(opts[b"SKIP"][0]) if b"SKIP" in opts else 0
     # The reservation ends here whatever the outcome (a writer whose bytes were wrong reserves again); its room
     # and charge stay until the copy is done (``finish``).
     try:
