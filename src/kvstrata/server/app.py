@@ -202,8 +202,7 @@ class Server:
         records are not installed) or a key left the SSD's pending writes meanwhile: the caller loads again.
 
         ``background``: the prefetcher's load, on its own loader thread, so a client's (foreground) load never
-        queues behind a prefetch batch; while foreground loads are in flight the prefetcher starts no batch
-        (``Prefetcher.begin_foreground``). Foreground loads are timed (``INFO prefetch`` ``wait_load``,
+        queues behind a prefetch batch. Foreground loads are timed (``INFO prefetch`` ``wait_load``,
         ``wait_queued``).
         """
         store = self.store
@@ -227,15 +226,12 @@ class Server:
                 started.append(time.perf_counter_ns())  # when a loader thread took it: the queueing it suffered
                 return read(t)
 
-            prefetcher.begin_foreground()
             t0 = time.perf_counter_ns()
             try:
                 found = await self.loop.run_in_executor(self._io, timed, ticket)
             except BaseException:
                 store.cancel_load(ticket)
                 raise
-            finally:
-                prefetcher.end_foreground()
             waits = prefetcher.waits
             waits.add("load", (time.perf_counter_ns() - t0) // 1000)
             waits.add("queued", (started[0] - t0) // 1000 if started else 0)

@@ -13,11 +13,11 @@ late.
 A GET about to load a chunk from below DRAM has its walk predicted before it runs (:meth:`Prefetcher.expect`),
 so what follows loads right behind that chunk instead of after its reply.
 
-A client waiting on a miss goes first: the prefetcher loads on its own loader thread (the server's
-``background`` loads), so a client's load never queues behind a prefetch batch, and it starts no batch while a
-client's load is in flight (:meth:`Prefetcher.begin_foreground`). Batches are at most ``MAX_BATCH`` keys: a read
-that arrives while its key is loading waits for that batch only, and a batch's promotion (on the event loop) holds
-every connection for a few keys' worth, not dozens.
+The prefetcher loads on its own loader thread (the server's ``background`` loads), so a client's load never
+queues behind a prefetch batch. Batches are at most ``MAX_BATCH`` keys: a read that arrives while its key is
+loading waits for that batch only, and a batch's promotion (on the event loop) holds every connection for a few
+keys' worth, not dozens. (Holding every batch while any client's load was in flight was measured and dropped: at
+the fast rate a client's load, a miss or a SET's probe, is nearly always in flight, and prefetching starved.)
 """
 
 from __future__ import annotations
@@ -66,22 +66,8 @@ class Prefetcher:
         self._along: list[bytes] = []
         # Batches given up because every load of them was raced by a write.
         self.stale_batches = 0
-        # Clients' loads in flight (begin_foreground): no batch starts until they are done.
-        self.foreground = 0
-        self.yielded = 0  # times the next batch waited for clients' loads to finish
-        self._foreground_done = asyncio.Event()
-        self._foreground_done.set()
+        # What reads below DRAM waited for (INFO prefetch wait_*): the server's loads record theirs here too.
         self.waits = ReadWaits()
-
-    def begin_foreground(self) -> None:
-        """A client's load from a lower tier starts: it goes before any prefetch batch not started yet."""
-        self.foreground += 1
-        self._foreground_done.clear()
-
-    def end_foreground(self) -> None:
-        self.foreground -= 1
-        if not self.foreground:
-            self._foreground_done.set()
 
     def submit(self, keys: list[bytes], priority: int = 0, due: Callable[[bytes], int] | None = None) -> int:
         """Queue keys that are not already in DRAM or queued; higher priority goes first, then the earlier
@@ -202,11 +188,6 @@ class Prefetcher:
             self._wake.clear()
             size = min(FIRST_BATCH, self.batch)
             while self._heap:
-                if self.foreground:
-                    # A client is waiting on its own load: it gets the disk and the CPU first.
-                    self.yielded += 1
-                    await self._foreground_done.wait()
-                    continue
                 keys: list[bytes] = []
                 while self._heap and len(keys) < size:
                     key = heapq.heappop(self._heap)[3]
