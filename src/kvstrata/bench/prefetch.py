@@ -371,6 +371,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--live-arrivals", type=int, default=None,
                         help="arrivals of each trace in --live (default: a per-trace size of a few seconds)")
     parser.add_argument("--live-value-bytes", type=int, default=16384, help="chunk size of --live")
+    parser.add_argument("--live-server-arg", action="append", default=[], metavar="ARG",
+                        help="an argument passed on to --live's servers, repeatable (an experiment's setting: "
+                             "--live-server-arg=--prefetch-along --live-server-arg=0)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     args = parser.parse_args(argv)
     names = list(DEFAULT_TRACES) if not args.trace else (list(PRESETS) if "all" in args.trace else args.trace)
@@ -397,7 +400,7 @@ def main(argv: list[str]) -> int:
                                       slow_rate=args.live_slow_rate, value_bytes=args.live_value_bytes,
                                       arrivals=args.live_arrivals,
                                       modes=[m for m in modes if m in prefetch_live.LIVE_MODES] or ["off", "on"],
-                                      progress=progress)
+                                      server_args=args.live_server_arg, progress=progress)
         print(json.dumps(live, indent=2) if args.json else prefetch_live.format_table(live))
         return 0
     result = run(names, fractions, modes=modes, timing=timing, value_bytes=args.value_bytes,

@@ -47,6 +47,7 @@ from kvstrata.bench.prefetch import dram_budget, dram_slots, sdk_requests
 from kvstrata.bench.procs import describe_machine, machine_summary, start_server
 from kvstrata.bench.rawclient import RawClient, RespError
 from kvstrata.bench.traces import Request, generate, preset, trace_stats
+from kvstrata.server.read_waits import KINDS as WAIT_KINDS
 
 LIVE_MODES: dict[str, list[str]] = {
     "off": ["--prefetch-predict", "no"],
@@ -170,12 +171,13 @@ def _clients(host: str, port: int, requests: list[tuple[float, list[bytes], list
 
 
 def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int, mode: str, *, clients: int,
-            speedup: float | None, value_bytes: int) -> dict[str, Any]:
-    """One server, one mode, one rate: the row of figures (see the module docstring)."""
+            speedup: float | None, value_bytes: int, server_args: Sequence[str] = ()) -> dict[str, Any]:
+    """One server, one mode, one rate: the row of figures (see the module docstring). ``server_args`` go to
+    ``kvstrata serve`` after the benchmark's own (an experiment's settings, e.g. ``--prefetch-along 0``)."""
     value = b"\x5a" * value_bytes
     with tempfile.TemporaryDirectory(prefix="kvstrata-bench-prefetch-live-") as ssd_dir:
         argv = [sys.executable, "-m", "kvstrata", "serve", "--loglevel", "warning", "--dram-size", str(budget),
-                "--essd-path", ssd_dir, "--fsync", "no", *LIVE_MODES[mode]]
+                "--essd-path", ssd_dir, "--fsync", "no", *LIVE_MODES[mode], *server_args]
         with start_server(f"kvstrata-prefetch-live-{mode}", argv) as srv:
             lat, elapsed, failed = _clients(srv.host, srv.port, requests, clients, speedup, value)
             with RawClient(srv.host, srv.port) as c:
@@ -201,6 +203,11 @@ def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int,
         "prefetch_coverage": _num(pf, "prefetch_coverage"),
         # Where walks started: GET misses predicted before their load (expects), returning sessions, all.
         **{k: int(_num(pf, k)) for k in ("predict_expects", "predict_session_walks", "predict_walks")},
+        # What the reads that DRAM could not serve at once waited for, server side (server/read_waits.py):
+        # a prefetch batch in flight (joined), their own load (load; queued: of it, waiting for a loader
+        # thread), and how long each prefetch batch's promotion held the event loop (promote).
+        **{f"wait_{kind}{suffix}": int(_num(pf, f"wait_{kind}{suffix}"))
+           for kind in WAIT_KINDS for suffix in ("s", "_p50_us", "_p99_us")},
     }
 
 
@@ -286,7 +293,7 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
 def run_live(traces: Sequence[str] = LIVE_TRACES, fractions: Sequence[float] = LIVE_FRACTIONS, *,
              clients: int = 4, slow_rate: float = 150.0, value_bytes: int = 16384,
              arrivals: int | None = None, modes: Sequence[str] = tuple(LIVE_MODES),
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+             server_args: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every (trace, rate, fraction, mode): the benchmark's JSON document."""
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
@@ -317,18 +324,22 @@ def run_live(traces: Sequence[str] = LIVE_TRACES, fractions: Sequence[float] = L
                 budget = dram_budget(slots, trace, value_bytes)
                 for mode in modes:
                     row = run_one(requests, budget, mode, clients=clients, speedup=speedup,
-                                  value_bytes=value_bytes)
+                                  value_bytes=value_bytes, server_args=server_args)
                     row.update({"trace": name, "rate": rate, "fraction": fraction, "dram_chunks": slots})
                     rows.append(row)
                     say(f"  {name} {rate} {fraction:.0%} {mode:<3} {row['reads_per_s']:>7.0f} reads/s "
                         f"hit {row['dram_hit_ratio']} ssd {row['ssd_reads']} issued {row['prefetch_issued']} "
                         f"used {row['prefetch_used']} late {row['prefetch_late']} "
-                        f"acc {row['prefetch_accuracy']} p50 {row['p50_us']}us p99 {row['p99_us']}us")
+                        f"acc {row['prefetch_accuracy']} p50 {row['p50_us']}us p99 {row['p99_us']}us "
+                        f"waits p99 joined {row['wait_joined_p99_us']}us ({row['wait_joineds']}) "
+                        f"load {row['wait_load_p99_us']}us ({row['wait_loads']}) "
+                        f"queued {row['wait_queued_p99_us']}us promote {row['wait_promote_p99_us']}us")
     _coverage_against_off(rows)
     return {
         "benchmark": "prefetch-live",
         "machine": describe_machine(),
         "clients": clients,
+        "server_args": list(server_args),
         "slow_rate": slow_rate,
         "value_bytes": value_bytes,
         "traces": info,

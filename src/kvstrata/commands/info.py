@@ -166,6 +166,7 @@ def _prefetch(ctx: Context) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = list(ctx.store.prefetch_info().items())
     if ctx.server is not None:
         rows.append(("prefetch_queue_depth", len(ctx.server.prefetcher)))
+        rows += ctx.server.prefetcher.waits.info()  # what reads below DRAM waited for (server/read_waits.py)
     return rows
 
 

@@ -212,8 +212,11 @@ class Predictor:
             return
         self._log = []
         p = self._profiles
-        slots, tick_at, heat, ival, last, ref, gen, nxt, next_gen, pred, pred_gen, flags, cont, _, _, fams = \
+        slots, tick_at, heat, ival, last, ref, gen, nxt, next_gen, pred, pred_gen, flags, cont, stop, keys, fams = \
             self._arrays
+        interior = p.interior
+        boundary = p.boundary
+        min_confidence = self.min_confidence
         families = self._families
         streams = self._streams
         dirty = self._dirty
@@ -293,7 +296,7 @@ class Predictor:
                                 cont[prev] += 1
                             f = flags[prev]
                             if not f & BRANCH:
-                                (p.boundary if f & BOUNDARY else p.interior).cont += 1
+                                (boundary if f & BOUNDARY else interior).cont += 1
                         elif is_read and (q := pred[s]) >= 0 and gen[q] == pred_gen[s]:
                             # A chunk of another chain read in between (an interleaved conversation of this
                             # family): no evidence about ``prev``; its own chain's next read still counts.
@@ -349,7 +352,33 @@ class Predictor:
                                 for q in probs:
                                     prob *= q
                                 lane.prob = prob
-                            self._grow(lane, t, prob)
+                            if len(ahead) + 1 != lane.budget:
+                                self._grow(lane, t, prob)
+                            else:
+                                # The walk was full before this read: _grow's one step, inline (the same
+                                # arithmetic, without its call and set-up: most reads of a chain come here).
+                                f = flags[t]
+                                n = nxt[t]
+                                if f & BRANCH or n < 0 or gen[n] != next_gen[t] or n == t:
+                                    lane.stuck = True
+                                else:
+                                    cls = boundary if f & BOUNDARY else interior
+                                    prior = (cls.cont + cls.prior_cont) / (cls.cont + cls.stop + cls.prior_cont
+                                                                           + cls.prior_stop)
+                                    c = cont[t]
+                                    q = (c + PRIOR_WEIGHT * prior) / (c + stop[t] + PRIOR_WEIGHT)
+                                    if cls is interior:
+                                        q = 1.0 if q >= min_confidence else 0.0
+                                    if prob * q >= min_confidence:
+                                        nk = keys[n]
+                                        if nk is None:
+                                            lane.stuck = True
+                                        else:
+                                            lane.prob = prob * q
+                                            ahead.append(nk)
+                                            probs.append(q)
+                                            if not c:
+                                                lane.hold = nk
                     else:
                         self._grow(lane, lane.prev, 1.0)
             else:

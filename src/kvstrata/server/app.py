@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import heapq
 import itertools
 import logging
@@ -113,6 +114,8 @@ class Server:
         self._waiter_seq = itertools.count()
         self._shutdown = asyncio.Event()
         self._io = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstrata-io")
+        # The prefetcher's loads, apart: a client's load never waits in _io's queue behind a prefetch batch.
+        self._prefetch_io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstrata-prefetch")
         # CPU work of commands (Offload: large two-phase commits), apart from the loads _io runs.
         self._cpu = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstrata-cpu")
         self._server: asyncio.base_events.Server | None = None
@@ -123,7 +126,7 @@ class Server:
         for name, spec in REGISTRY.items():
             self.dispatch[name] = spec
             self.dispatch[name.upper()] = spec
-        self.prefetcher = Prefetcher(self.store, self.load)
+        self.prefetcher = Prefetcher(self.store, functools.partial(self.load, background=True))
         self.prefetcher.along = int(config.get("prefetch-along"))
         # Metrics, dashboard, LATENCY monitor; checks the HTTP endpoint's configuration (raises if unsafe).
         self.observability = Observability(self)
@@ -191,12 +194,16 @@ class Server:
             if not fut.done():
                 fut.set_result(None)
 
-    async def load(self, keys: list[bytes], *, meta: bool = False) -> bool:
+    async def load(self, keys: list[bytes], *, meta: bool = False, background: bool = False) -> bool:
         """Read lower-tier records of ``keys`` (LMDB, the pool) in a thread and install them for the next command;
         with ``meta``, only their headers (a probe: EXISTS, TYPE, the TTL family declare ``load="meta"``).
 
         True when every key's state is now known without LMDB. False when the load was raced by a write (its
         records are not installed) or a key left the SSD's pending writes meanwhile: the caller loads again.
+
+        ``background``: the prefetcher's load, on its own loader thread, so a client's (foreground) load never
+        queues behind a prefetch batch. Foreground loads are timed (``INFO prefetch`` ``wait_load``,
+        ``wait_queued``).
         """
         store = self.store
         missing = store.missing(keys)
@@ -204,12 +211,30 @@ class Server:
             return True
         ticket: LoadTicket = store.begin_load(missing)
         assert self.loop is not None
-        try:
-            found = await self.loop.run_in_executor(self._io, store.probe_lower if meta else store.read_lower,
-                                                    ticket)
-        except BaseException:
-            store.cancel_load(ticket)
-            raise
+        read = store.probe_lower if meta else store.read_lower
+        if background:
+            try:
+                found = await self.loop.run_in_executor(self._prefetch_io, read, ticket)
+            except BaseException:
+                store.cancel_load(ticket)
+                raise
+        else:
+            prefetcher = self.prefetcher
+            started: list[int] = []
+
+            def timed(t: LoadTicket) -> dict[bytes, Any]:
+                started.append(time.perf_counter_ns())  # when a loader thread took it: the queueing it suffered
+                return read(t)
+
+            t0 = time.perf_counter_ns()
+            try:
+                found = await self.loop.run_in_executor(self._io, timed, ticket)
+            except BaseException:
+                store.cancel_load(ticket)
+                raise
+            waits = prefetcher.waits
+            waits.add("load", (time.perf_counter_ns() - t0) // 1000)
+            waits.add("queued", (started[0] - t0) // 1000 if started else 0)
         if meta:
             return store.finish_probe(ticket, found) and all(store.probed(k) for k in keys)
         return store.finish_load(ticket, found) and all(store.loaded(k) for k in keys)
@@ -395,5 +420,6 @@ class Server:
             if tier is not store.pool:
                 tier.close()
         self._io.shutdown(wait=False)
+        self._prefetch_io.shutdown(wait=False)
         self._cpu.shutdown(wait=False)
         log.info("bye")

@@ -12,6 +12,12 @@ late.
 
 A GET about to load a chunk from below DRAM has its walk predicted before it runs (:meth:`Prefetcher.expect`),
 so what follows loads right behind that chunk instead of after its reply.
+
+The prefetcher loads on its own loader thread (the server's ``background`` loads), so a client's load never
+queues behind a prefetch batch. Batches are at most ``MAX_BATCH`` keys: a read that arrives while its key is
+loading waits for that batch only, and a batch's promotion (on the event loop) holds every connection for a few
+keys' worth, not dozens. (Holding every batch while any client's load was in flight was measured and dropped: at
+the fast rate a client's load, a miss or a SET's probe, is nearly always in flight, and prefetching starved.)
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import asyncio
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from kvstrata.commands.registry import CommandSpec
 from kvstrata.engine.store import Store
+from kvstrata.server.read_waits import ReadWaits
 
 log = logging.getLogger("kvstrata.prefetch")
 
@@ -31,6 +39,9 @@ PREDICTED_PRIORITY = -1
 EXPECTING = frozenset({"get"})
 """Commands whose load of a chunk below DRAM predicts, before they run, what their read will (Prefetcher.expect)."""
 FIRST_BATCH = 2  # keys in the first batch after the queue was idle (doubling up to ``batch``)
+MAX_BATCH = 8
+"""Most keys one prefetch load reads (the default ``batch``): what a late read waits for, and what one promotion
+step holds the event loop for."""
 ALONG = 4  # the default of the `prefetch-along` setting
 """Predicted chunks a GET's load of a chain's first chunk brings up with it (Prefetcher.expect)."""
 LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
@@ -38,7 +49,7 @@ LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given u
 
 class Prefetcher:
     def __init__(self, store: Store, load: Callable[[list[bytes]], Awaitable[bool]], capacity: int = 65536,
-                 batch: int = 64) -> None:
+                 batch: int = MAX_BATCH) -> None:
         self.store = store
         self._load = load
         self.capacity = capacity
@@ -55,6 +66,8 @@ class Prefetcher:
         self._along: list[bytes] = []
         # Batches given up because every load of them was raced by a write.
         self.stale_batches = 0
+        # What reads below DRAM waited for (INFO prefetch wait_*): the server's loads record theirs here too.
+        self.waits = ReadWaits()
 
     def submit(self, keys: list[bytes], priority: int = 0, due: Callable[[bytes], int] | None = None) -> int:
         """Queue keys that are not already in DRAM or queued; higher priority goes first, then the earlier
@@ -164,7 +177,9 @@ class Prefetcher:
         loaded = self._loaded
         late = [k for k in keys if k in self._loading]
         if late and loaded is not None:
+            t0 = time.perf_counter_ns()
             await asyncio.shield(loaded)
+            self.waits.add("joined", (time.perf_counter_ns() - t0) // 1000)
             self.store.mark_late(late)
 
     async def run(self) -> None:
@@ -193,9 +208,11 @@ class Prefetcher:
                             break
                     else:
                         self.stale_batches += 1
+                    t0 = time.perf_counter_ns()
                     for key in keys:
                         if self.store.promote(key, sync=False):
                             self.store.stats.prefetch_done += 1
+                    self.waits.add("promote", (time.perf_counter_ns() - t0) // 1000)
                 except Exception:  # a failed prefetch must never take the server down
                     log.exception("prefetch batch failed")
                 finally:
