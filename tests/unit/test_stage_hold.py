@@ -10,21 +10,9 @@ import threading
 
 import pytest
 import xxhash
+from tests.unit.staging_support import MB, Budget
 
 from kvstrata.engine.staging import CommitJob, StageError, Staging, copy_hash
-
-MB = 1 << 20
-
-
-class Budget:
-    def __init__(self) -> None:
-        self.used = 0
-
-    def charge(self, n: int) -> None:
-        self.used += n
-
-    def uncharge(self, n: int) -> None:
-        self.used -= n
 
 
 def _staging() -> tuple[Staging, Budget]:

@@ -7,21 +7,9 @@ import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.unit.staging_support import MB, Budget
 
 from kvstrata.engine.staging import StageError, Staging
-
-MB = 1 << 20
-
-
-class Budget:
-    def __init__(self) -> None:
-        self.used = 0
-
-    def charge(self, n: int) -> None:
-        self.used += n
-
-    def uncharge(self, n: int) -> None:
-        self.used -= n
 
 
 def _staging(size: int = 4 * MB, **kw: int) -> tuple[Staging, Budget]:

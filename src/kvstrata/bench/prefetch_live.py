@@ -48,6 +48,7 @@ from kvstrata.bench.procs import describe_machine, machine_summary, start_server
 from kvstrata.bench.rawclient import RawClient, RespError
 from kvstrata.bench.traces import Request, generate, preset, trace_stats
 from kvstrata.server.read_waits import KINDS as WAIT_KINDS
+from kvstrata.server.read_waits import percentile
 
 LIVE_MODES: dict[str, list[str]] = {
     "off": ["--prefetch-predict", "no"],
@@ -108,12 +109,6 @@ def _num(fields: dict[str, str], name: str) -> float:
         return float(fields.get(name, "0"))
     except ValueError:
         return 0.0
-
-
-def _percentile(sorted_values: Sequence[int], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return float(sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))])
 
 
 def _clients(host: str, port: int, requests: list[tuple[float, list[bytes], list[bytes]]], clients: int,
@@ -195,8 +190,8 @@ def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int,
         "ssd_reads": int(_num(ssd, "hits")),
         "errors": len(failed),
         "first_error": failed[0] if failed else None,
-        "p50_us": round(_percentile(lat, 0.5) / 1000, 1),
-        "p99_us": round(_percentile(lat, 0.99) / 1000, 1),
+        "p50_us": round(percentile(lat, 0.5) / 1000, 1),
+        "p99_us": round(percentile(lat, 0.99) / 1000, 1),
         **{k: int(_num(pf, k)) for k in ("prefetch_predicted", "prefetch_issued", "prefetch_used", "prefetch_late",
                                          "prefetch_wasted", "prefetch_rejected")},
         "prefetch_accuracy": _num(pf, "prefetch_accuracy") if _num(pf, "prefetch_issued") else None,

@@ -28,7 +28,15 @@ class _ArenaReads(_Base):
 
     # ---- the local data plane (kvstrata.client.arena) ----
     def _arena_path(self) -> str | None:
-        """The server's Unix socket: the URL's, or the one a loopback server reports (CONFIG GET unixsocket)."""
+        """The server's Unix socket: the URL's, or the one a loopback server reports (CONFIG GET unixsocket); asked
+        once per client (the arena reader, the staging writer and the pull writer of every thread use it)."""
+        try:
+            return self._unix_path
+        except AttributeError:
+            self._unix_path: str | None = self._find_unix_path()
+            return self._unix_path
+
+    def _find_unix_path(self) -> str | None:
         import redis
 
         kw = self.pool.connection_kwargs
@@ -58,21 +66,28 @@ class _ArenaReads(_Base):
             from kvstrata.client.arena import ArenaClient, ArenaUnavailable
             from kvstrata.client.fast import RespError
 
-            path = self._arena_path()
-            kw = self.pool.connection_kwargs
             try:
-                if path is None:
-                    raise ArenaUnavailable("no local Unix socket")
-                ac = ArenaClient(path, password=kw.get("password"), username=kw.get("username"),
-                                 timeout=kw.get("socket_timeout"), lease_ms=self.lease_ms)
+                ac = self._open_local("arena", ArenaClient, ArenaUnavailable, lease_ms=self.lease_ms)
             except (ArenaUnavailable, OSError, RespError) as exc:
                 log.info("kvstrata: reading over the socket (no shared-memory arena: %s)", exc)
                 self._arena_ok = False
                 return None
-            self._tls.arena = ac
-            with self._lock:
-                self._fast_clients.append(ac)
         return ac
+
+    def _open_local(self, attr: str, cls: Any, unavailable: type[Exception], **kw: Any) -> Any:
+        """A new ``cls`` connection (ArenaClient, StageWriter, PullWriter) on the server's Unix socket with this
+        client's credentials, kept as this thread's ``attr`` and closed with the client; raises ``unavailable``
+        without a local socket, or what the connection raised."""
+        path = self._arena_path()
+        if path is None:
+            raise unavailable("no local Unix socket")
+        conn_kw = self.pool.connection_kwargs
+        conn = cls(path, password=conn_kw.get("password"), username=conn_kw.get("username"),
+                   timeout=conn_kw.get("socket_timeout"), **kw)
+        setattr(self._tls, attr, conn)
+        with self._lock:
+            self._fast_clients.append(conn)
+        return conn
 
     def _drop_arena(self, ac: Any, exc: BaseException) -> None:
         log.warning("kvstrata: arena read failed (%s); reading over the socket", exc)

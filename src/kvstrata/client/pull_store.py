@@ -169,19 +169,11 @@ def pull_writer(client: Any) -> PullWriter | None:
     if pw is not None and (pw.pid != os.getpid() or pw.sock.fileno() < 0):
         pw = None  # a forked child (the server would read the parent), or closed by close() from another thread
     if pw is None:
-        path = client._arena_path()
-        kw = client.pool.connection_kwargs
         try:
-            if path is None:
-                raise PullUnavailable("no local Unix socket")
-            pw = PullWriter(path, password=kw.get("password"), username=kw.get("username"),
-                            timeout=kw.get("socket_timeout"))
+            pw = client._open_local("pull", PullWriter, PullUnavailable)
         except (PullUnavailable, OSError, RespError) as exc:
             pull_refused(client, exc)
             return None
-        client._tls.pull = pw
-        with client._lock:
-            client._fast_clients.append(pw)
     return pw
 
 

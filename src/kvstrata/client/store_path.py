@@ -109,20 +109,12 @@ class _StorePath(_Base):
             from kvstrata.client.fast import RespError
             from kvstrata.client.stage import StageUnavailable, StageWriter
 
-            path = self._arena_path()
-            kw = self.pool.connection_kwargs
             try:
-                if path is None:
-                    raise StageUnavailable("no local Unix socket")
-                sw = StageWriter(path, password=kw.get("password"), username=kw.get("username"),
-                                 timeout=kw.get("socket_timeout"))
+                sw = self._open_local("stage", StageWriter, StageUnavailable)
             except (StageUnavailable, OSError, RespError) as exc:
                 log.info("kvstrata: storing over the socket (no staging segment: %s)", exc)
                 self._stage_ok = False
                 return None
-            self._tls.stage = sw
-            with self._lock:
-                self._fast_clients.append(sw)
         return sw
 
     def _put_staged(self, sw: Any, items: list[tuple[bytes, int, list[Any]]]) -> None:

@@ -212,27 +212,21 @@ class Server:
         ticket: LoadTicket = store.begin_load(missing)
         assert self.loop is not None
         read = store.probe_lower if meta else store.read_lower
-        if background:
-            try:
-                found = await self.loop.run_in_executor(self._prefetch_io, read, ticket)
-            except BaseException:
-                store.cancel_load(ticket)
-                raise
-        else:
-            prefetcher = self.prefetcher
-            started: list[int] = []
+        started: list[int] = []
 
-            def timed(t: LoadTicket) -> dict[bytes, Any]:
-                started.append(time.perf_counter_ns())  # when a loader thread took it: the queueing it suffered
-                return read(t)
+        def timed(t: LoadTicket) -> dict[bytes, Any]:
+            started.append(time.perf_counter_ns())  # when a loader thread took it: the queueing it suffered
+            return read(t)
 
-            t0 = time.perf_counter_ns()
-            try:
-                found = await self.loop.run_in_executor(self._io, timed, ticket)
-            except BaseException:
-                store.cancel_load(ticket)
-                raise
-            waits = prefetcher.waits
+        t0 = time.perf_counter_ns()
+        try:
+            found = await self.loop.run_in_executor(self._prefetch_io if background else self._io,
+                                                    read if background else timed, ticket)
+        except BaseException:
+            store.cancel_load(ticket)
+            raise
+        if not background:
+            waits = self.prefetcher.waits
             waits.add("load", (time.perf_counter_ns() - t0) // 1000)
             waits.add("queued", (started[0] - t0) // 1000 if started else 0)
         if meta:

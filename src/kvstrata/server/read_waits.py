@@ -15,12 +15,14 @@ the counts are totals. Everything is recorded on the event loop (the loader thre
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 KINDS: tuple[str, ...] = ("joined", "load", "queued", "promote")
 KEEP = 4096
 
 
-def _percentile(ordered: list[int], q: float) -> int:
+def percentile(ordered: Sequence[int], q: float) -> int:
+    """The q-quantile of sorted samples (nearest rank, rounding down; 0 without samples)."""
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0
 
 
@@ -40,6 +42,6 @@ class ReadWaits:
         rows: list[tuple[str, int]] = []
         for kind in KINDS:
             ordered = sorted(self.samples[kind])
-            rows += [(f"wait_{kind}s", self.counts[kind]), (f"wait_{kind}_p50_us", _percentile(ordered, 0.5)),
-                     (f"wait_{kind}_p99_us", _percentile(ordered, 0.99))]
+            rows += [(f"wait_{kind}s", self.counts[kind]), (f"wait_{kind}_p50_us", percentile(ordered, 0.5)),
+                     (f"wait_{kind}_p99_us", percentile(ordered, 0.99))]
         return rows
