@@ -1,6 +1,7 @@
 """Large array copies with streaming (non-temporal) stores where the native helper is built; numpy otherwise.
 
-A restore or a staged store copies tens to hundreds of MB that the copying thread does not read again soon.
+A restore copies tens to hundreds of MB that the copying thread does not read again soon (the staged store's copy
+stays on numpy: measured no gain, its server-side copy bounds it).
 numpy's ``copyto`` (memmove: ordinary stores, or ``rep movsb``) reads every destination line before writing it,
 three memory passes in all; glibc's memcpy streams only for one copy of at least its non-temporal threshold
 (3/4 of the last-level cache: tens of MB), never for the 64 KB runs a restore into an LKHTD array is made of.

@@ -21,11 +21,11 @@ from kvstrata.commands.args import parse_int, parse_options
 from kvstrata.commands.context import Context
 from kvstrata.commands.dataplane import _arena
 from kvstrata.commands.registry import command
-from kvstrata.commands.staging import PUBLISH_OPTIONS
+from kvstrata.commands.staging import PUBLISH_OPTIONS, room_for
 from kvstrata.commands.tairkv import _setex
 from kvstrata.commands.waits import Offload, Suspend
 from kvstrata.engine.pull import Peer, PullError, PullJob, parse_ranges, peer_of, pull_hash
-from kvstrata.errors import CommandError, OutOfMemoryError
+from kvstrata.errors import CommandError
 
 MAX_RANGES = 1 << 16  # per value: a strided KV chunk is a few hundred runs
 PROBE_MAX = 64 * 1024
@@ -84,13 +84,9 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
     sock = _unix_socket(ctx)  # before anything moves for a command that is refused anyway
     store = ctx.store
-    dram = store.dram
     # The slot is charged from now on, like a reservation (unmovable for make_room): room first, -OOM as a SET.
     charge = arena.charge(n) if n else 0
-    if dram.used + charge > dram.budget:
-        store.make_room(charge, exclude=bytes(args[1]))
-        if dram.used + charge > dram.budget:
-            raise OutOfMemoryError()
+    room_for(store, charge, exclude=bytes(args[1]))
     peer = _peer(ctx, sock)
     staging.hold_bytes(charge)
     # Freed slots of overwritten values first, while their pages are resident (as COMMIT does).

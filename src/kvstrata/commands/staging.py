@@ -30,6 +30,16 @@ PUBLISH_OPTIONS = {b"VER": Option(b"VER", 1), b"SUMAT": Option(b"SUMAT", 1)}
 _COMMIT_OPTIONS = {**PUBLISH_OPTIONS, b"SKIP": Option(b"SKIP", 1)}
 
 
+def room_for(store: Any, need: int, exclude: bytes | None = None) -> None:
+    """Room in DRAM for ``need`` bytes charged before their value exists (a reservation, a pull's slot): demote or
+    evict as a write would (never ``exclude``, the key being written), and -OOM rather than exceed the budget."""
+    dram = store.dram
+    if dram.used + need > dram.budget:
+        store.make_room(need, exclude=exclude)
+        if dram.used + need > dram.budget:
+            raise OutOfMemoryError()
+
+
 def _staging(ctx: Context) -> Staging:
     staging = _arena(ctx).staging
     if staging is None:
@@ -76,18 +86,12 @@ def kv_reserve(ctx: Context, args: list[bytes]) -> Any:
     staging = _staging(ctx)
     lengths = [parse_int(bytes(a)) for a in args[1:]]
     store = ctx.store
-    dram = store.dram
     try:
         staging.check(ctx.client.id, lengths)
     except StageError as exc:
         raise CommandError(str(exc), raw=True) from None
     need = staging.demand(lengths)
-    # Reserved bytes are charged to the DRAM budget from now on: make room first (demoting or evicting as a
-    # write would), and refuse rather than exceed it.
-    if dram.used + need > dram.budget:
-        store.make_room(need)
-        if dram.used + need > dram.budget:
-            raise OutOfMemoryError()
+    room_for(store, need)  # reserved bytes are charged to the DRAM budget from now on
     try:
         made = staging.reserve(ctx.client.id, lengths, store.clock.now_ms())
     except StageError as exc:
