@@ -48,9 +48,10 @@ def test_pull_hash_without_sum_at_is_the_hash_of_the_bytes_and_more_ranges_than_
 
 def test_pull_hash_refuses_unreadable_ranges_with_the_address() -> None:
     good = np.ones(3 << 20, np.uint8)
-    m = mmap.mmap(-1, 1 << 20)
-    hole = address(m)
-    m.close()
+    # Mapped but unreadable (PROT_NONE) while the call runs: an address unmapped before it could be reused by
+    # another thread's allocation meanwhile.
+    m = mmap.mmap(-1, 1 << 20, prot=0)
+    hole = np.frombuffer(m, np.uint8).ctypes.data
     dst = bytearray(good.nbytes + 4096)
     with pytest.raises(PullError, match="EFAULT") as err:
         pull_hash(os.getpid(), b"", [(address(good), good.nbytes), (hole, 4096)], dst)
