@@ -231,3 +231,116 @@ def test_a_single_key_load_queues_what_follows_before_the_read(tmp_path: Path) -
 
     assert [key for batch in asyncio.run(asyncio.wait_for(main(), 10)) for key in batch] == chain[1:]
     assert all(key in store.dram.entries for key in chain[1:]) and chain[0] not in store.dram.entries
+
+
+class Logged:
+    """``store.promote`` recording each promotion with the event-loop turn it ran in (``turn``: bumped by a ticker
+    task once per turn), and signalling the first one (``first``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.events: list[tuple[str, bytes, int]] = []
+        self.turn = 0
+        self.first = asyncio.Event()
+        promote = store.promote
+
+        def logged(key: bytes, *, sync: bool = True) -> bool:
+            done = promote(key, sync=sync)
+            self.events.append(("promote", key, self.turn))
+            self.first.set()
+            return done
+
+        store.promote = logged  # type: ignore[method-assign]
+
+    async def tick(self) -> None:
+        while True:
+            self.turn += 1
+            await asyncio.sleep(0)
+
+
+def test_a_late_read_is_released_when_its_own_key_is_up_not_after_the_batch(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    log = Logged(store)
+
+    async def main() -> None:
+        load = GatedLoad(store)
+        pf = Prefetcher(store, load, batch=2)
+        pf.submit([b"k00", b"k01"], PREDICTED_PRIORITY)  # one batch (FIRST_BATCH keys), k00 first
+        task = asyncio.create_task(pf.run())
+        await load.started.wait()
+
+        async def reader() -> None:
+            await pf.claim([b"k01"])  # k01 is in the batch being loaded: a late read
+            log.events.append(("reader", b"k01", log.turn))
+            assert b"k01" in store.dram.entries and store.get(b"k01") is not None
+
+        late = asyncio.create_task(reader())
+        await asyncio.sleep(0)
+        assert not late.done()
+        load.gate.set()
+        await late
+        while pf.in_flight([b"k00"]):
+            await asyncio.sleep(0)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    # The key a read waits for comes up first and releases that read before the rest of the batch is promoted.
+    assert [e[:2] for e in log.events] == [("promote", b"k01"), ("reader", b"k01"), ("promote", b"k00")]
+    assert store.stats.prefetch_used == 1 and store.stats.prefetch_late == 1
+    assert b"k00" in store.dram.entries
+
+
+def test_a_batch_is_promoted_one_key_per_event_loop_turn(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    log = Logged(store)
+    keys = [b"k00", b"k01"]
+
+    async def main() -> None:
+        load = GatedLoad(store)
+        load.gate.set()
+        pf = Prefetcher(store, load, batch=2)
+        ticker = asyncio.create_task(log.tick())
+        pf.submit(keys, PREDICTED_PRIORITY)
+        task = asyncio.create_task(pf.run())
+        while len(pf) or pf.in_flight(keys):
+            await asyncio.sleep(0)
+        task.cancel()
+        ticker.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    # Other connections are served between two promotions: never the whole batch in one turn.
+    assert [e[1] for e in log.events] == keys
+    assert log.events[0][2] < log.events[1][2]
+    assert all(k in store.dram.entries for k in keys) and store.dram.used <= store.dram.budget
+
+
+def test_a_key_written_between_two_promotions_is_not_brought_back_from_the_batch(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    log = Logged(store)
+    keys = [b"k00", b"k01", b"k02", b"k03"]
+    new = b"n" * 100
+
+    async def main() -> None:
+        load = GatedLoad(store)
+        load.gate.set()
+        pf = Prefetcher(store, load, batch=4)
+        pf.batch = 4
+        pf.submit(keys[:2], PREDICTED_PRIORITY)  # the first batch: FIRST_BATCH keys
+
+        async def writer() -> None:
+            await log.first.wait()  # runs in the turn after the first promotion, before the second
+            store.delete(b"k01")  # its SSD record goes
+            store.put(b"k00", new)  # overwritten in DRAM (k00 was promoted), then pushed back to SSD
+            store.make_room(store.dram.budget)
+            assert b"k00" not in store.dram.entries
+
+        w = asyncio.create_task(writer())
+        task = asyncio.create_task(pf.run())
+        while len(pf) or pf.in_flight(keys) or not w.done():
+            await asyncio.sleep(0)
+        await w
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert store.get(b"k01") is None  # deleted: the batch's record is never resurrected
+    assert store.get(b"k00").value == new  # type: ignore[union-attr]
+    assert store.dram.used <= store.dram.budget

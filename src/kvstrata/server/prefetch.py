@@ -7,17 +7,19 @@ concurrency: the loader thread reads it off the event loop), so prefetching neve
 batch of reads. Batches start small and double while the queue stays busy (``FIRST_BATCH`` up to ``batch``):
 the chunks needed first land after a short load instead of behind a full batch. A command that needs a key
 still waiting here takes it over (the key leaves the queue and the command reads it itself); one that needs a
-key of the batch being loaded waits for that batch instead of reading the key twice, and the prefetch counts as
-late.
+key of the batch being loaded waits for that key instead of reading it twice, and the prefetch counts as late.
+A loaded batch is promoted one key per event-loop turn, keys a command waits for first, and each key's waiters
+are released as soon as it is up: a late read waits for its own key, not for the rest of the batch, and the loop
+serves other connections between two promotions (``_promote``).
 
 A GET about to load a chunk from below DRAM has its walk predicted before it runs (:meth:`Prefetcher.expect`),
 so what follows loads right behind that chunk instead of after its reply.
 
 The prefetcher loads on its own loader thread (the server's ``background`` loads), so a client's load never
 queues behind a prefetch batch. Batches are at most ``MAX_BATCH`` keys: a read that arrives while its key is
-loading waits for that batch only, and a batch's promotion (on the event loop) holds every connection for a few
-keys' worth, not dozens. (Holding every batch while any client's load was in flight was measured and dropped: at
-the fast rate a client's load, a miss or a SET's probe, is nearly always in flight, and prefetching starved.)
+loading waits for that batch's read only. (Holding every batch while any client's load was in flight was
+measured and dropped: at the fast rate a client's load, a miss or a SET's probe, is nearly always in flight, and
+prefetching starved.)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from kvstrata.commands.registry import CommandSpec
 from kvstrata.engine.store import Store
@@ -40,8 +43,7 @@ EXPECTING = frozenset({"get"})
 """Commands whose load of a chunk below DRAM predicts, before they run, what their read will (Prefetcher.expect)."""
 FIRST_BATCH = 2  # keys in the first batch after the queue was idle (doubling up to ``batch``)
 MAX_BATCH = 8
-"""Most keys one prefetch load reads (the default ``batch``): what a late read waits for, and what one promotion
-step holds the event loop for."""
+"""Most keys one prefetch load reads (the default ``batch``): the read a late read waits for."""
 ALONG = 4  # the default of the `prefetch-along` setting
 """Predicted chunks a GET's load of a chain's first chunk brings up with it (Prefetcher.expect)."""
 LOAD_TRIES = 3  # loads of one batch raced by writes before the batch is given up
@@ -57,7 +59,8 @@ class Prefetcher:
         self._heap: list[tuple[int, int, int, bytes]] = []  # (-priority, due access, sequence, key)
         self._queued: set[bytes] = set()
         self._loading: set[bytes] = set()
-        self._loaded: asyncio.Future[None] | None = None
+        # Per key of the batch in flight, the commands waiting for it (claim): released when it lands (_land).
+        self._landing: dict[bytes, list[asyncio.Future[None]]] = {}
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.dropped = 0
@@ -170,17 +173,66 @@ class Prefetcher:
         return any(k in self._queued or k in self._loading for k in keys)
 
     async def claim(self, keys: list[bytes]) -> None:
-        """A command is about to read ``keys``: take queued ones back, wait for the batch loading any of them."""
+        """A command is about to read ``keys``: take queued ones back; for each one in the batch being loaded, wait
+        until that key has landed (promoted, or given up), not for the whole batch."""
         queued = self._queued
         for key in keys:
             queued.discard(key)  # its heap entry is skipped when popped
-        loaded = self._loaded
         late = [k for k in keys if k in self._loading]
-        if late and loaded is not None:
-            t0 = time.perf_counter_ns()
-            await asyncio.shield(loaded)
-            self.waits.add("joined", (time.perf_counter_ns() - t0) // 1000)
-            self.store.mark_late(late)
+        if not late:
+            return
+        t0 = time.perf_counter_ns()
+        loop = asyncio.get_running_loop()
+        for key in late:
+            if key not in self._loading:
+                continue  # landed while this command waited for another of its keys
+            # One future per waiting command: cancelling one (its client went away) leaves the others waiting.
+            fut: asyncio.Future[None] = loop.create_future()
+            self._landing.setdefault(key, []).append(fut)
+            await fut
+        self.waits.add("joined", (time.perf_counter_ns() - t0) // 1000)
+        self.store.mark_late(late)
+
+    def _land(self, key: bytes) -> None:
+        """``key`` of the batch in flight is done with (promoted or not): release the commands waiting for it."""
+        self._loading.discard(key)
+        for fut in self._landing.pop(key, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _promote(self, keys: list[bytes]) -> None:
+        """Promote a loaded batch one key per event-loop turn, keys a command waits for first.
+
+        Each key's waiters are released as soon as it is up, and the loop serves other connections between two
+        promotions (a promotion may demote victims: a batch at once held every connection for all of them). The
+        batch's records are kept between turns under a watch of the SSD tier: a write or delete of a key meanwhile
+        makes them stale, and the keys not promoted yet are then left to the readers (an overwritten key is never
+        brought back from the record read before the write).
+        """
+        store = self.store
+        rest = list(keys)
+        kept: tuple[dict[bytes, Any], Any] | None = None
+        try:
+            while rest:
+                key = next((k for k in rest if k in self._landing), rest[0])
+                rest.remove(key)
+                t0 = time.perf_counter_ns()
+                if store.promote(key, sync=False):
+                    store.stats.prefetch_done += 1
+                self.waits.add("promote", (time.perf_counter_ns() - t0) // 1000)
+                self._land(key)
+                if not rest:
+                    break
+                kept = store.keep_overlay(rest)
+                store.end_command()
+                await asyncio.sleep(0)  # one loop turn: the released readers and other connections go first
+                if kept is not None:
+                    store.restore_overlay(kept)  # False (stale): the rest come up only from pending writes
+                    kept = None
+        finally:
+            if kept is not None:  # cancelled during a turn (shutdown): stop watching
+                store.restore_overlay(kept, install=False)
+            store.end_command()
 
     async def run(self) -> None:
         while True:
@@ -198,7 +250,6 @@ class Prefetcher:
                     continue
                 size = min(2 * size, self.batch)
                 self._loading = set(keys)
-                self._loaded = asyncio.get_running_loop().create_future()
                 try:
                     # A load raced by a write is stale and not installed: it is read again, and after LOAD_TRIES
                     # only the keys whose state is known are promoted (a later read loads the others itself).
@@ -208,15 +259,10 @@ class Prefetcher:
                             break
                     else:
                         self.stale_batches += 1
-                    t0 = time.perf_counter_ns()
-                    for key in keys:
-                        if self.store.promote(key, sync=False):
-                            self.store.stats.prefetch_done += 1
-                    self.waits.add("promote", (time.perf_counter_ns() - t0) // 1000)
+                    await self._promote(keys)
                 except Exception:  # a failed prefetch must never take the server down
                     log.exception("prefetch batch failed")
                 finally:
                     self.store.end_command()
-                    self._loading = set()
-                    self._loaded.set_result(None)
-                    self._loaded = None
+                    for key in list(self._loading):
+                        self._land(key)
