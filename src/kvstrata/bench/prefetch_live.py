@@ -200,7 +200,7 @@ def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int,
         **{k: int(_num(pf, k)) for k in ("predict_expects", "predict_session_walks", "predict_walks")},
         # What the reads that DRAM could not serve at once waited for, server side (server/read_waits.py):
         # a prefetch batch in flight (joined), their own load (load; queued: of it, waiting for a loader
-        # thread), and how long each prefetch batch's promotion held the event loop (promote).
+        # thread), and how long each prefetched key's promotion held the event loop (promote).
         **{f"wait_{kind}{suffix}": int(_num(pf, f"wait_{kind}{suffix}"))
            for kind in WAIT_KINDS for suffix in ("s", "_p50_us", "_p99_us")},
     }

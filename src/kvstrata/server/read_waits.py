@@ -3,10 +3,11 @@ the event loop: the figures that explain a read-latency tail (``INFO prefetch``,
 
 Kinds of sample, each in microseconds:
 
-* ``joined``: a read that found its key in the prefetch batch being loaded and waited for it (a late prefetch);
+* ``joined``: a read that found its key in the prefetch batch being loaded and waited for it to be up (a late
+  prefetch);
 * ``load``: a read's own (foreground) load from a lower tier, from the request to the key's state being known;
 * ``queued``: of a foreground load, the time it waited for a loader thread before its read started;
-* ``promote``: a prefetch batch's promotion into DRAM, which runs on the event loop (every connection waits).
+* ``promote``: one prefetched key's promotion into DRAM (one event-loop turn: every connection waits).
 
 Only the latest ``keep`` samples of each kind are kept (a percentile over recent traffic, in bounded memory);
 the counts are totals. Everything is recorded on the event loop (the loader thread only notes when it started).
