@@ -1,5 +1,6 @@
 """A GET about to load a chain's first chunk loads the next predicted chunks with it (Prefetcher.expect's
-``along``): they come up from that one load when the command ends, and the rest of the walk is queued."""
+``along``): they come up from that one load after the command's reply (from the next event-loop turn on), and the
+rest of the walk is queued."""
 
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ def test_a_get_loads_the_next_chunks_with_its_own_and_queues_the_rest(tmp_path: 
         assert store.predictor.pending
         pf.submit_predicted()
         store.end_command()
+        # Not before the reply (which goes out in this turn): from the next turns, from the command's load.
+        assert not any(k in store.dram.entries for k in along) and pf.in_flight(along)
+        while pf.in_flight(along):
+            await asyncio.sleep(0)
         assert all(k in store.dram.entries for k in along)  # promoted from the command's load, not read again
         task = asyncio.create_task(pf.run())
         while pf.in_flight(chain[3:]) or len(pf):
@@ -95,3 +100,26 @@ def test_without_along_nothing_is_held_back(tmp_path: Path) -> None:
         return along
 
     assert asyncio.run(asyncio.wait_for(main(), 10)) == []
+
+
+def test_a_chunk_deleted_before_its_along_promotion_is_not_brought_back(tmp_path: Path) -> None:
+    chain = [b"k%02d" % i for i in range(6)]
+    store = _store(tmp_path, chain)
+    get = lookup(b"get")
+    assert get is not None
+
+    async def main() -> list[bytes]:
+        pf = Prefetcher(store, lambda keys: asyncio.sleep(0, result=_load(store, keys)))
+        along = pf.expect(get, [chain[0]], 2, along=2)
+        assert _load(store, [chain[0], *along])
+        store.command.stream = 2
+        assert store.get(chain[0]) is not None
+        pf.submit_predicted()
+        store.end_command()
+        store.delete(along[1])  # another client's DEL, after the GET's reply, before the promotion
+        while pf.in_flight(along):
+            await asyncio.sleep(0)
+        return along
+
+    along = asyncio.run(asyncio.wait_for(main(), 10))
+    assert store.get(along[1]) is None  # the GET's record of it is stale: never resurrected

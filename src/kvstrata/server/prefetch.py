@@ -67,6 +67,7 @@ class Prefetcher:
         # Chunks loaded with a GET's own chunk (expect), promoted from that load when the command ends.
         self.along = ALONG
         self._along: list[bytes] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # along promotions in progress (_promote_along)
         # Batches given up because every load of them was raced by a write.
         self.stale_batches = 0
         # What reads below DRAM waited for (INFO prefetch wait_*): the server's loads record theirs here too.
@@ -104,9 +105,29 @@ class Prefetcher:
         predictor = self.store.predictor
         keys = predictor.take() if predictor is not None else []
         if self._along:
-            keys = self._along + keys
-            self._along = []
+            along, self._along = self._along, []
+            self._promote_along(along)
         self._submit_predicted(keys)
+
+    def _promote_along(self, keys: list[bytes]) -> None:
+        """The chunks a GET loaded with its own (expect) come up after its reply, not before it: their records are
+        kept from the GET's load (under a watch, as a batch's between turns) and promoted from the next event-loop
+        turn on, one per turn. Meanwhile they count as loading: a read of one waits for it instead of loading it
+        again."""
+        store = self.store
+        entries = store.dram.entries
+        keys = [k for k in keys if k not in entries and k not in self._loading and store.loaded(k)]
+        if not keys:
+            return
+        kept = store.keep_overlay(keys)
+        if kept is None:
+            return
+        store.stats.prefetch_queued += len(keys)
+        store.stats.prefetch_predicted += len(keys)
+        self._loading.update(keys)
+        task = asyncio.get_running_loop().create_task(self._promote(keys, kept))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _submit_predicted(self, keys: list[bytes]) -> None:
         store = self.store
@@ -200,7 +221,7 @@ class Prefetcher:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _promote(self, keys: list[bytes]) -> None:
+    async def _promote(self, keys: list[bytes], kept: tuple[dict[bytes, Any], Any] | None = None) -> None:
         """Promote a loaded batch one key per event-loop turn, keys a command waits for first.
 
         Each key's waiters are released as soon as it is up, and the loop serves other connections between two
@@ -211,8 +232,11 @@ class Prefetcher:
         """
         store = self.store
         rest = list(keys)
-        kept: tuple[dict[bytes, Any], Any] | None = None
         try:
+            if kept is not None:  # records kept from a command's load: promoted from the next turn on
+                await asyncio.sleep(0)
+                store.restore_overlay(kept)
+                kept = None
             while rest:
                 key = next((k for k in rest if k in self._landing), rest[0])
                 rest.remove(key)
@@ -233,6 +257,8 @@ class Prefetcher:
             if kept is not None:  # cancelled during a turn (shutdown): stop watching
                 store.restore_overlay(kept, install=False)
             store.end_command()
+            for key in rest:
+                self._land(key)
 
     async def run(self) -> None:
         while True:
@@ -249,7 +275,7 @@ class Prefetcher:
                 if not keys:
                     continue
                 size = min(2 * size, self.batch)
-                self._loading = set(keys)
+                self._loading.update(keys)
                 try:
                     # A load raced by a write is stale and not installed: it is read again, and after LOAD_TRIES
                     # only the keys whose state is known are promoted (a later read loads the others itself).
@@ -264,5 +290,6 @@ class Prefetcher:
                     log.exception("prefetch batch failed")
                 finally:
                     self.store.end_command()
-                    for key in list(self._loading):
-                        self._land(key)
+                    for key in keys:
+                        if key in self._loading:
+                            self._land(key)
