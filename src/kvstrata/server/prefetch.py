@@ -100,7 +100,8 @@ class Prefetcher:
 
         Called while the command that made the prediction still holds what its load read (the overlay): keys whose
         state is known without a lower-tier read (an EXISTS batch of SSD-resident chunks announces exactly the
-        keys it loaded) are promoted now from that, not queued to be read a second time. The others are queued.
+        keys it loaded) are promoted now from that, not queued to be read a second time; the chunks a GET loaded
+        with its own (expect's ``along``) come up after its reply (_promote_along). The others are queued.
         """
         predictor = self.store.predictor
         keys = predictor.take() if predictor is not None else []
@@ -161,9 +162,10 @@ class Prefetcher:
         is not a reader about to go on.
 
         Returns the first ``along`` predicted chunks (not in DRAM, not queued or loading), which are not queued:
-        the caller loads them with its own chunk, and they are promoted from that load when the command ends
-        (submit_predicted), so the chunks a reader asks for right after its first are up when that reply goes
-        out, instead of landing while it waits for them (a late prefetch).
+        the caller loads them with its own chunk, and they are promoted from that load right after the command's
+        reply (submit_predicted, _promote_along), so the chunks a reader asks for right after its first are up
+        by the time it asks, instead of landing while it waits for them (a late prefetch), and that reply does not
+        wait for their promotion.
         """
         predictor = self.store.predictor
         if predictor is None or spec.full_name not in EXPECTING or len(keys) != 1 or keys[0] in self.store.dram.entries:
