@@ -112,8 +112,8 @@ class Prefetcher:
 
     def _promote_along(self, keys: list[bytes]) -> None:
         """The chunks a GET loaded with its own (expect) come up after its reply, not before it: their records are
-        kept from the GET's load (under a watch, as a batch's between turns) and promoted from the next event-loop
-        turn on, one per turn. Meanwhile they count as loading: a read of one waits for it instead of loading it
+        kept from the GET's load (under a watch, as a batch's between turns) and promoted in the next event-loop
+        turn. Meanwhile they count as loading: a read of one waits for it instead of loading it
         again."""
         store = self.store
         entries = store.dram.entries
@@ -126,7 +126,8 @@ class Prefetcher:
         store.stats.prefetch_queued += len(keys)
         store.stats.prefetch_predicted += len(keys)
         self._loading.update(keys)
-        task = asyncio.get_running_loop().create_task(self._promote(keys, kept))
+        # All in the one turn after the reply (a few chunks): the reader asks for the first of them next.
+        task = asyncio.get_running_loop().create_task(self._promote(keys, kept, spread=False))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -223,19 +224,21 @@ class Prefetcher:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _promote(self, keys: list[bytes], kept: tuple[dict[bytes, Any], Any] | None = None) -> None:
+    async def _promote(self, keys: list[bytes], kept: tuple[dict[bytes, Any], Any] | None = None,
+                       spread: bool = True) -> None:
         """Promote a loaded batch one key per event-loop turn, keys a command waits for first.
 
         Each key's waiters are released as soon as it is up, and the loop serves other connections between two
         promotions (a promotion may demote victims: a batch at once held every connection for all of them). The
         batch's records are kept between turns under a watch of the SSD tier: a write or delete of a key meanwhile
         makes them stale, and the keys not promoted yet are then left to the readers (an overwritten key is never
-        brought back from the record read before the write).
+        brought back from the record read before the write). ``kept``: records kept from a command's load, promoted
+        from the next turn on; ``spread`` False: all in that one turn (the few chunks along a GET's load).
         """
         store = self.store
         rest = list(keys)
         try:
-            if kept is not None:  # records kept from a command's load: promoted from the next turn on
+            if kept is not None:  # after the command's reply
                 await asyncio.sleep(0)
                 store.restore_overlay(kept)
                 kept = None
@@ -249,6 +252,8 @@ class Prefetcher:
                 self._land(key)
                 if not rest:
                     break
+                if not spread:
+                    continue
                 kept = store.keep_overlay(rest)
                 store.end_command()
                 await asyncio.sleep(0)  # one loop turn: the released readers and other connections go first
