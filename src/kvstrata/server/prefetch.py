@@ -238,8 +238,7 @@ class Prefetcher:
         store = self.store
         rest = list(keys)
         try:
-            if kept is not None:  # after the command's reply
-                await asyncio.sleep(0)
+            if kept is not None:  # a task's first step: the command's reply went out in the turn that made it
                 store.restore_overlay(kept)
                 kept = None
             while rest:
