@@ -374,42 +374,41 @@ class Predictor:
         a plain continuation (the reader went on along the link it last read across, in time); False, with
         nothing changed, for anything else (the log and _drain handle it). Exactly _drain's steps for such a
         read, in the same order: tests/unit/test_predict_short.py runs both in lock-step."""
-        p = self._profiles
-        s = p.slots.get(key)
-        if s is None or p.family[s] is not lane.fam:
+        slots, tick_at, heat, ival, last, ref, gen, nxt, next_gen, pred, pred_gen, flags, cont, _, _, fams = \
+            self._arrays
+        s = slots.get(key)
+        if s is None or fams[s] is not lane.fam:
             return False
         prev = lane.prev
-        if prev < 0 or prev == s or not lane.prev_read:
+        if prev < 0 or prev == s or not lane.prev_read or nxt[prev] != s or gen[s] != next_gen[prev] or \
+                gen[prev] != lane.prev_gen:
             return False
-        gen = p.gen
+        p = self._profiles
         tick = p.tick + 1
         gap = st.gap
         limit = self.link_window * gap
         if limit < LINK_MIN:
             limit = LINK_MIN
-        if gen[prev] != lane.prev_gen or tick - lane.tick > limit or p.next[prev] != s or gen[s] != p.next_gen[prev]:
+        if tick - lane.tick > limit:
             return False
-        tick_at = p.tick_at
-        q = p.pred[s]
-        if q >= 0 and q != prev and gen[q] == p.pred_gen[s] and tick - tick_at[q] <= 4 * limit:
+        q = pred[s]
+        if q >= 0 and q != prev and gen[q] == pred_gen[s] and tick - tick_at[q] <= 4 * limit:
             return False  # its parent on another lane was read a moment ago: _drain's outcome for it
-        now = self._now()
         # AccessProfiles.touch, inline (as _drain).
         p.tick = tick
-        heat = p.heat
         at = tick_at[s]
         h = heat[s]
         if at:
             g = tick - at
             if h:
                 h *= 0.5 ** (g / p.horizon)
-            ival = p.ival
             iv = ival[s]
             ival[s] = g if not iv else iv + (g - iv) * 0.25
         heat[s] = h + 1.0
         tick_at[s] = tick
-        p.last[s] = now if now > 0.0 else 1e-9
-        p.ref[s] = 1
+        now = self._now()
+        last[s] = now if now > 0.0 else 1e-9
+        ref[s] = 1
         if not tick & 63:
             n = len(self.resident) or 4096
             p.horizon = max(64.0, p.half_life * n)
@@ -421,10 +420,9 @@ class Predictor:
                 self.gap += (g - self.gap) * 0.01
         st.tick = tick
         # The reader went on along the known link (AccessProfiles.outcome, inline).
-        cont = p.cont
         if cont[prev] < COUNT_MAX:
             cont[prev] += 1
-        f = p.flags[prev]
+        f = flags[prev]
         if not f & BRANCH:
             (p.boundary if f & BOUNDARY else p.interior).cont += 1
         lane.prev = s
@@ -442,10 +440,10 @@ class Predictor:
         n = len(ahead)
         if lane.extra:
             lane.extra = min(lane.extra - 1, n)
-        lane.streak += 1
-        if lane.streak == self.trust_streak:
+        streak = lane.streak = lane.streak + 1
+        if streak == self.trust_streak:
             self._set_low(lane)
-        if n <= lane.low:
+        if n <= lane.low and not lane.stuck:
             self._extend(lane)
             if len(ahead) > lane.sent:
                 self._dirty[id(lane)] = lane
@@ -468,7 +466,7 @@ class Predictor:
         lane.streak += 1
         if lane.streak == self.trust_streak:
             self._set_low(lane)
-        if n <= lane.low:
+        if n <= lane.low and not lane.stuck:
             self._extend(lane)
             if len(ahead) > lane.sent:
                 self._dirty[id(lane)] = lane
