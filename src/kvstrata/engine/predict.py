@@ -6,8 +6,10 @@ inside a stream each key *family* (the text before the key's last ``:``: the SDK
 connection (an SGLang batch, a shared connection pool) keep their chains apart. Its reads and writes teach
 :class:`~kvstrata.engine.profile.AccessProfiles` the chunk chains; its reads trigger walks along them:
 
-* a read that continues the lane's current walk (the chunk predicted next) slides the window: one more chunk
-  is predicted at the far end, so the walk stays ahead of the reader;
+* a read that continues the lane's current walk (the chunk predicted next) slides the window, which is topped
+  up at the far end once ``REFILL`` of its chunks were read, so the walk stays ahead of the reader and its
+  predictions go out a few at a time; after ``TRUST_STREAK`` such reads in a row the walk is trusted and keeps
+  ``TRUST_AHEAD`` more chunks ahead, past a low-scoring or untested link (never past a branch);
 * any other read starts a new walk from that chunk. When the chunk after it has left DRAM, the reader is a
   session coming back (a conversation's next turn, a document asked about again) and the walk goes to the end
   of the chain, up to ``session_max`` chunks, to bring the whole context up while the first chunks are served;
@@ -30,7 +32,9 @@ it reads itself.
 
 :meth:`Predictor.read` and :meth:`Predictor.write` only log the access, and the log is processed in one batch when
 the predictions are asked for (the server does so after each command, once its reply went out; a multi-key read
-pays once), with the same predictions as processing each access at once.
+pays once), with the same predictions as processing each access at once. A read that continues its lane's
+walk, with nothing logged before it, is processed at once instead (the short path, :meth:`Predictor._continue`:
+the same steps), and leaves nothing to take unless the window was topped up.
 """
 
 from __future__ import annotations
