@@ -202,11 +202,12 @@ def test_sdk_falls_back_to_staging_when_pulls_are_refused(make_server, sockdir, 
     tokens = list(range(512))
     c = KVCacheClient(f"unix://{path}", Namespace("fallback", kv_dtype="float32"))
     try:
-        with caplog.at_level(logging.INFO, logger="kvstrata.client"):
+        with caplog.at_level(logging.DEBUG, logger="kvstrata.client"):
             assert c.store(tokens, kv, skip_existing=False) == 2
             assert c.store(tokens, kv, skip_existing=False) == 2
         why = [r for r in caplog.records if "does not pull" in r.getMessage()]
-        assert len(why) == 1 and "disabled" in why[0].getMessage()  # logged once, with the reason
+        assert len(why) == 1 and "disabled" in why[0].getMessage()  # logged once, with the reason...
+        assert why[0].levelno == logging.DEBUG  # ...at DEBUG: pull-store no is the server's default
         assert isinstance(c._stager(), StageWriter)
         info = _info(tcp)
         assert info["pull_stores"] == 0 and info["stage_commits"] == 4

@@ -6,6 +6,8 @@ reservation given back when the block raises). Real server, real Unix socket.
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 import xxhash
@@ -252,6 +254,31 @@ def test_staged_store_with_a_local_tier_keeps_sealed_exact_values_there(make_ser
         for key in c.keys(tokens):
             local = c._local_get(key)
             assert local is not None and bytes(local) == tcp.get(key)
+        n, got = c.retrieve(tokens)
+        assert n == 512 and np.array_equal(got, kv)
+    finally:
+        c.close()
+
+
+def test_a_commit_that_loses_its_connection_stores_over_the_socket_and_closes_the_writer(make_server, sockdir) -> None:
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb"})
+    tcp = srv.client()
+    c = _client(path)
+    try:
+        kv = _kv(8)
+        tokens = list(range(512))
+        sw = c._segment_writer()
+        assert sw is not None
+        with c.reserve(tokens, (*SHAPE[:3], 256, SHAPE[4])) as slots:
+            for i, slot in enumerate(slots):
+                np.copyto(slot, kv[:, :, :, i * 256:(i + 1) * 256])
+            sw.sock.shutdown(socket.SHUT_RDWR)  # the staging connection dies before the COMMITs go out
+        # Stored over the socket from the mapping, byte for byte what the staged store would have written...
+        for i, key in enumerate(c.keys(tokens)):
+            assert np.array_equal(decode(tcp.get(key))[0], kv[:, :, :, i * 256:(i + 1) * 256])
+        # ...and the dead writer is closed (its descriptor not leaked), not kept for the next store.
+        assert sw.sock.fileno() == -1
+        assert sw not in c._fast_clients
         n, got = c.retrieve(tokens)
         assert n == 512 and np.array_equal(got, kv)
     finally:

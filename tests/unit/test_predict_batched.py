@@ -115,8 +115,13 @@ def replay(pred: Predictor, clock: ManualClock, *, batch_max: int = 3) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.parametrize("short_path", [True, False])
 @pytest.mark.parametrize(("max_keys", "batch_max"), sorted(RECORDED))
-def test_predictions_match_the_per_access_predictor_on_a_recorded_trace(max_keys: int, batch_max: int) -> None:
+def test_predictions_match_the_per_access_predictor_on_a_recorded_trace(max_keys: int, batch_max: int,
+                                                                        short_path: bool) -> None:
+    # The digests predate the trusted walk and the batched refill: without them (trust_ahead=0, refill=1) the
+    # predictor must still predict exactly what the per-access one did, with read()'s short path or without.
     clock = ManualClock()
-    pred = Predictor(clock, max_keys=max_keys, window=4, session_max=32)
+    pred = Predictor(clock, max_keys=max_keys, window=4, session_max=32, trust_ahead=0, refill=1,
+                     short_path=short_path)
     assert replay(pred, clock, batch_max=batch_max) == RECORDED[(max_keys, batch_max)]

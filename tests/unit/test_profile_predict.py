@@ -142,7 +142,10 @@ def test_a_returning_session_brings_up_its_whole_context(pred: Predictor, clock:
     assert pred.take() == []  # handed out once
 
 
-def test_a_chain_nobody_has_read_is_trusted_one_chunk_at_a_time(pred: Predictor, clock: ManualClock) -> None:
+def test_a_chain_nobody_has_read_is_trusted_one_chunk_at_a_time(clock: ManualClock) -> None:
+    # Without the trusted walk (trust_ahead=0); with it, a walk TRUST_STREAK reads confirmed goes further
+    # (tests/unit/test_predict_short.py).
+    pred = Predictor(clock, window=4, session_max=32, trust_ahead=0)
     chain = keys("c", 5)
     write_chain(pred, clock, chain, 1)
     clock.advance(30.0)
@@ -158,7 +161,8 @@ def test_a_chain_nobody_has_read_is_trusted_one_chunk_at_a_time(pred: Predictor,
     assert pred.take() == chain[1:]
 
 
-def test_inside_a_request_the_window_slides(pred: Predictor, clock: ManualClock) -> None:
+def test_inside_a_request_the_window_slides(clock: ManualClock) -> None:
+    pred = Predictor(clock, window=4, session_max=32, trust_ahead=0, refill=1)  # one chunk per read
     chain = keys("c", 10)
     write_chain(pred, clock, chain, 1)
     read_chain(pred, clock, chain, 3)
@@ -169,6 +173,24 @@ def test_inside_a_request_the_window_slides(pred: Predictor, clock: ManualClock)
         pred.read(chain[i], 2)
         got = pred.take()
         assert got == ([chain[i + 4]] if i + 4 < len(chain) else [])
+
+
+def test_the_window_is_topped_up_in_batches(clock: ManualClock) -> None:
+    # refill=2 (REFILL, at most half the window of 4): every second read hands out two chunks, the others none
+    # (and take() has nothing to do: pending stays false).
+    pred = Predictor(clock, window=4, session_max=32, trust_ahead=0, refill=2)
+    chain = keys("c", 10)
+    write_chain(pred, clock, chain, 1)
+    read_chain(pred, clock, chain, 3)
+    pred.attach(set(chain))
+    pred.read(chain[0], 2)
+    assert pred.take() == chain[1:5]
+    got = []
+    for i in range(1, 7):
+        pred.read(chain[i], 2)
+        got.append((pred.pending, pred.take()))
+    assert got == [(False, []), (True, chain[5:7]), (False, []), (True, chain[7:9]), (False, []),
+                   (True, chain[9:10])]
 
 
 def test_a_multi_key_read_does_not_prefetch_what_it_reads(pred: Predictor, clock: ManualClock) -> None:

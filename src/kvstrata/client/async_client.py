@@ -266,8 +266,12 @@ class AsyncKVCacheClient(_Base):
         caller (``_done_with``), not here: a task cancelled before it started never runs its own ``finally``."""
         reply = None
         try:
-            for _ in range(n_replies):
-                reply = await conn.read_reply()
+            if n_replies > 1:  # the window's PREFETCH: a hint, whose refusal does not fail the read
+                try:
+                    await conn.read_reply()
+                except RespError as exc:
+                    self._hint_refused(exc)
+            reply = await conn.read_reply()
         except RespError as exc:
             raise reply_error(str(exc)) from None
         except OSError as exc:

@@ -461,20 +461,32 @@ class FastClient(RespReader):
     def get(self, key: Any) -> bytes | None:
         return self.call(b"GET", key)  # type: ignore[no-any-return]
 
+    def read_before(self, on_error: Callable[[RespError], None] | None = None) -> None:
+        """Read and drop the reply of a command sent ahead of another in one write; an error reply raises, or
+        goes to ``on_error`` (the connection stays in step: an error reply is read whole)."""
+        try:
+            self.read_reply()
+        except RespError as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
+
     def get_into(self, key: Any, buf: Any) -> int | None:
         """GET into ``buf``; returns the value's length, or None when the key is missing."""
         self.send(b"GET", key)
         return self.read_reply(into=buf)  # type: ignore[no-any-return]
 
     def mget_into(self, keys: Sequence[Any], bufs: Sequence[Any], before: Sequence[Any] | None = None,
-                  command: bytes = b"MGET") -> list[int | None]:
+                  command: bytes = b"MGET",
+                  on_before_error: Callable[[RespError], None] | None = None) -> list[int | None]:
         """One MGET whose values land in ``bufs`` (one per key); lengths, None for missing keys. ``before``: a
-        command sent in the same write ahead of it (its reply is read and dropped; an error reply raises).
-        ``command``: ``b"TAIR.KV.MGET"`` on kvstrata, as the SDK reads (its consistency level and ACL rules,
-        not plain MGET's); the default speaks to any Redis."""
+        command sent in the same write ahead of it (its reply is read and dropped; an error reply raises, or
+        goes to ``on_before_error`` and the MGET is read all the same). ``command``: ``b"TAIR.KV.MGET"`` on
+        kvstrata, as the SDK reads (its consistency level and ACL rules, not plain MGET's); the default speaks
+        to any Redis."""
         if before:
             self.send_many((before, (command, *keys)))
-            self.read_reply()
+            self.read_before(on_before_error)
         else:
             self.send(command, *keys)
         return self._array_into(bufs)

@@ -86,6 +86,8 @@ class _Base:
         self.prefetch_window = prefetch_window
         # retrieve_chunks: fetch window i+1 while window i is decoded (False: one batch after the other).
         self.overlap = overlap
+        # A window's PREFETCH is a hint: once refused by the server's ACL, reads go on without it (_hint_refused).
+        self._prefetch_refused = False
         # Threads that share a large restore's copy into the caller's memory (kvstrata.client.copypool); 1: the
         # calling thread alone. The pool itself belongs to the synchronous client, which does the copies.
         self.copy_threads = checked_copy_threads(copy_threads)
@@ -134,14 +136,26 @@ class _Base:
         end = start + len(batch)
         return batch, keys[end:end + self.prefetch_window]
 
-    @staticmethod
-    def _window_commands(keys: list[bytes], ahead: list[bytes],
+    def _window_commands(self, keys: list[bytes], ahead: list[bytes],
                          plain: bool) -> tuple[list[Any] | None, list[Any]]:
         """(PREFETCH of ``ahead`` or None, the MGET of ``keys``): one read window, sent in one write. Replies on
         one connection come back in order, so the server has queued the prefetch before it answers the MGET.
-        Plain Redis gets no PREFETCH and a plain MGET."""
-        before = [b"TAIR.KV.PREFETCH", *ahead] if ahead and not plain else None
-        return before, [mget_command(plain), *keys]
+        Plain Redis gets no PREFETCH and a plain MGET, and so does a user whose PREFETCH was refused."""
+        hint = ahead and not plain and not self._prefetch_refused
+        return ([b"TAIR.KV.PREFETCH", *ahead] if hint else None), [mget_command(plain), *keys]
+
+    def _hint_refused(self, exc: BaseException) -> None:
+        """The error reply to a read window's PREFETCH: the read goes on without it (a prefetch only hints at
+        what comes next). Refused by ACL (NOPERM: a user allowed to read but not to move data between tiers),
+        this client stops sending it, and says so once."""
+        import redis
+
+        if isinstance(exc, redis.exceptions.NoPermissionError) or str(exc).startswith("NOPERM"):
+            if not self._prefetch_refused:
+                log.info("kvstrata: TAIR.KV.PREFETCH refused (%s); reading without prefetch hints", exc)
+            self._prefetch_refused = True
+        else:
+            log.debug("kvstrata: a read window's PREFETCH failed (%s); read without it", exc)
 
     def _probe_command(self) -> list[Any]:
         """The capability probe (``resp.PROBE``) on a key of this namespace: its error reply means a server

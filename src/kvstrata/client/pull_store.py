@@ -180,8 +180,10 @@ def pull_writer(client: Any) -> PullWriter | None:
 def pull_refused(client: Any, exc: BaseException) -> None:
     """Pull stores are off for ``client`` from now on (logged once, with why); its writers are closed."""
     if not getattr(client, "_pull_off", False):
-        log.info("kvstrata: the server does not pull stores from this process (%s); storing through the staging "
-                 "segment or the socket", exc)
+        # The server's default (pull-store no) is not news: every local client of such a server would say it.
+        level = logging.DEBUG if "(pull-store no)" in str(exc) else logging.INFO
+        log.log(level, "kvstrata: the server does not pull stores from this process (%s); storing through the "
+                "staging segment or the socket", exc)
     client._pull_off = True
     pw = getattr(client._tls, "pull", None)
     if pw is not None:

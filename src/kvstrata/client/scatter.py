@@ -35,7 +35,7 @@ from kvstrata.client.codec import (
     decode,
     read_header,
 )
-from kvstrata.client.fast import FastClient
+from kvstrata.client.fast import FastClient, RespError
 
 # Runs shorter than this are not received one by one (a syscall's iovec slot per few bytes): such a destination
 # gets the whole value in a buffer and one copy instead.
@@ -152,16 +152,18 @@ OnValue = Callable[[int, "Header | None", np.ndarray, bool, int], bool]
 
 def mget_scatter(fc: FastClient, keys: list[bytes], place: Place, before: list[Any] | None = None,
                  command: bytes = b"TAIR.KV.MGET", on_value: OnValue | None = None,
-                 on_error: Callable[[int, CodecError], None] | None = None) -> int:
+                 on_error: Callable[[int, CodecError], None] | None = None,
+                 on_before_error: Callable[[RespError], None] | None = None) -> int:
     """One MGET read as a prefix: each value with ``read_value``, then ``on_value(index, header, array,
     placed, nbytes)``, which returns whether the caller wants the next ones. The prefix ends at the first
     missing key, bad value (``on_error(index, error)``; without ``on_error`` the error is raised once the whole
     reply has been read) or refusal; the rest of the reply is read and dropped, so the connection stays in
     step. Returns how many values were accepted. ``before``: a command sent in the same write ahead of the
-    MGET (its reply is read and dropped; an error reply raises ``RespError``)."""
+    MGET (its reply is read and dropped; an error reply raises ``RespError``, or goes to ``on_before_error``
+    and the MGET is read all the same)."""
     if before:
         fc.send_many((before, (command, *keys)))
-        fc.read_reply()
+        fc.read_before(on_before_error)
     else:
         fc.send(command, *keys)
     count = fc.read_array_len() or 0

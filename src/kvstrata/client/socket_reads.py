@@ -86,7 +86,7 @@ class _SocketReads(_Base):
                 bufs[j] = bytearray(self._size_hint)
         mine = bufs[offset: offset + len(keys)]
         try:
-            lengths = fc.mget_into(keys, mine, before, command)
+            lengths = fc.mget_into(keys, mine, before, command, self._hint_refused)
         except ValueTooLarge:
             return None  # read again as bytes (_small), which raises the size hint
         except (OSError, RespError):
@@ -128,7 +128,9 @@ class _SocketReads(_Base):
         values = self._mget_into(keys, bufs, offset, prefetch, mget[0]) if bufs is not None else None
         if values is None:  # values as bytes, on the same connection
             replies = self._small([mget] if prefetch is None else [prefetch, mget], "reading")
-            self._raise_first(replies)
+            if prefetch is not None and isinstance(replies[0], Exception):
+                self._hint_refused(replies[0])
+            self._raise_first(replies[-1:])
             values = replies[-1]
         return values
 
@@ -234,7 +236,8 @@ class _SocketReads(_Base):
                 self._error(kind, f"{batch[j].decode()}: {exc}")
 
             try:
-                n = mget_scatter(fc, batch, filler.place, before, mget[0], on_value, on_error)
+                n = mget_scatter(fc, batch, filler.place, before, mget[0], on_value, on_error,
+                                 self._hint_refused)
             except (OSError, RespError) as exc:
                 self._drop_fast(fc)
                 done = len(filler)  # chunks verified and in place, this window's first ones included

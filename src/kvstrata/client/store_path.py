@@ -255,10 +255,14 @@ class _StorePath(_Base):
             replies = sw.commit_values(values, sent)
         except (OSError, ConnectionError) as exc:
             log.warning("kvstrata: staged commit failed (%s); storing over the socket", exc)
-            self._forget_stager(sw)  # not closed: the values are stored from its mapping below
-            replies = self._roundtrip([["TAIR.KV.SETEX", v.key, v.ttl_ms,
-                                        seal_parts([v.header, memoryview(v.array.reshape(-1).view(np.uint8))])]
-                                       for v in values])
+            self._forget_stager(sw)
+            try:  # from its mapping (still this process's memory), so it is closed only once they are stored
+                replies = self._roundtrip([["TAIR.KV.SETEX", v.key, v.ttl_ms,
+                                            seal_parts([v.header, memoryview(v.array.reshape(-1).view(np.uint8))])]
+                                           for v in values])
+            finally:
+                with contextlib.suppress(OSError):
+                    sw.close()
         self._raise_first([reply_error(str(r)) if isinstance(r, RespError) else r for r in replies])
         self._count(bytes_sent=sum(v.nbytes for v in values), stored_chunks=len(values))
 

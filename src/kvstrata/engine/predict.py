@@ -6,8 +6,10 @@ inside a stream each key *family* (the text before the key's last ``:``: the SDK
 connection (an SGLang batch, a shared connection pool) keep their chains apart. Its reads and writes teach
 :class:`~kvstrata.engine.profile.AccessProfiles` the chunk chains; its reads trigger walks along them:
 
-* a read that continues the lane's current walk (the chunk predicted next) slides the window: one more chunk
-  is predicted at the far end, so the walk stays ahead of the reader;
+* a read that continues the lane's current walk (the chunk predicted next) slides the window, which is topped
+  up at the far end once ``REFILL`` of its chunks were read, so the walk stays ahead of the reader and its
+  predictions go out a few at a time; after ``TRUST_STREAK`` such reads in a row the walk is trusted and keeps
+  ``TRUST_AHEAD`` more chunks ahead, past a low-scoring or untested link (never past a branch);
 * any other read starts a new walk from that chunk. When the chunk after it has left DRAM, the reader is a
   session coming back (a conversation's next turn, a document asked about again) and the walk goes to the end
   of the chain, up to ``session_max`` chunks, to bring the whole context up while the first chunks are served;
@@ -30,7 +32,9 @@ it reads itself.
 
 :meth:`Predictor.read` and :meth:`Predictor.write` only log the access, and the log is processed in one batch when
 the predictions are asked for (the server does so after each command, once its reply went out; a multi-key read
-pays once), with the same predictions as processing each access at once.
+pays once), with the same predictions as processing each access at once. A read that continues its lane's
+walk, with nothing logged before it, is processed at once instead (the short path, :meth:`Predictor._continue`:
+the same steps), and leaves nothing to take unless the window was topped up.
 """
 
 from __future__ import annotations
@@ -52,6 +56,15 @@ FAMILIES_MAX = 65536
 """Distinct key families whose bytes are shared among their keys' profiles (beyond, the table starts over)."""
 LOG_MAX = 4096
 """Accesses logged before a read or write processes the log itself (nobody asked for predictions meanwhile)."""
+TRUST_STREAK = 2
+"""Consecutive continuation reads (the reader read exactly the chunk predicted next) that make a walk trusted."""
+TRUST_AHEAD = 2
+"""Chunks a trusted walk keeps beyond where confidence alone would stop it (past a low-scoring or untested link,
+or past its budget): a reader that went along the last TRUST_STREAK predictions goes on more often than the
+link scores say (a document or context re-read from its start is read to its end)."""
+REFILL = 4
+"""A sliding window is topped up once this many of its chunks were read (at most half its budget), not after
+every read: the predictions of a chain go out in batches, and most reads have nothing new to hand out."""
 
 
 def _arrays(p: AccessProfiles) -> tuple:  # type: ignore[type-arg]
@@ -68,10 +81,11 @@ def family(key: bytes) -> bytes:
 
 
 class _Lane:
-    __slots__ = ("ahead", "budget", "hold", "prev", "prev_gen", "prev_read", "prob", "probs", "sent", "stuck",
-                 "tick")
+    __slots__ = ("ahead", "budget", "extra", "fam", "hold", "low", "prev", "prev_gen", "prev_read", "prob", "probs",
+                 "sent", "streak", "stuck", "tick")
 
-    def __init__(self) -> None:
+    def __init__(self, fam: bytes = b"") -> None:
+        self.fam = fam  # the key family this lane follows (the profile table's shared bytes object)
         self.prev = -1
         self.prev_gen = 0
         self.prev_read = False
@@ -83,13 +97,17 @@ class _Lane:
         self.budget = 0  # how far ahead this walk may go
         self.stuck = False  # the walk ended at a branch or at the end of the known chain
         self.hold: bytes | None = None  # first chunk past an untested link: nothing further until it is read
+        self.streak = 0  # consecutive reads of exactly the chunk predicted next (TRUST_STREAK: trusted)
+        self.extra = 0  # chunks at the end of ``ahead`` that only the walk's trust predicted (TRUST_AHEAD)
+        self.low = -1  # the window is topped up when ``ahead`` is down to this many (REFILL)
 
 
 class _Stream:
-    __slots__ = ("gap", "lanes", "tick")
+    __slots__ = ("gap", "hot", "lanes", "tick")
 
     def __init__(self, gap: float) -> None:
         self.lanes: dict[bytes, _Lane] = {}
+        self.hot: _Lane | None = None  # the lane of the stream's last access (Predictor.read's short path)
         self.gap = gap  # moving average of the accesses (all streams) between two of this stream's accesses
         self.tick = 0
 
@@ -97,7 +115,8 @@ class _Stream:
 class Predictor:
     def __init__(self, clock: Clock, *, max_keys: int = 262_144, window: int = 8, session_max: int = 64,
                  min_confidence: float = 0.6, link_window: float = 8.0, half_life: float = 1.0,
-                 max_streams: int = 4096) -> None:
+                 max_streams: int = 4096, trust_streak: int = TRUST_STREAK, trust_ahead: int = TRUST_AHEAD,
+                 refill: int = REFILL, short_path: bool = True) -> None:
         self.clock = clock
         # The system clock's reading without its Python frame (read() runs on every profiled access).
         self._now = time.monotonic if type(clock) is SystemClock else clock.monotonic
@@ -110,6 +129,12 @@ class Predictor:
         self.min_confidence = min_confidence
         self.link_window = link_window
         self.max_streams = max_streams
+        self.trust_streak = trust_streak
+        self.trust_ahead = trust_ahead
+        self.refill = max(1, refill)
+        # Whether a continuation read is processed at once in read() (identical predictions, less work per
+        # read; off only to check that: tests/unit/test_predict_short.py).
+        self.short_path = short_path
         # The keys DRAM holds (the Store's entries, see attach): a walk whose next chunk is not there is a return.
         self.resident: Collection[bytes] = ()
         self.gap = 1.0  # moving average of every stream's gap: the expected distance between a stream's reads
@@ -156,9 +181,11 @@ class Predictor:
         lane = lanes.get(fam)
         if lane is None:
             if len(lanes) >= LANES_PER_STREAM:
-                old = next(iter(lanes))
-                self._dirty.pop(id(lanes.pop(old)), None)
-            lane = lanes[fam] = _Lane()
+                old = lanes.pop(next(iter(lanes)))
+                self._dirty.pop(id(old), None)
+                if st.hot is old:
+                    st.hot = None
+            lane = lanes[fam] = _Lane(fam)
         return lane
 
     def clear(self) -> None:
@@ -197,6 +224,16 @@ class Predictor:
             self._drain()
 
     def read(self, key: bytes, sid: int) -> None:
+        if self.short_path and not self._log:
+            # The short path: a read of the chunk the stream's last lane predicted next, with nothing logged before
+            # it, is processed at once (_continue), which is less work than logging it and draining the log.
+            st = self._streams.get(sid)
+            if st is not None:
+                lane = st.hot
+                if lane is not None:
+                    ahead = lane.ahead
+                    if ahead and ahead[0] == key and self._continue(st, lane, ahead, key):
+                        return
         log = self._log
         log.append((key, sid, True, self._now()))
         self.pending = True
@@ -216,10 +253,8 @@ class Predictor:
             self._arrays
         interior = p.interior
         boundary = p.boundary
-        min_confidence = self.min_confidence
         families = self._families
         streams = self._streams
-        dirty = self._dirty
         due = self._due
         link_window = self.link_window
         horizon = p.horizon
@@ -323,72 +358,133 @@ class Predictor:
                 lane.prev_gen = gen[s]
                 lane.prev_read = is_read
                 lane.tick = tick
+            st.hot = lane
             if not is_read:
                 continue
             if due:
                 due.pop(key, None)
             ahead = lane.ahead
             if ahead and ahead[0] == key:
-                # The common case: the reader took the chunk predicted next; one more at the far end
-                # (_extend, inline).
-                del ahead[0]
-                probs = lane.probs
-                if probs.pop(0) != 1.0:
-                    lane.prob = -1.0
-                if lane.sent:
-                    lane.sent -= 1
-                hold = lane.hold
-                if hold is not None and hold not in ahead:
-                    lane.hold = hold = None
-                if hold is None and not lane.stuck and len(ahead) < lane.budget:
-                    if ahead:
-                        t = slots.get(ahead[-1], -1)
-                        if t < 0:
-                            lane.stuck = True
-                        else:
-                            prob = lane.prob
-                            if prob < 0.0:
-                                prob = 1.0
-                                for q in probs:
-                                    prob *= q
-                                lane.prob = prob
-                            if len(ahead) + 1 != lane.budget:
-                                self._grow(lane, t, prob)
-                            else:
-                                # The walk was full before this read: _grow's one step, inline (the same
-                                # arithmetic, without its call and set-up: most reads of a chain come here).
-                                f = flags[t]
-                                n = nxt[t]
-                                if f & BRANCH or n < 0 or gen[n] != next_gen[t] or n == t:
-                                    lane.stuck = True
-                                else:
-                                    cls = boundary if f & BOUNDARY else interior
-                                    prior = (cls.cont + cls.prior_cont) / (cls.cont + cls.stop + cls.prior_cont
-                                                                           + cls.prior_stop)
-                                    c = cont[t]
-                                    q = (c + PRIOR_WEIGHT * prior) / (c + stop[t] + PRIOR_WEIGHT)
-                                    if cls is interior:
-                                        q = 1.0 if q >= min_confidence else 0.0
-                                    if prob * q >= min_confidence:
-                                        nk = keys[n]
-                                        if nk is None:
-                                            lane.stuck = True
-                                        else:
-                                            lane.prob = prob * q
-                                            ahead.append(nk)
-                                            probs.append(q)
-                                            if not c:
-                                                lane.hold = nk
-                    else:
-                        self._grow(lane, lane.prev, 1.0)
+                # The common case: the reader took the chunk predicted next (what read()'s short path does).
+                self._advance(lane, ahead)
             else:
                 self.gap = all_gap
                 self._slide(lane, key, s)
-                continue
-            if len(ahead) > lane.sent:
-                dirty[id(lane)] = lane
         p.tick = tick
         self.gap = all_gap
+
+    def _continue(self, st: _Stream, lane: _Lane, ahead: list[bytes], key: bytes) -> bool:
+        """read()'s short path: the read of ``key``, ``ahead[0]`` of ``lane`` (the stream's last lane), when it is
+        a plain continuation (the reader went on along the link it last read across, in time); False, with
+        nothing changed, for anything else (the log and _drain handle it). Exactly _drain's steps for such a
+        read, in the same order: tests/unit/test_predict_short.py runs both in lock-step."""
+        slots, tick_at, heat, ival, last, ref, gen, nxt, next_gen, pred, pred_gen, flags, cont, _, _, fams = \
+            self._arrays
+        s = slots.get(key)
+        if s is None or fams[s] is not lane.fam:
+            return False
+        prev = lane.prev
+        if prev < 0 or prev == s or not lane.prev_read or nxt[prev] != s or gen[s] != next_gen[prev] or \
+                gen[prev] != lane.prev_gen:
+            return False
+        p = self._profiles
+        tick = p.tick + 1
+        gap = st.gap
+        limit = self.link_window * gap
+        if limit < LINK_MIN:
+            limit = LINK_MIN
+        if tick - lane.tick > limit:
+            return False
+        q = pred[s]
+        if q >= 0 and q != prev and gen[q] == pred_gen[s] and tick - tick_at[q] <= 4 * limit:
+            return False  # its parent on another lane was read a moment ago: _drain's outcome for it
+        # AccessProfiles.touch, inline (as _drain).
+        p.tick = tick
+        at = tick_at[s]
+        h = heat[s]
+        if at:
+            g = tick - at
+            if h:
+                h *= 0.5 ** (g / p.horizon)
+            iv = ival[s]
+            ival[s] = g if not iv else iv + (g - iv) * 0.25
+        heat[s] = h + 1.0
+        tick_at[s] = tick
+        now = self._now()
+        last[s] = now if now > 0.0 else 1e-9
+        ref[s] = 1
+        if not tick & 63:
+            n = len(self.resident) or 4096
+            p.horizon = max(64.0, p.half_life * n)
+        g = st.tick
+        if g:
+            g = tick - g
+            if g <= limit:
+                st.gap = gap + (g - gap) * 0.125
+                self.gap += (g - self.gap) * 0.01
+        st.tick = tick
+        # The reader went on along the known link (AccessProfiles.outcome, inline).
+        if cont[prev] < COUNT_MAX:
+            cont[prev] += 1
+        f = flags[prev]
+        if not f & BRANCH:
+            (p.boundary if f & BOUNDARY else p.interior).cont += 1
+        lane.prev = s
+        lane.prev_gen = gen[s]
+        lane.tick = tick
+        due = self._due
+        if due:
+            due.pop(key, None)
+        # _advance, inline.
+        del ahead[0]
+        if lane.probs.pop(0) != 1.0:
+            lane.prob = -1.0
+        if lane.sent:
+            lane.sent -= 1
+        n = len(ahead)
+        if lane.extra:
+            lane.extra = min(lane.extra - 1, n)
+        streak = lane.streak = lane.streak + 1
+        if streak == self.trust_streak:
+            self._set_low(lane)
+        if n <= lane.low and not lane.stuck:
+            self._extend(lane)
+            if len(ahead) > lane.sent:
+                self._dirty[id(lane)] = lane
+                self.pending = True
+        return True
+
+    def _advance(self, lane: _Lane, ahead: list[bytes]) -> None:
+        """The reader took ``ahead[0]``, the chunk predicted next: slide the window, topped up every REFILL
+        reads (a trusted walk, TRUST_STREAK continuations in a row, may go TRUST_AHEAD chunks further)."""
+        del ahead[0]
+        if lane.probs.pop(0) != 1.0:
+            lane.prob = -1.0
+        if lane.sent:
+            lane.sent -= 1
+        n = len(ahead)
+        if lane.extra:
+            # The trusted chunks are the end of the window, and one more of them is now one the reader went
+            # towards (the walk without trust would now predict up to it).
+            lane.extra = min(lane.extra - 1, n)
+        lane.streak += 1
+        if lane.streak == self.trust_streak:
+            self._set_low(lane)
+        if n <= lane.low and not lane.stuck:
+            self._extend(lane)
+            if len(ahead) > lane.sent:
+                self._dirty[id(lane)] = lane
+
+    def _set_low(self, lane: _Lane) -> None:
+        """When the lane's window is topped up: once REFILL chunks (at most half the budget) were read from
+        it full (a trusted walk's full is TRUST_AHEAD further)."""
+        cap = lane.budget
+        if self.trust_ahead > 0 and lane.streak >= self.trust_streak:
+            cap += self.trust_ahead
+        r = lane.budget // 2
+        if r > self.refill:
+            r = self.refill
+        lane.low = cap - (r if r > 1 else 1)
 
     def _slide(self, lane: _Lane, key: bytes, s: int) -> None:
         """A read of ``key`` (slot ``s``) that is not the lane's predicted next chunk: skip ahead to it when it
@@ -400,6 +496,10 @@ class Predictor:
             del lane.probs[:i]
             lane.prob = -1.0
             lane.sent = max(0, lane.sent - i)
+            if lane.extra:
+                lane.extra = max(0, min(lane.extra - i, len(ahead)))
+            lane.streak = 0  # not the chunk predicted next: the walk is not confirmed
+            self._set_low(lane)
             self._extend(lane)
         else:
             budget, returning = self._reach(s)
@@ -464,14 +564,20 @@ class Predictor:
         lane.budget = budget
         lane.stuck = False
         lane.hold = None
+        lane.streak = 0
+        lane.extra = 0
+        self._set_low(lane)
         self._grow(lane, s, 1.0)
 
     def _extend(self, lane: _Lane) -> None:
+        trusted = self.trust_ahead > 0 and lane.streak >= self.trust_streak
         if lane.hold is not None:
             if lane.hold in lane.ahead:
-                return
-            lane.hold = None
-        if lane.stuck or len(lane.ahead) >= lane.budget:
+                if not trusted:
+                    return
+            else:
+                lane.hold = None
+        if lane.stuck or len(lane.ahead) >= lane.budget + (self.trust_ahead if trusted else 0):
             return
         if lane.ahead:
             s = self._profiles.slots.get(lane.ahead[-1], -1)
@@ -496,6 +602,13 @@ class Predictor:
         min_confidence = self.min_confidence
         ahead = lane.ahead
         budget = lane.budget
+        # A trusted walk (its last TRUST_STREAK predictions were read in order) goes TRUST_AHEAD chunks past its
+        # budget and past where confidence stops it (a low score, an untested link): ``extra`` counts those
+        # chunks, the end of the window; structure (a branch, the end of the known chain) still stops it.
+        trust = self.trust_ahead if lane.streak >= self.trust_streak else 0
+        if trust:
+            budget += trust
+        extra = lane.extra
         seen = 0
         while len(ahead) < budget:
             f = flags[s]
@@ -515,8 +628,10 @@ class Predictor:
                 # Inside one written run the links stand or fall together (a prefix reader stops only where
                 # its cached prefix ends), so they do not compound; crossing a turn's end is a new event.
                 q = 1.0 if q >= min_confidence else 0.0
-            if prob * q < min_confidence:
-                return  # may pass later, once reads have confirmed the steps before it
+            if extra or prob * q < min_confidence or lane.hold is not None:
+                if extra >= trust:
+                    return  # may pass later, once reads have confirmed the steps before it
+                extra += 1
             key = keys[n]
             if key is None:
                 lane.stuck = True
@@ -524,12 +639,15 @@ class Predictor:
             lane.prob = prob = prob * q
             ahead.append(key)
             lane.probs.append(q)
+            lane.extra = extra
             if not c:
                 # Nobody has read across this link yet (it was written, never followed by a reader): one chunk,
                 # and the rest once the reader takes it, so a wrong guess (a document whose readers never go on
-                # to an earlier request's query and answer) costs one chunk, not that request's whole output.
+                # to an earlier request's query and answer) costs one chunk, not that request's whole output
+                # (a trusted walk goes on, its chunks past this one counted in ``extra``).
                 lane.hold = key
-                return
+                if not trust:
+                    return
             s = n
             seen += 1
             if seen > self.session_max:  # a cycle of bad links cannot make a walk endless
@@ -539,6 +657,8 @@ class Predictor:
     # ---- output ----
     def take(self) -> list[bytes]:
         """Predicted keys not handed out yet, nearest first per lane; each gets an expected use (next_use)."""
+        if not self.pending:
+            return []  # nothing logged nor predicted since the last take (most reads: see REFILL)
         if self._log:
             self._drain()
         out: list[bytes] = []
