@@ -255,7 +255,7 @@ PARAMS: tuple[Param, ...] = (
           "Profile key access (chunk chains, sessions) and prefetch the chunks a reader will need next from the "
           "SSD/pool tiers (docs/prefetch.md). Only with a lower tier."),
     Param("prefetch-window", _int, 8, "Chunks the predictor keeps ahead of a reader inside one request (topped "
-          "up every 4 reads; a trusted walk keeps 2 more: [prefetch.md](prefetch.md))."),
+          "up a few reads at a time; a trusted walk keeps a few more: [prefetch.md](prefetch.md))."),
     Param("prefetch-link-window", _float, 8.0,
           "Two keys a stream touches one after the other are linked into a chain only if they are at most this "
           "many times the stream's usual gap apart, counted in accesses (the gap adapts to the load).",
