@@ -27,6 +27,8 @@ def test_live_runs_each_rate_fraction_and_mode_through_concurrent_clients() -> N
         # Every request ran (GETs stop at the first missing chunk, so at most all of its reads).
         assert 0 < r["gets"] <= reads
         assert r["p50_us"] <= r["p99_us"]
+        # Each request's first GET is one of its GETs: timed apart, and part of the slowest 1% or not.
+        assert 0 < r["first_p99_us"] and 0.0 <= r["first_share_of_top1pct"] <= 1.0
         assert r["prefetch_used"] <= r["prefetch_issued"]
         if r["mode"] == "off":
             assert r["prefetch_issued"] == 0 and r["coverage_vs_off"] is None

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.test_ssd_check import N, flipped, key_of, value_of
 
@@ -242,6 +243,27 @@ def test_per_tier_counters_match_info_on_a_damaged_ssd(make_server, tmp_path):
     status, _, body = http_get(port, "/metrics")
     assert "# HELP kvstrata_tier_unreadable_pages_total Damaged LMDB pages" in body.decode()
     assert "# TYPE kvstrata_tier_reads_total counter" in body.decode()
+    r.close()
+
+
+def test_ssd_writes_are_counted_in_info_and_metrics(make_server, tmp_path):
+    """INFO tier_ssd's ``writes`` and ``write_bytes`` count the records the SSD writer committed (here: the
+    demotions of keys DRAM had no room for), and /metrics exports the same numbers."""
+    port = free_port()
+    srv = make_server({"http-port": port, "essd-path": str(tmp_path / "ssd"), "dram-size": "32kb",
+                       "prefetch-predict": "no"})
+    r = srv.client()
+    value = b"w" * 2048
+    for i in range(40):
+        r.set(f"w:{i}", value)
+    wait_for(lambda: r.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
+    info = r.info("tier_ssd")
+    demoted = sum(r.execute_command("TAIR.KV.TIER", f"w:{i}") == b"ssd" for i in range(40))
+    assert info["writes"] == demoted > 0
+    assert info["write_bytes"] >= demoted * len(value)
+    got = scrape(port)
+    assert metric(got, "kvstrata_tier_writes_total", tier="ssd") == info["writes"]
+    assert metric(got, "kvstrata_tier_write_bytes_total", tier="ssd") == info["write_bytes"]
     r.close()
 
 

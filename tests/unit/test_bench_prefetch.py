@@ -64,3 +64,14 @@ def test_targets_and_report(tmp_path: Path) -> None:
     assert "| multi_turn | 10% | off |" in text and "n/a" in text
     # Nothing measured is not a pass.
     assert targets([])["multi_turn_coverage_ge_80pct"] is False
+
+
+def test_the_share_of_first_reads_in_the_slowest_percent() -> None:
+    from kvstrata.bench.prefetch_live import _share_at_or_above
+
+    whole = sorted([*range(1, 101), 500, 600])  # 102 samples: the 0.99 quantile is 500, the slowest two above it
+    assert _share_at_or_above([500, 600], whole, 0.99) == 1.0
+    assert _share_at_or_above([5, 600], whole, 0.99) == 0.5
+    assert _share_at_or_above([5, 99], whole, 0.99) == 0.0
+    assert _share_at_or_above([500, 600], whole, 0.9) == round(2 / 11, 3)  # 92..100, 500, 600 at or above 92
+    assert _share_at_or_above([], [], 0.99) is None

@@ -20,7 +20,9 @@ connections:
 Reported per run: achieved chunk reads a second, the DRAM hit ratio of GETs, reads served from SSD, the
 prefetch outcomes of ``INFO prefetch`` (issued, used, late, wasted, accuracy), *coverage against off*
 (prefetches used in time / the SSD reads the same run without the predictor had: the issue's definition) and
-the p50/p99 latency of the GETs as the clients saw them. Also the predictor's cost on the hot path: DRAM-hit
+the p50/p99 latency of the GETs as the clients saw them, the p99 of each request's first GET and its share of the
+slowest 1% (where a walk starts, after an idle connection: most of the tail at the slow rate), and what the SSD
+was written (INFO ``tier_ssd`` ``writes``, ``write_bytes``). Also the predictor's cost on the hot path: DRAM-hit
 ``Store.get`` with and without a predictor, in the same process, alternating (:func:`predictor_cost`).
 
 Traces: the presets of ``kvstrata bench hitrate`` cut to their first arrivals, and ``untuned``, which the
@@ -31,6 +33,7 @@ synchronise anything. The machine these ran on is shared: figures are noisy, lat
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import queue
 import random
@@ -112,16 +115,18 @@ def _num(fields: dict[str, str], name: str) -> float:
 
 
 def _clients(host: str, port: int, requests: list[tuple[float, list[bytes], list[bytes]]], clients: int,
-             speedup: float | None, value: bytes) -> tuple[list[int], float, list[str]]:
-    """Replay ``requests`` through ``clients`` connections; (GET latencies in ns, seconds it took, the error
-    replies the server sent)."""
+             speedup: float | None, value: bytes) -> tuple[list[int], list[int], float, list[str]]:
+    """Replay ``requests`` through ``clients`` connections; (GET latencies in ns, those of the first GET of each
+    request, seconds it took, the error replies the server sent)."""
     work: queue.Queue[tuple[list[bytes], list[bytes]] | None] = queue.Queue()
     latencies: list[list[int]] = [[] for _ in range(clients)]
+    firsts: list[list[int]] = [[] for _ in range(clients)]
     errors: list[BaseException] = []
     failed: list[RespError] = []
 
     def worker(i: int) -> None:
         lat = latencies[i]
+        first = firsts[i]
         clock = time.perf_counter_ns
         try:
             with RawClient(host, port) as c:
@@ -132,7 +137,10 @@ def _clients(host: str, port: int, requests: list[tuple[float, list[bytes], list
                         for j, key in enumerate(reads):
                             t0 = clock()
                             got = c.get(key)
-                            lat.append(clock() - t0)
+                            took = clock() - t0
+                            lat.append(took)
+                            if not j:
+                                first.append(took)
                             if got is None:
                                 filled = j
                                 break
@@ -162,7 +170,8 @@ def _clients(host: str, port: int, requests: list[tuple[float, list[bytes], list
         t.join()
     if errors:
         raise RuntimeError(f"a client failed: {errors[0]!r}") from errors[0]
-    return sorted(x for lat in latencies for x in lat), time.perf_counter() - t0, [str(e) for e in failed]
+    return (sorted(x for lat in latencies for x in lat), sorted(x for f in firsts for x in f),
+            time.perf_counter() - t0, [str(e) for e in failed])
 
 
 def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int, mode: str, *, clients: int,
@@ -174,7 +183,7 @@ def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int,
         argv = [sys.executable, "-m", "kvstrata", "serve", "--loglevel", "warning", "--dram-size", str(budget),
                 "--essd-path", ssd_dir, "--fsync", "no", *LIVE_MODES[mode], *server_args]
         with start_server(f"kvstrata-prefetch-live-{mode}", argv) as srv:
-            lat, elapsed, failed = _clients(srv.host, srv.port, requests, clients, speedup, value)
+            lat, first, elapsed, failed = _clients(srv.host, srv.port, requests, clients, speedup, value)
             with RawClient(srv.host, srv.port) as c:
                 pf = _info(c, "prefetch")
                 dram = _info(c, "tier_dram")
@@ -188,10 +197,17 @@ def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int,
         "reads_per_s": round(gets / elapsed, 1) if elapsed else 0.0,
         "dram_hit_ratio": round(hits / (hits + misses), 4) if hits + misses else None,
         "ssd_reads": int(_num(ssd, "hits")),
+        # What the run cost the SSD in writes (demotions of entries it did not hold, SSD-bound SETs).
+        "ssd_writes": int(_num(ssd, "writes")),
+        "ssd_write_bytes": int(_num(ssd, "write_bytes")),
         "errors": len(failed),
         "first_error": failed[0] if failed else None,
         "p50_us": round(percentile(lat, 0.5) / 1000, 1),
         "p99_us": round(percentile(lat, 0.99) / 1000, 1),
+        # A request's first GET (a chain's first chunk: where a walk starts, after the connection was idle) apart:
+        # its p99, and its share of the slowest 1% of all GETs.
+        "first_p99_us": round(percentile(first, 0.99) / 1000, 1),
+        "first_share_of_top1pct": _share_at_or_above(first, lat, 0.99),
         **{k: int(_num(pf, k)) for k in ("prefetch_predicted", "prefetch_issued", "prefetch_used", "prefetch_late",
                                          "prefetch_wasted", "prefetch_rejected")},
         "prefetch_accuracy": _num(pf, "prefetch_accuracy") if _num(pf, "prefetch_issued") else None,
@@ -204,6 +220,16 @@ def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int,
         **{f"wait_{kind}{suffix}": int(_num(pf, f"wait_{kind}{suffix}"))
            for kind in WAIT_KINDS for suffix in ("s", "_p50_us", "_p99_us")},
     }
+
+
+def _share_at_or_above(part: list[int], whole: list[int], q: float) -> float | None:
+    """Of the samples of ``whole`` (sorted) at or above its ``q`` quantile, the share found in ``part`` (sorted,
+    a subset of it)."""
+    if not whole:
+        return None
+    cut = percentile(whole, q)
+    top = len(whole) - bisect.bisect_left(whole, cut)
+    return round((len(part) - bisect.bisect_left(part, cut)) / top, 3) if top else None
 
 
 def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, batch: int = 16) -> dict[str, float]:
@@ -326,6 +352,7 @@ def run_live(traces: Sequence[str] = LIVE_TRACES, fractions: Sequence[float] = L
                         f"hit {row['dram_hit_ratio']} ssd {row['ssd_reads']} issued {row['prefetch_issued']} "
                         f"used {row['prefetch_used']} late {row['prefetch_late']} "
                         f"acc {row['prefetch_accuracy']} p50 {row['p50_us']}us p99 {row['p99_us']}us "
+                        f"(first reads p99 {row['first_p99_us']}us, {row['first_share_of_top1pct']} of the top 1%) "
                         f"waits p99 joined {row['wait_joined_p99_us']}us ({row['wait_joineds']}) "
                         f"load {row['wait_load_p99_us']}us ({row['wait_loads']}) "
                         f"queued {row['wait_queued_p99_us']}us promote {row['wait_promote_p99_us']}us")
@@ -395,13 +422,15 @@ def _r(value: float | None, digits: int = 3) -> str:
 
 def format_table(result: dict[str, Any]) -> str:
     lines = [f"{'trace':<12} {'rate':<5} {'dram':>5} {'mode':<4} {'reads/s':>8} {'hit':>7} {'ssd':>6} "
-             f"{'issued':>7} {'used':>6} {'late':>5} {'acc':>6} {'cov/off':>7} {'p50 us':>8} {'p99 us':>8}"]
+             f"{'issued':>7} {'used':>6} {'late':>5} {'acc':>6} {'cov/off':>7} {'p50 us':>8} {'p99 us':>8} "
+             f"{'1st p99':>8} {'1st/top':>7}"]
     for r in result["rows"]:
         lines.append(
             f"{r['trace']:<12} {r['rate']:<5} {r['fraction']:>5.0%} {r['mode']:<4} {r['reads_per_s']:>8.0f} "
             f"{_r(r['dram_hit_ratio'], 4):>7} {r['ssd_reads']:>6} {r['prefetch_issued']:>7} "
             f"{r['prefetch_used']:>6} {r['prefetch_late']:>5} {_r(r['prefetch_accuracy']):>6} "
-            f"{_r(r['coverage_vs_off']):>7} {r['p50_us']:>8.1f} {r['p99_us']:>8.1f}")
+            f"{_r(r['coverage_vs_off']):>7} {r['p50_us']:>8.1f} {r['p99_us']:>8.1f} {r['first_p99_us']:>8.1f} "
+            f"{_r(r['first_share_of_top1pct'], 2):>7}")
     cost = result["predictor_cost"]
     lines += ["", f"predictor cost: {cost['cost_us']} us per DRAM-hit GET "
                   f"({cost['get_us_without']} us without, {cost['get_us_with']} us with; logging the read "
@@ -436,15 +465,16 @@ def write_markdown(result: dict[str, Any]) -> str:
         "to the predictor while it was built (`independent`, another seed, plus one-off 48-chunk scans).",
         "",
         "| trace | rate | DRAM | mode | reads/s | DRAM hit ratio | SSD reads | issued | used | late | accuracy "
-        "| coverage/off | p50 us | p99 us |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| coverage/off | p50 us | p99 us | first reads: p99 us, share of the top 1% |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         out.append(
             f"| {r['trace']} | {r['rate']} | {r['fraction']:.0%} | {r['mode']} | {r['reads_per_s']:.0f} | "
             f"{_r(r['dram_hit_ratio'], 4)} | {r['ssd_reads']} | {r['prefetch_issued']} | {r['prefetch_used']} | "
             f"{r['prefetch_late']} | {_r(r['prefetch_accuracy'])} | {_r(r['coverage_vs_off'])} | "
-            f"{r['p50_us']:.0f} | {r['p99_us']:.0f} |")
+            f"{r['p50_us']:.0f} | {r['p99_us']:.0f} | {r['first_p99_us']:.0f}, "
+            f"{_r(r['first_share_of_top1pct'], 2)} |")
     out += ["", f"Predictor cost on the hot path (DRAM-hit `Store.get`, same process, alternating, thread CPU "
                 f"time): {cost['get_us_without']} us without, {cost['get_us_with']} us with: {cost['cost_us']} us "
                 f"(logging the read: {cost['log_us']} us, which is all a GET's reply waits for: the server takes "

@@ -190,7 +190,8 @@ class PlacementMixin:
             self.stats.evicted_keys += 1
 
     def _promote(self, key: bytes, entry: Entry) -> bool:
-        """Bring a record of the authoritative tier up into DRAM (under write-back it leaves that tier)."""
+        """Bring a record of the authoritative tier up into DRAM; the record stays there as the entry's clean copy
+        (``on_ssd``) under either durability mode."""
         keeper = self.keeper
         size = self.dram.size(key, entry.value)
         if size > self.dram.budget or keeper is None:
@@ -200,10 +201,9 @@ class PlacementMixin:
         except OutOfMemoryError:
             return False
         fresh = self._install(key, entry, size)
-        if self.write_through:
-            fresh.on_ssd = True
-        else:
-            keeper.delete(key)
+        # The record stays below as a clean copy under write-back too: demoting the entry unchanged later
+        # writes nothing, and a crash does not lose a key that had reached the SSD only because it was read.
+        fresh.on_ssd = True
         self.tier_stats[keeper.name].promotions += 1
         self.admission.forget(key)
         return True

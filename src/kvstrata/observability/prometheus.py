@@ -39,6 +39,9 @@ TIER_OPTIONAL_COUNTERS = (
                "SSD)."),
     ("unreadable_pages", "Damaged LMDB pages met by reads and listings (skipped; run `kvstrata check`)."),
     ("expired", "Records the tier dropped because their TTL passed (SSD: the reclaim sweep; pool: its index)."),
+    ("writes", "Records written to the tier below DRAM (SSD: committed puts: demotions of entries it lacks, "
+               "write-through writes, TTL changes; pool: values written)."),
+    ("write_bytes", "Bytes of the values written to the tier below DRAM (SSD: committed puts; pool: values written)."),
 )
 
 

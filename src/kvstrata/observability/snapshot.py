@@ -153,7 +153,7 @@ def tier_rows(store: Any) -> list[dict[str, Any]]:
         for field in ("hits", "misses", "promotions", "demotions", "evictions", "corrupt_reads"):
             row[field] = int(info.get(field, 0))
         for field in ("pinned_bytes", "pending", "queued_bytes", "write_errors", "expired", "reads",
-                      "probes", "unreadable_pages"):
+                      "probes", "unreadable_pages", "writes", "write_bytes"):
             if field in info:
                 row[field] = int(info[field])
         rows.append(row)

@@ -138,6 +138,9 @@ class SsdTier(SsdWriter, TierRoles):
         self.corrupt_reads = 0
         self.expired = 0
         self.write_errors = 0
+        # Committed puts and their bytes (queued size): what the tier costs the disk in writes.
+        self.writes = 0
+        self.write_bytes = 0
         self.on_commit = on_commit
         self._watchers = Watchers()
         self._deliver: Callable[[Callable[[], None]], None] = lambda fn: fn()
@@ -336,4 +339,5 @@ class SsdTier(SsdWriter, TierRoles):
     def info(self) -> dict[str, Any]:
         rank = self._rank.info() if self._rank is not None else {"eviction_policy": "fifo"}
         return {**rank, "pending": len(self.pending), "queued_bytes": self.queued_bytes, "write_errors": self.write_errors,
-                "expired": self.expired, "reads": self.reads, "probes": self.probes, "unreadable_pages": self.unreadable_pages}
+                "expired": self.expired, "reads": self.reads, "writes": self.writes,
+                "write_bytes": self.write_bytes, "probes": self.probes, "unreadable_pages": self.unreadable_pages}

@@ -307,6 +307,9 @@ class SsdWriter(BatchWriter):
                 self.stuck_bytes += nbytes
             elif kind in (_PUT, _DEL) and self.pending.get(key, 0) is snap:
                 del self.pending[key]
+            if error is None and kind == _PUT:
+                self.writes += 1
+                self.write_bytes += nbytes
             elif kind == _FLUSH and seq == self._flush_seq:
                 self.flush_pending = False
             if error is not None:
