@@ -152,7 +152,7 @@ def test_a_failed_write_queued_again_keeps_its_slot_until_the_retry_committed(tm
         off = pool.slot(a).off
         apply = ssd._apply_with_room
 
-        def disk_full(batch):
+        def disk_full(batch, evicted):
             raise OSError(28, "No space left on device")
 
         ssd._apply_with_room = disk_full

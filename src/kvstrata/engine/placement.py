@@ -203,7 +203,12 @@ class PlacementMixin:
         fresh = self._install(key, entry, size)
         # The record stays below as a clean copy under write-back too: demoting the entry unchanged later
         # writes nothing, and a crash does not lose a key that had reached the SSD only because it was read.
+        # Unless the SSD evicted it after the record was read (a load in flight): then nothing is below.
         fresh.on_ssd = True
+        gone = self._evicted_below
+        if gone and key in gone:
+            del gone[key]
+            fresh.on_ssd = False
         self.tier_stats[keeper.name].promotions += 1
         self.admission.forget(key)
         return True

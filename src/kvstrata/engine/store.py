@@ -46,6 +46,10 @@ from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.engine.versions import HLC_LOGICAL_BITS, NODE_BITS, VERSION_BLOCK, VersionsMixin
 from kvstrata.errors import OutOfMemoryError, VersionMismatchError
 
+# Keys remembered as evicted from the SSD while not in DRAM: a load's record promoted after its key's eviction comes
+# up as a dirty entry (its next demotion writes it). The window is a load's, ms to a prefetch batch's seconds.
+EVICTED_BELOW_MAX = 65536
+
 # Re-exported: the server and the tests import these from here.
 __all__ = ["HLC_LOGICAL_BITS", "LATE", "NODE_BITS", "VERSION_BLOCK", "CopyHit", "LoadTicket", "PoolHit", "Store"]
 
@@ -125,6 +129,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.version = ssd.version_high_water if ssd is not None else 0
         if ssd is not None:
             ssd.on_commit = self._ssd_committed
+        # Keys the SSD evicted while not in DRAM, most recent last (bounded): a record of one read before its
+        # eviction and promoted after it is no clean copy (_promote).
+        self._evicted_below: dict[bytes, None] = {}
         # The shared pool (None without --pool): versions are decided there and invalidations come from it.
         self.pool = pool
         # Keys another node wrote since this node's copy (dropped): read from the pool next, not from LMDB.
@@ -376,10 +383,16 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if not evicted:
             return
         self.stats.evicted_keys += len(evicted)
+        gone = self._evicted_below
         for key in evicted:
             entry = self.dram.entries.get(key)
             if entry is not None:
                 entry.on_ssd = False
+            else:
+                gone.pop(key, None)
+                gone[key] = None
+        while len(gone) > EVICTED_BELOW_MAX:
+            del gone[next(iter(gone))]
 
     def tier_info(self) -> list[dict[str, Any]]:
         """One row per tier, DRAM first then the lower tiers in order: INFO tier_<name> and the metrics."""

@@ -52,7 +52,7 @@ class SsdWriter(BatchWriter):
         if self._rank is not None:
             self._rank.drain()
         try:
-            evicted = self._apply_with_room(batch)
+            self._apply_with_room(batch, evicted)
             if self.fsync != "always" and any(op[2] == _SYNC for op in batch):
                 self.env.sync(True)  # under "always" the commit itself was synchronous
         except Exception as exc:  # disk errors must not kill the writer; the batch is reported as failed
@@ -113,15 +113,18 @@ class SsdWriter(BatchWriter):
         finally:
             self.budget = budget
 
-    def _apply_with_room(self, batch: list[tuple[Any, ...]]) -> list[bytes]:
-        evicted: list[bytes] = []
+    def _apply_with_room(self, batch: list[tuple[Any, ...]], evicted: list[bytes]) -> None:
+        """Apply ``batch``, making room as needed; the keys of records evicted by committed transactions go to
+        ``evicted`` as they commit, so that they are reported even when the batch itself then fails (a clean
+        copy's entry must learn that its record is gone)."""
         self._disk_room(batch, evicted)
         for attempt in range(4):
             try:
                 with self.env.begin(write=True) as txn:
-                    done = evicted + self._apply(txn, batch)
+                    done = self._apply(txn, batch)
                 self._rank_done(True)
-                return done
+                evicted += done
+                return
             except lmdb.MapFullError:
                 self._rank_done(False)
                 # The map filled before our own budget did (page overhead): free a tenth and retry.
@@ -142,14 +145,14 @@ class SsdWriter(BatchWriter):
         for op in batch:
             try:
                 with self.env.begin(write=True) as txn:
-                    evicted += self._apply(txn, [op])
+                    done = self._apply(txn, [op])
                 self._rank_done(True)
+                evicted += done
             except lmdb.MapFullError:
                 self._rank_done(False)
                 if op[2] == _PUT:
                     evicted.append(op[3])
                     self.evictions += 1
-        return evicted
 
     def _remove(self, txn: lmdb.Transaction, lkey: bytes, old: bytes | None = None) -> bool:
         """Delete a record and its index entries (``old``: the record, when the caller has just read it)."""
