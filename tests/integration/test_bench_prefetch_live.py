@@ -22,6 +22,9 @@ def test_live_runs_each_rate_fraction_and_mode_through_concurrent_clients() -> N
     rows = result["rows"]
     assert {(r["rate"], r["mode"]) for r in rows} == {("fast", "off"), ("fast", "on"), ("slow", "off"),
                                                        ("slow", "on")}
+    # Rows in mode order; the modes took turns at running first: off first at the fast rate, on first at the slow.
+    assert [(r["rate"], r["mode"], r["ran"]) for r in rows] == [
+        ("fast", "off", 1), ("fast", "on", 2), ("slow", "off", 2), ("slow", "on", 1)]
     reads = result["traces"]["multi_turn"]["chunk_reads"]
     for r in rows:
         # Every request ran (GETs stop at the first missing chunk, so at most all of its reads).
