@@ -15,7 +15,7 @@ import lmdb
 import pytest
 import redis
 from polling import wait_for
-from tests.integration.support import tier, tier_info
+from tests.integration.support import tier
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -338,38 +338,6 @@ def test_kill9_keeps_every_acknowledged_write_through_write(tiered):
     assert checked > 300
     assert not wrong, f"{len(wrong)} acknowledged writes not found intact after kill -9, e.g. {wrong[:5]}"
     assert r.execute_command("TAIR.KV.SETEX", "after", 0, "x") > top, "versions must keep increasing"
-
-
-def test_kill9_under_write_back_keeps_the_keys_reads_brought_up_from_the_ssd(tiered):
-    """Under write-back a read that brings a key up from the SSD leaves its record there as a clean copy: a crash
-    afterwards loses no key that had reached the SSD, and demoting such a key again writes nothing."""
-    srv = tiered({"durability": "write-back", "dram-size": "32kb", "promote-hits": 1})
-    r = srv.client()
-    keys = [f"wb:{i}" for i in range(48)]
-    for key in keys:  # 96 KB into 32 KB of DRAM: most are demoted, to the SSD
-        r.set(key, value_for(key, 2 * KB))
-
-    def settled():
-        info = tier_info(r, "ssd")
-        return info["pending"] == 0 and info["queued_bytes"] == 0
-
-    wait_for(settled, what="the SSD writer to drain")
-    below = [k for k in keys if tier(r, k) == "ssd"]
-    dirty = len(keys) - len(below)  # in DRAM, never written to the SSD
-    assert len(below) >= 24
-    writes = tier_info(r, "ssd")["writes"]
-    for key in below:  # each read promotes its key, and makes room by demoting others
-        assert r.get(key) == value_for(key, 2 * KB)
-    wait_for(settled, what="the SSD writer to drain")
-    assert tier_info(r, "ssd")["promotions"] >= len(below)
-    assert sum(tier(r, k) == "dram" for k in below) > 0  # some of them are in DRAM now
-    # Only the entries the SSD never had are written on their way down, not those the reads brought up.
-    assert tier_info(r, "ssd")["writes"] - writes <= dirty
-    kill9(srv)
-
-    r = tiered({"durability": "write-back", "dram-size": "32kb"}).client()
-    lost = [k for k in below if r.get(k) != value_for(k, 2 * KB)]
-    assert not lost, f"{len(lost)} keys that had reached the SSD lost by a crash after a read, e.g. {lost[:5]}"
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ Value = bytes | bytearray
 class Entry:
     """A value with its version, absolute expiry (wall ms, 0 = none) and flags.
 
-    ``on_ssd`` is true when an identical copy is already durable on the SSD tier (every write under write-through;
-    a record a read brought up under either mode), so demoting the entry only drops the DRAM copy.
+    ``on_ssd`` is true when an identical copy is already durable on the SSD tier (write-through), so demoting
+    the entry only drops the DRAM copy.
     """
 
     __slots__ = ("expire_at", "on_ssd", "pinned", "value", "version")

@@ -190,8 +190,7 @@ class PlacementMixin:
             self.stats.evicted_keys += 1
 
     def _promote(self, key: bytes, entry: Entry) -> bool:
-        """Bring a record of the authoritative tier up into DRAM; the record stays there as the entry's clean copy
-        (``on_ssd``) under either durability mode."""
+        """Bring a record of the authoritative tier up into DRAM (under write-back it leaves that tier)."""
         keeper = self.keeper
         size = self.dram.size(key, entry.value)
         if size > self.dram.budget or keeper is None:
@@ -201,14 +200,15 @@ class PlacementMixin:
         except OutOfMemoryError:
             return False
         fresh = self._install(key, entry, size)
-        # The record stays below as a clean copy under write-back too: demoting the entry unchanged later
-        # writes nothing, and a crash does not lose a key that had reached the SSD only because it was read.
-        # Unless the SSD evicted it after the record was read (a load in flight): then nothing is below.
-        fresh.on_ssd = True
-        gone = self._evicted_below
-        if gone and key in gone:
-            del gone[key]
-            fresh.on_ssd = False
+        if self.write_through:
+            # A clean copy (demoting it writes nothing), unless the SSD evicted the record after a load read it:
+            # then nothing is below, and the entry's demotion must write it.
+            gone = self._evicted_below
+            fresh.on_ssd = not (gone and key in gone)
+            if not fresh.on_ssd:
+                del gone[key]
+        else:
+            keeper.delete(key)
         self.tier_stats[keeper.name].promotions += 1
         self.admission.forget(key)
         return True

@@ -129,8 +129,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.version = ssd.version_high_water if ssd is not None else 0
         if ssd is not None:
             ssd.on_commit = self._ssd_committed
-        # Keys the SSD evicted while not in DRAM, most recent last (bounded): a record of one read before its
-        # eviction and promoted after it is no clean copy (_promote).
+        # Keys the SSD evicted while not in DRAM, most recent last (bounded; write-through only): a record of one
+        # read before its eviction and promoted after it is no clean copy (_promote).
         self._evicted_below: dict[bytes, None] = {}
         # The shared pool (None without --pool): versions are decided there and invalidations come from it.
         self.pool = pool
@@ -388,7 +388,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             entry = self.dram.entries.get(key)
             if entry is not None:
                 entry.on_ssd = False
-            else:
+            elif self.write_through:
                 gone.pop(key, None)
                 gone[key] = None
         while len(gone) > EVICTED_BELOW_MAX:
