@@ -5,11 +5,12 @@ rest of the walk is queued."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import kvstrata.commands  # noqa: F401  (registers the commands)
 from kvstrata.clock import ManualClock
-from kvstrata.commands.registry import lookup
+from kvstrata.commands.registry import CommandSpec, lookup
 from kvstrata.engine.entry import ENTRY_OVERHEAD
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.predict import Predictor
@@ -43,11 +44,21 @@ def _load(store: Store, keys: list[bytes]) -> bool:
     return store.finish_load(ticket, store.read_lower(ticket))
 
 
-def test_a_get_loads_the_next_chunks_with_its_own_and_queues_the_rest(tmp_path: Path) -> None:
+def _setup(tmp_path: Path) -> tuple[list[bytes], Store, CommandSpec]:
+    """A six-chunk chain learnt and demoted (_store), and the GET command a reader sends."""
     chain = [b"k%02d" % i for i in range(6)]
-    store = _store(tmp_path, chain)
     get = lookup(b"get")
     assert get is not None
+    return chain, _store(tmp_path, chain), get
+
+
+def _loader(store: Store) -> Callable[[list[bytes]], Awaitable[bool]]:
+    """The prefetcher's load: the keys read at once, handed back after one loop turn."""
+    return lambda keys: asyncio.sleep(0, result=_load(store, keys))
+
+
+def test_a_get_loads_the_next_chunks_with_its_own_and_queues_the_rest(tmp_path: Path) -> None:
+    chain, store, get = _setup(tmp_path)
 
     async def main() -> tuple[list[bytes], list[list[bytes]]]:
         batches: list[list[bytes]] = []
@@ -88,13 +99,10 @@ def test_a_get_loads_the_next_chunks_with_its_own_and_queues_the_rest(tmp_path: 
 
 
 def test_without_along_nothing_is_held_back(tmp_path: Path) -> None:
-    chain = [b"k%02d" % i for i in range(6)]
-    store = _store(tmp_path, chain)
-    get = lookup(b"get")
-    assert get is not None
+    chain, store, get = _setup(tmp_path)
 
     async def main() -> list[bytes]:
-        pf = Prefetcher(store, lambda keys: asyncio.sleep(0, result=_load(store, keys)))
+        pf = Prefetcher(store, _loader(store))
         along = pf.expect(get, [chain[0]], 2)
         assert pf.in_flight(chain[1:])
         return along
@@ -103,13 +111,10 @@ def test_without_along_nothing_is_held_back(tmp_path: Path) -> None:
 
 
 def test_a_chunk_deleted_before_its_along_promotion_is_not_brought_back(tmp_path: Path) -> None:
-    chain = [b"k%02d" % i for i in range(6)]
-    store = _store(tmp_path, chain)
-    get = lookup(b"get")
-    assert get is not None
+    chain, store, get = _setup(tmp_path)
 
     async def main() -> list[bytes]:
-        pf = Prefetcher(store, lambda keys: asyncio.sleep(0, result=_load(store, keys)))
+        pf = Prefetcher(store, _loader(store))
         along = pf.expect(get, [chain[0]], 2, along=2)
         assert _load(store, [chain[0], *along])
         store.command.stream = 2

@@ -202,11 +202,11 @@ class PlacementMixin:
         fresh = self._install(key, entry, size)
         if self.write_through:
             # A clean copy (demoting it writes nothing), unless the SSD evicted the record after a load read it:
-            # then nothing is below, and the entry's demotion must write it.
-            gone = self._evicted_below
-            fresh.on_ssd = not (gone and key in gone)
-            if not fresh.on_ssd:
-                del gone[key]
+            # then nothing is below, and the entry stays dirty so that its demotion writes it.
+            if key in self._evicted_below:
+                del self._evicted_below[key]
+            else:
+                fresh.on_ssd = True
         else:
             keeper.delete(key)
         self.tier_stats[keeper.name].promotions += 1

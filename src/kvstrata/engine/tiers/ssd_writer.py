@@ -310,13 +310,13 @@ class SsdWriter(BatchWriter):
                 self.stuck_bytes += nbytes
             elif kind in (_PUT, _DEL) and self.pending.get(key, 0) is snap:
                 del self.pending[key]
-            if error is None and kind == _PUT:
-                self.writes += 1
-                self.write_bytes += nbytes
             elif kind == _FLUSH and seq == self._flush_seq:
                 self.flush_pending = False
             if error is not None:
                 self.failed[seq] = error
+            elif kind == _PUT:
+                self.writes += 1
+                self.write_bytes += nbytes
         self.degraded = error
         if len(self.failed) > 10000:
             for seq in sorted(self.failed)[:5000]:
