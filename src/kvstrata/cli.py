@@ -11,6 +11,7 @@ import sys
 
 from kvstrata import __version__
 from kvstrata.config import ALIASES, PARAMS, build_config
+from kvstrata.cpulist import format_cpus, parse_cpulist, pin_process
 
 _LOGLEVELS = {"debug": logging.DEBUG, "verbose": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING}
 BENCHMARKS = ("small", "hitrate", "large", "ssd", "chat", "prefetch", "restore")
@@ -45,6 +46,15 @@ def serve(argv: list[str]) -> int:
         print(f"kvstrata: bad configuration: {exc}", file=sys.stderr)
         return 2
     fit_maxclients(config)
+    cpus = parse_cpulist(config.get("server-cpulist"))
+    if cpus:
+        # Before the server starts a thread: every thread it starts inherits the mask.
+        try:
+            pin_process(cpus)
+        except OSError as exc:
+            print(f"kvstrata: bad configuration: server-cpulist: {exc}", file=sys.stderr)
+            return 2
+        logging.getLogger("kvstrata.server").info("running on CPUs %s", format_cpus(cpus))
 
     try:
         import uvloop

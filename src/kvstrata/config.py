@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstrata.cpulist import normalize_cpulist
 from kvstrata.redact import URL_PARAMS, redact_url
 from kvstrata.sizes import parse_size
 
@@ -156,6 +157,10 @@ PARAMS: tuple[Param, ...] = (
           "Let Unix-socket clients store values that the server copies straight out of their memory "
           "(TAIR.KV.PULL, process_vm_readv: one copy instead of two-phase writes' two; only the connecting "
           "process's memory, as far as the kernel's ptrace rules allow; docs/dataplane.md).", mutable=True),
+    Param("server-cpulist", normalize_cpulist, "",
+          "CPUs the server's threads run on, in Redis's server_cpulist syntax (0-3,8 or 0-7:2; empty: wherever "
+          "the kernel puts them). Keeping the server and its local clients on separate CPUs stops the kernel from "
+          "running both on one core after a client's idle moment (docs/deploy.md, \"CPU placement\")."),
     Param("requirepass", lambda v: str(v) or None, None, "Password clients must AUTH with.", mutable=True),
     Param("protected-mode", _yes_no, True,
           "Refuse non-loopback clients when no password is set.", mutable=True),

@@ -215,7 +215,7 @@ def test_a_forked_child_copies_without_its_parents_helpers(pools) -> None:
 
 def test_copy_threads_option(monkeypatch) -> None:
     monkeypatch.delenv("KVSTRATA_COPY_THREADS", raising=False)
-    assert copy_threads(None) == max(1, min(4, copypool.usable_cpus() // 2))
+    assert copy_threads(None) == max(1, min(4, copypool.usable_cpus()))
     assert copy_threads(3) == 3
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match="copy_threads"):

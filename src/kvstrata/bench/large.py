@@ -119,8 +119,11 @@ def _run_server(srv: ServerProcess, c: FastClient, size_mb: int, total: int, val
     return out
 
 
-def loopback_gbps(total: int, msg: int = 64 * MB) -> float:
-    """Single-stream TCP over loopback: one thread sends ``msg``-byte messages, another receives them."""
+def loopback_gbps(total: int, msg: int = 64 * MB, sender_cpus: tuple[int, ...] = ()) -> float:
+    """Single-stream TCP over loopback: one thread sends ``msg``-byte messages, another receives them.
+
+    ``sender_cpus``: CPUs the sending thread runs on (as a server pinned there would), the receiver staying
+    where the caller runs."""
     total = -(-total // msg) * msg  # whole messages on both sides
     lsock = socket.socket()
     lsock.bind(("127.0.0.1", 0))
@@ -129,6 +132,8 @@ def loopback_gbps(total: int, msg: int = 64 * MB) -> float:
     payload = bytearray(os.urandom(1 << 20)) * (msg >> 20)
 
     def sender() -> None:
+        if sender_cpus:
+            os.sched_setaffinity(0, sender_cpus)  # 0: this thread only
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sent = 0

@@ -59,6 +59,7 @@ from kvstrata.bench.large import loopback_gbps, memcpy_gbps
 from kvstrata.bench.procs import ServerProcess, describe_machine, machine_summary, start_server
 from kvstrata.bench.report import target_lines, target_table
 from kvstrata.client.codec import decode
+from kvstrata.cpulist import format_cpus, pin_process, split_cpus
 
 MB = 1024 * 1024
 CHUNK = 256
@@ -187,7 +188,8 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, ...]) -> dict[str, Any]:
+def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, ...],
+        pin: bool = False) -> dict[str, Any]:
     import redis
 
     from kvstrata.client.sdk import KVCacheClient, _Filler
@@ -199,11 +201,21 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
     notes: list[str] = []
     servers: list[ServerProcess] = []
     lmc: LMCacheWorker | None = None
+    server_cpus: tuple[int, ...] = ()
+    client_cpus: tuple[int, ...] = ()
+    pin_args: list[str] = []
+    if pin:
+        # The servers on one half of the CPUs, this process (the clients, memcpy, loopback's receiver) on the
+        # other: no scheduler co-location (kvstrata.cpulist). LMCache's worker keeps every CPU (it is started
+        # before this process pins itself): an in-process cache has no server to keep apart from, and torch
+        # copies with as many threads as it may use.
+        server_cpus, client_cpus = split_cpus(os.sched_getaffinity(0))
+        pin_args = ["--server-cpulist", format_cpus(server_cpus)]
     try:
         _log(f"restore: {len(cases)} cases, {total / MB:.0f} MB of KV; starting kvstrata")
         kv = start_server("kvstrata", [sys.executable, "-m", "kvstrata", "serve", "--loglevel", "warning",
                                        "--http-port", "0", "--dram-size", str(2 * total + 256 * MB),
-                                       "--unixsocket", sock, "--pull-store", "yes"])
+                                       "--unixsocket", sock, "--pull-store", "yes", *pin_args])
         servers.append(kv)
         clients = {
             "arena": KVCacheClient(f"unix://{sock}", local_plane=True, stage_writes=True),
@@ -216,6 +228,8 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             rs = start_server("redis", ["redis-server", "--save", "", "--appendonly", "no",
                                         "--protected-mode", "no"])
             servers.append(rs)
+            if server_cpus:
+                pin_process(server_cpus, rs.pid)
             rpy = redis.Redis(port=rs.port)
             clients["redis-py"] = KVCacheClient(f"redis://127.0.0.1:{rs.port}", local_plane=False)
         elif "redis-py" in modes:
@@ -229,6 +243,8 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             else:
                 notes.append(f"{lmcache_python} not found (python3 -m venv /tmp/lmc && /tmp/lmc/bin/pip install "
                              "torch==2.13.0 lmcache==0.5.6): LMCache skipped")
+        if client_cpus:
+            pin_process(client_cpus)
         clients["arena"].pull_store = False  # store-stage: the staging segment, not pulls
         clients["pull"].pull_store = True
         for c in cases:
@@ -245,7 +261,8 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             if mode == "memcpy":
                 return _timed(lambda: np.copyto(c.out, c.kv))
             if mode == "loopback":
-                return c.nbytes / (loopback_gbps(c.nbytes, msg=-(-c.nbytes // MB) * MB) * 1e9)
+                return c.nbytes / (loopback_gbps(c.nbytes, msg=-(-c.nbytes // MB) * MB, sender_cpus=server_cpus)
+                                   * 1e9)
             if mode == "lmcache":
                 assert lmc is not None
                 return lmc.time("retrieve", i)
@@ -323,7 +340,7 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
             n, got = arena_client.retrieve(c.token_ids)
             if n != c.tokens or not np.array_equal(got, c.kv):
                 raise RuntimeError(f"restored KV of {c.name} differs from what was stored")
-        loop = loopback_gbps(2 * 1024 * MB)
+        loop = loopback_gbps(2 * 1024 * MB, sender_cpus=server_cpus)
         mem = memcpy_gbps(2 * 1024 * MB)
         for cl in clients.values():
             cl.close()
@@ -373,6 +390,7 @@ def run(specs: list[str], repeats: int, lmcache_python: str, modes: tuple[str, .
         "loopback_gbps": round(loop, 3),
         "memcpy_64mb_gbps": round(mem, 3),
         "lmcache": lmc.version if lmc is not None else None,
+        "pinned": {"server": format_cpus(server_cpus), "client": format_cpus(client_cpus)} if pin else None,
         "cases": rows,
         "break_even": break_even(rows),
         "targets": targets(rows),
@@ -414,7 +432,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
 def render(result: dict[str, Any]) -> str:
     lines = [f"kvstrata bench restore  ({machine_summary(result['machine'])})",
              f"loopback TCP {result['loopback_gbps']} GB/s, memcpy {result['memcpy_64mb_gbps']} GB/s "
-             f"(64 MB messages); medians of {result['repeats']} rounds", ""]
+             f"(64 MB messages); medians of {result['repeats']} rounds{_pinned(result)}", ""]
     modes = list(result["cases"][0]["gbps"])
     lines.append(f"{'case':34} " + " ".join(f"{m:>13}" for m in modes))
     for r in result["cases"]:
@@ -432,10 +450,16 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _pinned(result: dict[str, Any]) -> str:
+    p = result.get("pinned")
+    return f"; servers on CPU {p['server']}, clients on CPU {p['client']} (--pin)" if p else ""
+
+
 def write_markdown(result: dict[str, Any]) -> str:
     modes = list(result["cases"][0]["gbps"])
     out = [f"Machine: {machine_summary(result['machine'])}. Loopback TCP {result['loopback_gbps']} GB/s, memcpy "
-           f"{result['memcpy_64mb_gbps']} GB/s (64 MB messages, same run). Medians of {result['repeats']} rounds.",
+           f"{result['memcpy_64mb_gbps']} GB/s (64 MB messages, same run). Medians of {result['repeats']} rounds"
+           f"{_pinned(result)}.",
            "", "| case | MB | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]
     for r in result["cases"]:
         out.append(f"| {r['case']} | {r['mb']} | " + " | ".join(f"{r['gbps'][m]:.2f}" for m in modes) + " |")
@@ -463,12 +487,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lmcache-python", default="/tmp/lmc/bin/python")
     parser.add_argument("--markdown", action="store_true", help="print the BENCHMARKS.md tables")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--pin", action="store_true",
+                        help="run the servers on the upper half of the CPUs and the clients on the rest "
+                             "(loopback's sender with the servers)")
     args = parser.parse_args(argv)
     modes = tuple(args.modes.split(","))
     for m in ("memcpy", "arena"):
         if m not in modes:
             modes = (m, *modes)  # the ratios need them
-    result = run(args.cases.split(","), args.repeats, args.lmcache_python, modes)
+    result = run(args.cases.split(","), args.repeats, args.lmcache_python, modes, pin=args.pin)
     if args.json:
         print(json.dumps(result, indent=2))
     elif args.markdown:

@@ -1,10 +1,11 @@
 """Parallel copies for restores: the chunk copies of a large restore shared by a few persistent threads.
 
 numpy's ``copyto`` releases the GIL while it moves bytes, so several threads copy at once. One core's copy is
-bound by the cache misses it can keep in flight, while the memory of a many-core host serves several cores at
-once, so there a restore should scale with threads up to memory bandwidth (not measured: no such host was
-available). A host whose memory one core already saturates gains nothing: on the 2-core dev VM two or four
-threads measured within noise of one (BENCHMARKS.md, "Restore: parallel copy").
+bound by the cache misses it can keep in flight, while a host's memory serves several cores at once: on a
+2-vCPU Intel Xeon VM two threads restored 1.6-1.8x as fast as one (11-15 GB/s against 8), past a one-thread
+memcpy and LMCache's two-thread copy (BENCHMARKS.md, "Restore on an Intel host"). A host whose memory one core
+already saturates gains nothing: on a 2-vCPU AMD EPYC VM two or four threads measured within noise of one
+(BENCHMARKS.md, "Restore: parallel copy").
 
 ``CopyPool.copy(pairs)`` copies each ``(dst, src)`` pair: on the calling thread alone when the pool has one
 thread or the pairs hold less than ``min_bytes`` (a hand-off costs tens of microseconds), else cut into
@@ -48,13 +49,13 @@ def usable_cpus() -> int:
 
 def copy_threads(value: int | None) -> int:
     """A ``copy_threads`` option checked: a positive integer; None for ``$KVSTRATA_COPY_THREADS`` when set, else
-    half the usable CPUs, at least 1 and at most 4. Half: a restore shares the host with the inference engine
-    and, on the local data plane, with the server; and on the 2-core dev VM, whose memory one core already
-    saturates, a second copying thread measured 0.85-1.04x of one in most runs (BENCHMARKS.md)."""
+    the usable CPUs, at most 4. All of them: while a restore copies, the engine waits for that KV and the server
+    has nothing to do for it (the lease was one small request); two threads measured 1.6-1.8x one on an Intel
+    VM and within noise of one on an AMD one (BENCHMARKS.md), so using them costs nothing where they do not pay."""
     if value is None:
         env = os.environ.get("KVSTRATA_COPY_THREADS", "").strip()
         if not env:
-            return max(1, min(MAX_THREADS, usable_cpus() // 2))
+            return max(1, min(MAX_THREADS, usable_cpus()))
         try:
             value = int(env)
         except ValueError:
