@@ -133,7 +133,8 @@ def test_history_is_linearizable_per_key_with_a_hung_master(make_server, tmp_pat
                                     daemon=True) for i in range(CLIENTS)]
         for t in threads:
             t.start()
-        victim = cluster.index_of_port(cluster.master_of_slot(cluster.keyslot(KEYS[0])))
+        # The pool key is the node's prefix + the key: its slot decides which master holds KEYS[0].
+        victim = cluster.index_of_port(cluster.master_of_slot(cluster.keyslot("kvs:" + KEYS[0])))
         t_start = time.monotonic()
         wait_for(lambda: time.monotonic() - t_start >= LOAD_SECONDS and rec.count >= 50, timeout=30,
                  what="load before the fault")

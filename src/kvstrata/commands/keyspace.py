@@ -19,9 +19,14 @@ from kvstrata.protocol.encoder import OK, Status
          syntax="DEL key [key ...]")
 def del_(ctx: Context, args: list[bytes]) -> Any:
     delete = ctx.store.delete
-    ctx.command.pool_ack = 0
-    deleted = sum(1 for key in args[1:] if delete(key))
-    return after_pool_delete(ctx, args[1:], deleted) if ctx.store.pool is not None else deleted
+    deleted = 0
+    seqs: list[int] = []  # each key's tombstone: the reply waits for every one's outcome
+    for key in args[1:]:
+        ctx.command.pool_ack = 0
+        deleted += delete(key, track=True)
+        if ctx.command.pool_ack:
+            seqs.append(ctx.command.pool_ack)
+    return after_pool_delete(ctx, args[1:], deleted, seqs) if ctx.store.pool is not None else deleted
 
 
 @command("unlink", -2, "write fast", keys=(1, -1, 1), group="generic", since="4.0.0",

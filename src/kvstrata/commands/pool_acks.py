@@ -14,8 +14,7 @@ from typing import Any
 
 from kvstrata.commands.context import Context
 from kvstrata.commands.waits import PoolAck, Suspend
-from kvstrata.engine.tiers.markers import Tombstone
-from kvstrata.engine.tiers.pool import FAILED, MISMATCH, OK, OLDER, PoolUnavailableError
+from kvstrata.engine.tiers.pool import FAILED, MISMATCH, OK, OLDER, TOMB_RETRIES, PoolUnavailableError
 from kvstrata.errors import CommandError, VersionMismatchError
 
 WRITE_RETRIES = 3
@@ -64,26 +63,36 @@ def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expe
     return Suspend(PoolAck(seq, ssd_seq), then, cancel=release)
 
 
-def after_pool_delete(ctx: Context, keys: list[bytes], reply: Any, _tries: int = 0) -> Any:
-    """``reply`` to DEL once the pool holds its tombstones (unless pool-ack is local). A tombstone the pool did
-    not take stays queued here and is replayed; the client hears -TRYAGAIN, never a silent local-only delete."""
+def after_pool_delete(ctx: Context, keys: list[bytes], reply: Any, seqs: list[int] | None = None,
+                      _tries: int = 0) -> Any:
+    """``reply`` to DEL once the pool holds its tombstones (unless pool-ack is local): each tombstone's own
+    outcome decides (``seqs``, one per key; a tombstone sent again above a version that reached the pool first
+    reports to the first one's seq). A tombstone the pool did not take stays queued here and is replayed; the
+    client hears -TRYAGAIN, never a silent local-only delete - also when a write of the key was queued on this
+    node while the tombstone was in flight (``pending`` then holds that write, and says nothing about the delete).
+    """
     store = ctx.store
     pool = store.pool
-    seq = ctx.command.pool_ack if not _tries else (pool.enqueued_seq if pool is not None else 0)
-    if pool is None or ctx.server is None or not seq or pool.ack == "local":
+    if pool is None or ctx.server is None or pool.ack == "local":
         return reply
+    if seqs is None:
+        seqs = [ctx.command.pool_ack] if ctx.command.pool_ack else []
+    if not seqs:
+        return reply
+    wait = max(seqs) if not _tries else pool.enqueued_seq
 
     def then(_: Any) -> Any:
-        if any(pool.pending.get(k).__class__ is Tombstone for k in keys) and pool.active:
+        if pool.active and _tries <= TOMB_RETRIES and any(s not in pool.outcomes for s in seqs):
             # A tombstone sent again above a version that reached the pool first: wait for that one too.
-            return after_pool_delete(ctx, keys, reply, _tries + 1) if _tries < 3 else _check()
-        return _check()
-
-    def _check() -> Any:
-        waiting = sum(1 for k in keys if k in pool.replay)
-        if waiting:
-            raise PoolUnavailableError(f"the pool did not take the delete of {waiting} key(s) ({pool.degraded}); "
+            return after_pool_delete(ctx, keys, reply, seqs, _tries + 1)
+        failed = [detail for outcome, detail in map(pool.take_outcome, seqs) if outcome != OK]
+        if failed:
+            raise PoolUnavailableError(f"the pool did not take the delete of {len(failed)} key(s) ({failed[0]}); "
                                        "queued here and replayed when the pool answers")
         return reply
 
-    return Suspend(PoolAck(seq), then)
+    def release() -> None:
+        for s in seqs:
+            pool.outcomes.pop(s, None)
+
+    return Suspend(PoolAck(wait), then, cancel=release)

@@ -288,7 +288,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if self.write_through:
             self.command.ack_seq = seq
 
-    def delete(self, key: bytes) -> bool:
+    def delete(self, key: bytes, *, track: bool = False) -> bool:
+        """Delete ``key`` from every tier. ``track``: the caller takes the pool tombstone's outcome
+        (``pool.take_outcome(self.command.pool_ack)``, as DEL's reply does); untracked ones record none."""
         pool = self.pool
         if pool is not None and not pool.usable(key):
             # Refused, never dropped: a delete the pool does not hold would let other copies come back.
@@ -299,7 +301,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # Whether the key exists below DRAM is decided before the pool's pending delete hides a pool-only copy.
         below = self._below(key) if entry is None else None
         if pool is not None:
-            self.command.pool_ack = pool.delete(key, self.next_version())
+            self.command.pool_ack = pool.delete(key, self.next_version(), track=track and pool.ack != "local")
         for tier in self.lower:
             if tier is pool:
                 continue

@@ -115,7 +115,7 @@ class PoolIndex:
         tomb = Tombstone()
         self.pending[key] = tomb
         self._watchers.touched(key)
-        return self._enqueue((_TOMB, key, tomb, (version, track, 0)))
+        return self._enqueue((_TOMB, key, tomb, (version, track, 0, 0)))
 
     def _evict_over_budget(self, exclude: bytes | None = None) -> None:
         for key in list(self.index):
@@ -156,7 +156,7 @@ class PoolIndex:
             tomb = self.pending.get(key)
             if tomb.__class__ is Tombstone:
                 self.replayed += 1
-                self._enqueue((_TOMB, key, tomb, (version, False, 0)))
+                self._enqueue((_TOMB, key, tomb, (version, False, 0, 0)))
         return len(todo)
 
     def flush(self, version: int) -> int:

@@ -95,6 +95,8 @@ class PoolWriter(BatchWriter):
             if kind == _DEL_IF:
                 continue
             tracked = bool(arg[1])
+            # A tombstone sent again reports to the DEL that queued the first one (arg[3]: its seq).
+            origin = (arg[3] or seq) if kind == _TOMB else seq
             res = results[i] if results else None
             version = arg[0] if kind == _TOMB else snap.version
             if kind == _TOMB and (error is not None or isinstance(res, BaseException)):
@@ -113,7 +115,7 @@ class PoolWriter(BatchWriter):
                 if got is not None and got[0] == version:
                     self._forget(key)
                 if tracked:
-                    self.outcomes[seq] = (FAILED, text)
+                    self.outcomes[origin] = (FAILED, text)
                     if kind != _TOMB and (self.ack != "local" or kind == _CAS):
                         # The client hears that the write failed: this node does not serve it either.
                         self.on_refused(key, version)
@@ -124,7 +126,7 @@ class PoolWriter(BatchWriter):
                 self.tombstones += 1
             if res == 1:
                 if tracked:
-                    self.outcomes[seq] = (OK, version)
+                    self.outcomes[origin] = (OK, version)
                 continue
             # Refused: the pool holds a higher version (or, for a CAS, another one than expected).
             if isinstance(res, list):
@@ -139,11 +141,17 @@ class PoolWriter(BatchWriter):
             if got is not None and got[0] == version:
                 self._forget(key)
             if kind == _TOMB:
-                if outcome == OLDER and key not in self.pending and arg[2] < TOMB_RETRIES:
+                if outcome == OLDER and arg[2] < TOMB_RETRIES and (tracked or key not in self.pending):
                     # The pool holds a higher version that arrived first (another node's clock was ahead): this
-                    # delete came later, so it must win. Sent again above the pool's version (the DEL waits).
-                    self.pending[key] = snap
-                    self._enqueue((_TOMB, key, snap, (pool_version + 1, tracked, arg[2] + 1)))
+                    # delete came later, so it must win. Sent again above the pool's version, and the DEL waits
+                    # for it (its outcome), also when a write of the key was queued here meanwhile: that write
+                    # does not stand for the delete (a CAS of it may be refused, and until it lands the pool
+                    # serves the record the DEL was to remove). The newer write stays the pending state.
+                    if key not in self.pending:
+                        self.pending[key] = snap
+                    self._enqueue((_TOMB, key, snap, (pool_version + 1, tracked, arg[2] + 1, origin)))
+                elif tracked:
+                    self.outcomes[origin] = (OLDER, pool_version)  # the DEL did not take: -TRYAGAIN
                 continue
             self.on_refused(key, version)
             if tracked:
