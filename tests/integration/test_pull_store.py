@@ -45,7 +45,8 @@ def _pull(w: FastClient, key: bytes, buf: bytes | bytearray | np.ndarray, *opts:
 
 
 def test_strided_kv_pulled_by_the_sdk_reads_back_as_a_set_of_the_same_value(make_server, sockdir) -> None:
-    # The 4 MiB chunks are pulled in a worker thread (stage-offload-min 2 MiB), the 1.5 MiB ones inline.
+    # The 4 MiB chunks are pulled in a worker thread (stage-offload-min 2 MiB) with the copy helper (4 pieces of 1
+    # MiB; on a server with two CPUs), the 1.5 MiB ones inline.
     srv, path = _start(make_server, sockdir, **{"dram-size": "128mb", "pull-store": "yes"})
     tcp = srv.client()
     rng = np.random.default_rng(3)

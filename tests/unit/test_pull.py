@@ -1,11 +1,14 @@
 """The pieces of pull stores without a server: ``pull_hash`` reading this very process with ``process_vm_readv``
-(ranges cut into pieces and iovec batches, the self-checksum field, short reads), range parsing, and the client's
-ranges of strided arrays (``pull_store.value_ranges``) against the codec's bytes."""
+(ranges cut into pieces and iovec batches, the self-checksum field, short reads; alone and with a helper thread
+copying pieces alongside), range parsing, and the client's ranges of strided arrays (``pull_store.value_ranges``)
+against the codec's bytes."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import mmap
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -20,8 +23,16 @@ def _joined(parts: list) -> bytes:
     return b"".join(bytes(p) for p in parts)
 
 
+@pytest.fixture
+def helper():
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    yield pool
+    pool.shutdown(wait=True)
+
+
 @pytest.mark.parametrize("piece", [4096, 100_000, 1 << 20])
-def test_pull_hash_of_strided_chunks_gives_the_sealed_codec_value(piece: int) -> None:
+@pytest.mark.parametrize("with_helper", [False, True])
+def test_pull_hash_of_strided_chunks_gives_the_sealed_codec_value(piece: int, with_helper: bool, helper) -> None:
     rng = np.random.default_rng(1)
     for shape, cut in (((4, 2, 3, 600, 64), (10, 266)), ((2, 700, 128), (1, 301)), ((3, 2, 2, 9, 8), (2, 5))):
         full = rng.standard_normal(shape, dtype=np.float32)
@@ -31,22 +42,70 @@ def test_pull_hash_of_strided_chunks_gives_the_sealed_codec_value(piece: int) ->
         assert not keep and len(head) >= CHECKSUM_OFFSET + 8
         n = len(head) + sum(k for _, k in ranges)
         dst = bytearray(n)
-        digest = pull_hash(os.getpid(), head, ranges, dst, CHECKSUM_OFFSET, piece=piece)
+        digest = pull_hash(os.getpid(), head, ranges, dst, CHECKSUM_OFFSET, piece=piece,
+                           helper=helper if with_helper else None)
         sealed = _joined(seal_parts(prepare_parts(np.ascontiguousarray(chunk), "raw", "LKHTD")))
         assert bytes(dst) == sealed
         assert int.from_bytes(sealed[CHECKSUM_OFFSET:CHECKSUM_OFFSET + 8], "little") == digest
 
 
-def test_pull_hash_without_sum_at_is_the_hash_of_the_bytes_and_more_ranges_than_one_call_takes() -> None:
-    data = np.arange(3000 * 16, dtype=np.uint8)
-    ranges = [(address(data) + 16 * i, 16) for i in range(0, 3000, 2)]  # 1,500 ranges: two iovec batches
-    dst = bytearray(4 + 1500 * 16)
-    digest = pull_hash(os.getpid(), b"head", ranges, dst)
-    want = b"head" + b"".join(data[16 * i:16 * i + 16].tobytes() for i in range(0, 3000, 2))
+@pytest.mark.parametrize("with_helper", [False, True])
+def test_pull_hash_without_sum_at_is_the_hash_of_the_bytes_and_more_ranges_than_one_call_takes(
+        with_helper: bool, helper) -> None:
+    data = np.arange(9000 * 16, dtype=np.uint8)
+    ranges = [(address(data) + 16 * i, 16) for i in range(0, 9000, 2)]  # 4,500 ranges: five iovec batches
+    dst = bytearray(4 + 4500 * 16)
+    digest = pull_hash(os.getpid(), b"head", ranges, dst, helper=helper if with_helper else None)
+    want = b"head" + b"".join(data[16 * i:16 * i + 16].tobytes() for i in range(0, 9000, 2))
     assert bytes(dst) == want and digest == xxhash.xxh3_64_intdigest(want)
 
 
-def test_pull_hash_refuses_unreadable_ranges_with_the_address() -> None:
+def test_a_helper_copies_pieces_alongside_and_the_hash_stays_in_order(monkeypatch, helper) -> None:
+    from kvstrata.engine import pull
+
+    copied: dict[int, list[int]] = {}
+    helper_took, caller_copied = threading.Event(), threading.Event()
+    real = pull._read_piece
+    main = threading.get_ident()
+
+    def recording(readv, pid, base, off, size, batch):
+        # Each thread's first piece waits for the other thread to be at work, so both take some whatever the
+        # scheduler does (otherwise either may take them all: work is taken, not assigned).
+        me = threading.get_ident()
+        if me != main and me not in copied:
+            helper_took.set()
+            assert caller_copied.wait(10)
+        if me == main and me not in copied:
+            assert helper_took.wait(10), "the helper thread never took a piece"
+        real(readv, pid, base, off, size, batch)
+        copied.setdefault(me, []).append(off)
+        if me == main:
+            caller_copied.set()
+
+    monkeypatch.setattr(pull, "_read_piece", recording)
+    data = np.random.default_rng(3).integers(0, 256, 64 * 4096, dtype=np.uint8)
+    dst = bytearray(3 + data.nbytes)
+    digest = pull_hash(os.getpid(), b"abc", [(address(data), data.nbytes)], dst, piece=4096, helper=helper)
+    assert bytes(dst) == b"abc" + data.tobytes() and digest == xxhash.xxh3_64_intdigest(bytes(dst))
+    assert len(copied) == 2 and all(copied.values())  # both threads copied
+    assert sorted(o for offs in copied.values() for o in offs) == [3 + 4096 * i for i in range(64)]  # each once
+
+
+def test_a_helper_that_never_starts_leaves_the_whole_copy_to_the_caller(helper) -> None:
+    release = threading.Event()
+    busy = helper.submit(release.wait, 10)  # the helper's only thread is taken
+    try:
+        data = np.arange(50 * 4096, dtype=np.uint32).view(np.uint8)
+        dst = bytearray(data.nbytes)
+        digest = pull_hash(os.getpid(), b"", [(address(data), data.nbytes)], dst, piece=4096, helper=helper)
+        assert bytes(dst) == data.tobytes() and digest == xxhash.xxh3_64_intdigest(data.tobytes())
+        assert not busy.done()  # it returned without waiting for the helper
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("with_helper", [False, True])
+def test_pull_hash_refuses_unreadable_ranges_with_the_address(with_helper: bool, helper) -> None:
     good = np.ones(3 << 20, np.uint8)
     # Mapped but unreadable (PROT_NONE) while the call runs: an address unmapped before it could be reused by
     # another thread's allocation meanwhile.
@@ -54,7 +113,8 @@ def test_pull_hash_refuses_unreadable_ranges_with_the_address() -> None:
     hole = np.frombuffer(m, np.uint8).ctypes.data
     dst = bytearray(good.nbytes + 4096)
     with pytest.raises(PullError, match="EFAULT") as err:
-        pull_hash(os.getpid(), b"", [(address(good), good.nbytes), (hole, 4096)], dst)
+        pull_hash(os.getpid(), b"", [(address(good), good.nbytes), (hole, 4096)], dst, piece=256 * 1024,
+                  helper=helper if with_helper else None)
     assert str(err.value).startswith("ERR") and f"{hole:#x}" in str(err.value)
     with pytest.raises(PullError, match="gone"):
         pull_hash(2**22 + 12345, b"", [(address(good), 10)], bytearray(10))  # no such process

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from kvstrata.engine.copyalong import MIN_SHARED_PIECES, copy_along
 from kvstrata.engine.staging import CommitJob
 
 # Each piece lands in the slot with one process_vm_readv and is hashed right away, while it is in cache (1 MiB:
@@ -171,12 +172,50 @@ def _failed(err: int, addr: int, what: str) -> PullError:
     return PullError(f"ERR PULL failed at {addr:#x}: {os.strerror(err)}; nothing was stored")
 
 
+def _pieces(at: int, ranges: Sequence[tuple[int, int]], piece: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """``ranges`` (landing from offset ``at`` on) cut into pieces of at most ``piece`` bytes and ``IOV_MAX``
+    ranges: (offset in the destination, bytes, the remote ranges) each."""
+    out: list[tuple[int, int, list[tuple[int, int]]]] = []
+    batch: list[tuple[int, int]] = []
+    size = 0
+    for addr, n in ranges:
+        while n:
+            take = min(n, piece - size)
+            batch.append((addr, take))
+            size += take
+            addr += take
+            n -= take
+            if size >= piece or len(batch) >= IOV_MAX:
+                out.append((at, size, batch))
+                at, size, batch = at + size, 0, []
+    if batch:
+        out.append((at, size, batch))
+    return out
+
+
+def _read_piece(readv: Any, pid: int, base: int, off: int, size: int, batch: list[tuple[int, int]]) -> None:
+    remote = (_Iovec * len(batch))(*batch)
+    local = _Iovec(base + off, size)
+    got = readv(pid, ctypes.byref(local), 1, remote, len(batch), 0)
+    if got < 0:
+        raise _failed(ctypes.get_errno(), batch[0][0], "read failed")
+    if got != size:  # stopped at the first byte it could not read
+        at, left = batch[0][0], got
+        for a, n in batch:
+            if left < n:
+                at = a + left
+                break
+            left -= n
+        raise _failed(errno.EFAULT, at, f"{got} of {size} bytes of this piece read")
+
+
 def pull_hash(pid: int, head: bytes, ranges: Sequence[tuple[int, int]], dst: Any, sum_at: int | None = None,
-              piece: int = PIECE) -> int:
+              piece: int = PIECE, helper: Any = None) -> int:
     """Write ``head`` then the bytes of process ``pid`` at ``ranges`` into ``dst`` (a writable buffer of exactly
     that many bytes), hashing each piece right after it landed; returns the xxh3-64 of what ``dst`` holds.
     ``sum_at``: the value carries its own checksum there (8 bytes inside ``head``, as the SDK codec's header): it
-    is hashed as zeros and then holds the digest. PullError when a range cannot be read (nothing is undone:
+    is hashed as zeros and then holds the digest. ``helper``: an executor whose thread copies pieces alongside
+    this one (``kvstrata.engine.copyalong``; None: this thread alone). PullError when a range cannot be read (nothing is undone:
     the caller drops ``dst``). Touches nothing but ``dst``: safe in a worker thread."""
     readv = _readv()
     d = np.frombuffer(dst, np.uint8)
@@ -187,41 +226,14 @@ def pull_hash(pid: int, head: bytes, ranges: Sequence[tuple[int, int]], dst: Any
         d[sum_at:sum_at + 8] = 0
     h = xxhash.xxh3_64()
     h.update(d[:hl])
-    pos = hl
-    batch: list[tuple[int, int]] = []
-    size = 0
-
-    def flush() -> None:
-        nonlocal pos, size
-        remote = (_Iovec * len(batch))(*batch)
-        local = _Iovec(base + pos, size)
-        got = readv(pid, ctypes.byref(local), 1, remote, len(batch), 0)
-        if got < 0:
-            raise _failed(ctypes.get_errno(), batch[0][0], "read failed")
-        if got != size:  # stopped at the first byte it could not read
-            at, left = batch[0][0], got
-            for a, n in batch:
-                if left < n:
-                    at = a + left
-                    break
-                left -= n
-            raise _failed(errno.EFAULT, at, f"{got} of {size} bytes of this piece read")
-        h.update(d[pos:pos + size])
-        pos += size
-        batch.clear()
-        size = 0
-
-    for addr, n in ranges:
-        while n:
-            take = min(n, piece - size)
-            batch.append((addr, take))
-            size += take
-            addr += take
-            n -= take
-            if size >= piece or len(batch) >= IOV_MAX:
-                flush()
-    if batch:
-        flush()
+    pieces = _pieces(hl, ranges, piece)
+    if helper is not None and len(pieces) >= MIN_SHARED_PIECES:
+        copy_along(len(pieces), lambda i: _read_piece(readv, pid, base, *pieces[i]),
+                   lambda i: h.update(d[pieces[i][0]:pieces[i][0] + pieces[i][1]]), helper)
+    else:
+        for off, size, batch in pieces:
+            _read_piece(readv, pid, base, off, size, batch)
+            h.update(d[off:off + size])
     digest = h.intdigest()
     if sum_at is not None:
         d[sum_at:sum_at + 8] = np.frombuffer(digest.to_bytes(8, "little"), np.uint8)
@@ -234,14 +246,18 @@ class PullJob(CommitJob):
     or the exception; ``abandon`` defers the cleanup until the thread is done)."""
 
     def __init__(self, peer: Peer, head: bytes, ranges: list[tuple[int, int]], dst: Any, sum_at: int | None,
-                 cleanup: Callable[[], None]) -> None:
+                 cleanup: Callable[[], None], helper: Any = None) -> None:
         super().__init__(None, dst, sum_at, cleanup)
         self.peer = peer
         self.head = head
         self.ranges = ranges
+        # An executor whose thread shares the copy (kvstrata.engine.copyalong). Only pulls get one: the client
+        # waits for its PULL, so a core is free, while a two-phase writer copies its next value during a
+        # COMMIT's copy (a helper there made two-phase stores 15-20% slower on 2 vCPUs: BENCHMARKS.md).
+        self.helper = helper
 
     def work(self) -> tuple[int, int]:
-        digest = pull_hash(self.peer.pid, self.head, self.ranges, self.dst, self.sum_at)
+        digest = pull_hash(self.peer.pid, self.head, self.ranges, self.dst, self.sum_at, helper=self.helper)
         if not self.peer.alive():  # its pid may have been reused during the copy: what was read is not its
             raise PullError("ERR the client process exited during the pull; nothing was stored")
         return digest, digest

@@ -118,6 +118,11 @@ class Server:
         self._prefetch_io = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstrata-prefetch")
         # CPU work of commands (Offload: large two-phase commits), apart from the loads _io runs.
         self._cpu = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstrata-cpu")
+        # A thread that copies pieces of a large pull alongside the worker running it (kvstrata.engine.copyalong):
+        # only where the server may use a second CPU (server-cpulist is applied before this).
+        self.copy_helper: concurrent.futures.ThreadPoolExecutor | None = (
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstrata-copy")
+            if len(os.sched_getaffinity(0)) > 1 else None)
         self._server: asyncio.base_events.Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = int(config.get("port"))
@@ -418,4 +423,6 @@ class Server:
         self._io.shutdown(wait=False)
         self._prefetch_io.shutdown(wait=False)
         self._cpu.shutdown(wait=False)
+        if self.copy_helper is not None:
+            self.copy_helper.shutdown(wait=False)
         log.info("bye")
