@@ -31,6 +31,10 @@ the client's tensors with ``process_vm_readv``: ``TAIR.KV.PULL``, no copy on the
 ``local_plane=False``: over the Unix socket each value is received straight into its arena slot),
 ``store-lmcache``.
 
+``--pin`` runs the servers on the upper half of the CPUs and this process (its clients, memcpy, loopback's
+receiver) on the rest, loopback's sender with the servers, LMCache's worker on every CPU (``kvstrata.cpulist``):
+no scheduler co-location of a client with its server (docs/deploy.md, "CPU placement").
+
 Method: one warm-up round, then ``--repeats`` rounds; in each round every case runs every mode, in an order that
 alternates between rounds (forward, then reversed). Figures are medians. The same run also measures single-stream
 TCP loopback and memcpy with 64 MB messages once, after the rounds (``loopback_gbps``, ``memcpy_64mb_gbps``). The break-even table turns KB per token into the restore bandwidth

@@ -215,8 +215,8 @@ def pull_hash(pid: int, head: bytes, ranges: Sequence[tuple[int, int]], dst: Any
     that many bytes), hashing each piece right after it landed; returns the xxh3-64 of what ``dst`` holds.
     ``sum_at``: the value carries its own checksum there (8 bytes inside ``head``, as the SDK codec's header): it
     is hashed as zeros and then holds the digest. ``helper``: an executor whose thread copies pieces alongside
-    this one (``kvstrata.engine.copyalong``; None: this thread alone). PullError when a range cannot be read (nothing is undone:
-    the caller drops ``dst``). Touches nothing but ``dst``: safe in a worker thread."""
+    this one (``kvstrata.engine.copyalong``; None: this thread alone). PullError when a range cannot be read
+    (nothing is undone: the caller drops ``dst``). Touches nothing but ``dst``: safe in a worker thread."""
     readv = _readv()
     d = np.frombuffer(dst, np.uint8)
     base = d.ctypes.data
