@@ -424,3 +424,52 @@ def test_del_reply_waits_for_its_tombstone_when_a_cas_is_queued_behind_it(fault)
         a.close()
         b.close()
         single.stop()
+
+
+@pytest.mark.parametrize("fault", [False, True])
+@pytest.mark.parametrize("command", ["GETDEL", "PEXPIRE", "EXPIREAT"])
+def test_getdel_and_expire_in_the_past_wait_for_their_tombstone(fault, command):
+    """GETDEL, and EXPIRE-family commands with a time already past, delete the key: with the pool (pool-ack
+    pool) their reply waits for the key's tombstone as DEL's does, and is -TRYAGAIN when the pool did not take it
+    (before: they answered at once, while the pool still served the value to other nodes)."""
+    from kvstrata.commands.context import ClientState, Context
+    from kvstrata.commands.keyspace import expireat, pexpire
+    from kvstrata.commands.strings import getdel
+    from kvstrata.commands.waits import Suspend
+    from kvstrata.config import Config
+    from kvstrata.engine.tiers.pool import PoolTier, PoolUnavailableError
+    from kvstrata.engine.tiers.pool_writer import PoolWriter
+
+    single = LocalCluster(standalone=True).start()
+    a = PoolTier(single.url, 1 << 20, threaded=False)
+    held: list = []
+    a._process = held.append  # the node's writer thread: its batches wait here
+    r = redis.Redis(host="127.0.0.1", port=single.ports[0])
+    key = b"race:" + command.lower().encode()
+    try:
+        from kvstrata.engine.store import Store
+
+        store = Store(1 << 20, pool=a, node_id=1)
+        ctx = Context(store, Config(), ClientState(id=0), server=object())
+        store.put(key, b"value")
+        while held:
+            PoolWriter._process(a, held.pop(0))
+        assert r.get(PREFIX + key) is not None and not r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
+        handler, args = {"GETDEL": (getdel, [b"GETDEL", key]), "PEXPIRE": (pexpire, [b"PEXPIRE", key, b"-1"]),
+                         "EXPIREAT": (expireat, [b"EXPIREAT", key, b"1"])}[command]
+        reply = handler(ctx, args)
+        assert isinstance(reply, Suspend)  # not answered before the pool has the tombstone
+        assert not r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
+        if fault:
+            a._committed(held.pop(0), "TimeoutError: simulated", [])
+            with pytest.raises(PoolUnavailableError, match="did not take the delete"):
+                reply.then(None)
+            return
+        while held:
+            PoolWriter._process(a, held.pop(0))
+        assert reply.then(None) == (b"value" if command == "GETDEL" else 1)
+        assert r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
+        assert store.get(key) is None
+    finally:
+        a.close()
+        single.stop()

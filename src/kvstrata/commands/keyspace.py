@@ -58,7 +58,7 @@ def touch(ctx: Context, args: list[bytes]) -> Any:
     return sum(1 for key in args[1:] if get(key) is not None)
 
 
-def _expire(ctx: Context, args: list[bytes], kind: bytes, name: str) -> int:
+def _expire(ctx: Context, args: list[bytes], kind: bytes, name: str) -> Any:
     store = ctx.store
     now = store.clock.now_ms()
     when = expire_at_ms(kind, args[2], now, name, allow_nonpositive=True)
@@ -83,8 +83,10 @@ def _expire(ctx: Context, args: list[bytes], kind: bytes, name: str) -> int:
     if b"LT" in flags and current and when >= current:
         return 0
     if when <= now:
-        store.delete(args[1])
-        return 1
+        # A delete: with the pool, the reply waits for its tombstone as DEL's does.
+        ctx.command.pool_ack = 0
+        store.delete(args[1], track=True)
+        return after_pool_delete(ctx, [args[1]], 1) if store.pool is not None else 1
     store.set_expire(args[1], when)
     return 1
 
