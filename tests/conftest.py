@@ -13,6 +13,7 @@ Both are started with the same configuration, given as a dict ``{"requirepass": 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import re
@@ -588,3 +589,11 @@ def sockdir():
     d = tempfile.mkdtemp(prefix="kvs-")  # short: a Unix socket path has at most 107 bytes
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def helper():
+    """A one-thread executor, as the server's copy helper (kvstrata.engine.copyalong)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    yield pool
+    pool.shutdown(wait=True)

@@ -10,6 +10,7 @@ load balancer separates them (measured in BENCHMARKS.md: TCP restore at half spe
 
 from __future__ import annotations
 
+import itertools
 import os
 
 MAX_CPU = 4095  # a bound on what a list may name, so "0-999999999" is an error, not a huge set
@@ -56,6 +57,14 @@ def pin_process(cpus: tuple[int, ...], pid: int | None = None) -> None:
                           f"{os.cpu_count()} CPUs)") from None
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _threads(pid: int | None) -> list[int]:
     try:
         return [int(t) for t in os.listdir(f"/proc/{pid or 'self'}/task")]
@@ -76,14 +85,8 @@ def split_cpus(cpus: set[int] | tuple[int, ...]) -> tuple[tuple[int, ...], tuple
 def format_cpus(cpus: tuple[int, ...] | set[int]) -> str:
     """``cpus`` as a compact list: (0, 1, 2, 5) -> "0-2,5"."""
     out: list[str] = []
-    run: list[int] = []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
+    # Consecutive CPUs share c - position: each group is one run.
+    for _, group in itertools.groupby(enumerate(sorted(cpus)), lambda p: p[1] - p[0]):
+        run = [c for _, c in group]
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)

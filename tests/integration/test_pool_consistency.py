@@ -311,67 +311,95 @@ def test_master_killed_with_replica_promoted_loses_no_replica_acked_write(make_s
         c.stop()
 
 
+class _HeldNodes:
+    """Two nodes' pool tiers on one standalone Redis: node A's writer batches wait in ``held`` until the test
+    releases them (in the order it forces), node B writes at once; ``r`` reads the pool directly."""
+
+    def __init__(self) -> None:
+        from kvstrata.engine.tiers.pool import PoolTier
+
+        self.single = LocalCluster(standalone=True).start()
+        self.a = PoolTier(self.single.url, 1 << 20, threaded=False)
+        self.b = PoolTier(self.single.url, 1 << 20, threaded=False)
+        self.held: list = []
+        self.a._process = self.held.append  # node A's writer thread: its batches wait here
+        self.r = redis.Redis(host="127.0.0.1", port=self.single.ports[0])
+
+    def release(self) -> None:
+        """Node A's writer runs every batch held so far, in order."""
+        from kvstrata.engine.tiers.pool_writer import PoolWriter
+
+        while self.held:
+            PoolWriter._process(self.a, self.held.pop(0))
+
+    def fail_next(self) -> None:
+        """Node A's next held batch fails as on a master that timed out."""
+        self.a._committed(self.held.pop(0), "TimeoutError: simulated", [])
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+        self.single.stop()
+
+
+@pytest.fixture
+def held_nodes():
+    nodes = _HeldNodes()
+    yield nodes
+    nodes.close()
+
+
 @pytest.mark.parametrize("order", ["write_queued_then_tombstone_refused", "tombstone_refused_then_write_queued",
                                    "tombstone_failed_with_write_queued"])
-def test_delete_is_acknowledged_only_once_its_tombstone_is_in_the_pool(order):
+def test_delete_is_acknowledged_only_once_its_tombstone_is_in_the_pool(order, held_nodes):
     """The race of test_pool_history's hist:a failure, forced: node A's DEL and a CAS of the same key through A
     (another client) are in A's writer queue together while node B's CAS lands first with a higher version. The
     tombstone is refused (OLDER); A's CAS is refused (MISMATCH). Before the fix the DEL was acknowledged with no
     effect (``pending`` held the CAS, so no retry and no wait) and B's next CAS of the pre-DEL value succeeded."""
     from kvstrata.engine.entry import Entry
-    from kvstrata.engine.tiers.pool import FAILED, MISMATCH, OK, PoolTier
+    from kvstrata.engine.tiers.pool import FAILED, MISMATCH, OK
     from kvstrata.engine.tiers.pool_writer import PoolWriter
 
     def v(ms: int, node: int) -> int:
         return (ms << 20) | node
 
-    single = LocalCluster(standalone=True).start()
-    a = PoolTier(single.url, 1 << 20, threaded=False)
-    b = PoolTier(single.url, 1 << 20, threaded=False)
-    held: list = []
-    a._process = held.append  # node A's writer thread: its batches wait here, released in the order forced below
-    r = redis.Redis(host="127.0.0.1", port=single.ports[0])
+    a, b, held, r = held_nodes.a, held_nodes.b, held_nodes.held, held_nodes.r
     key = b"race:del-cas"
 
     def pool_head() -> tuple[bool, int]:
         raw = r.get(PREFIX + key)
         return bool(raw[3] & FLAG_TOMBSTONE), struct.unpack(">Q", raw[4:12])[0]
 
-    try:
-        assert b.take_outcome(b.put(key, Entry(b"v0", v(1000, 2)), track=True))[0] == OK
-        seq_del = a.delete(key, v(1500, 1), track=True)  # A's clock is behind B's
-        assert b.take_outcome(b.put(key, Entry(b"v1", v(2000, 2)), track=True, expected=v(1000, 2)))[0] == OK
-        stale_cas = lambda: a.put(key, Entry(b"a", v(2001, 1)), track=True, expected=v(999, 1))  # noqa: E731
-        if order == "write_queued_then_tombstone_refused":
-            seq_cas = stale_cas()
-        elif order == "tombstone_refused_then_write_queued":
-            PoolWriter._process(a, held.pop(0))
-            seq_cas = stale_cas()
-        else:
-            seq_cas = stale_cas()
-            a._committed(held.pop(0), "TimeoutError: simulated", [])  # the tombstone's master timed out
-        at_ack = None
-        while held:
-            PoolWriter._process(a, held.pop(0))
-            if at_ack is None and seq_del in a.outcomes:
-                at_ack = pool_head()
-        outcome = a.take_outcome(seq_del)[0]
-        assert a.take_outcome(seq_cas)[0] == MISMATCH
-        second = b.take_outcome(b.put(key, Entry(b"v2", v(3000, 2)), track=True, expected=v(2000, 2)))[0]
-        if order == "tombstone_failed_with_write_queued":
-            assert outcome == FAILED  # the client hears -TRYAGAIN: the delete's effect is unknown
-        else:
-            assert outcome == OK and at_ack is not None and at_ack[0], (outcome, at_ack)
-            assert at_ack[1] > v(2000, 2)
-            assert second == MISMATCH  # the pool holds the tombstone: a CAS of the pre-DEL value is refused
-    finally:
-        a.close()
-        b.close()
-        single.stop()
+    assert b.take_outcome(b.put(key, Entry(b"v0", v(1000, 2)), track=True))[0] == OK
+    seq_del = a.delete(key, v(1500, 1), track=True)  # A's clock is behind B's
+    assert b.take_outcome(b.put(key, Entry(b"v1", v(2000, 2)), track=True, expected=v(1000, 2)))[0] == OK
+    stale_cas = lambda: a.put(key, Entry(b"a", v(2001, 1)), track=True, expected=v(999, 1))  # noqa: E731
+    if order == "write_queued_then_tombstone_refused":
+        seq_cas = stale_cas()
+    elif order == "tombstone_refused_then_write_queued":
+        PoolWriter._process(a, held.pop(0))
+        seq_cas = stale_cas()
+    else:
+        seq_cas = stale_cas()
+        held_nodes.fail_next()  # the tombstone's master timed out
+    at_ack = None
+    while held:
+        PoolWriter._process(a, held.pop(0))
+        if at_ack is None and seq_del in a.outcomes:
+            at_ack = pool_head()
+    outcome = a.take_outcome(seq_del)[0]
+    assert a.take_outcome(seq_cas)[0] == MISMATCH
+    second = b.take_outcome(b.put(key, Entry(b"v2", v(3000, 2)), track=True, expected=v(2000, 2)))[0]
+    if order == "tombstone_failed_with_write_queued":
+        assert outcome == FAILED  # the client hears -TRYAGAIN: the delete's effect is unknown
+    else:
+        assert outcome == OK and at_ack is not None and at_ack[0], (outcome, at_ack)
+        assert at_ack[1] > v(2000, 2)
+        assert second == MISMATCH  # the pool holds the tombstone: a CAS of the pre-DEL value is refused
 
 
 @pytest.mark.parametrize("fault", [False, True])
-def test_del_reply_waits_for_its_tombstone_when_a_cas_is_queued_behind_it(fault):
+def test_del_reply_waits_for_its_tombstone_when_a_cas_is_queued_behind_it(fault, held_nodes):
     """The same race through the DEL and TAIR.KV.SETEX ... VER handlers of one node (pool-ack pool): DEL's reply
     (``after_pool_delete``) must not be inferred from ``pending``, which a CAS queued behind the tombstone replaces.
     Without a fault the DEL answers once the tombstone (sent again above node B's version) is in the pool; with
@@ -383,52 +411,40 @@ def test_del_reply_waits_for_its_tombstone_when_a_cas_is_queued_behind_it(fault)
     from kvstrata.config import Config
     from kvstrata.engine.entry import Entry
     from kvstrata.engine.store import Store
-    from kvstrata.engine.tiers.pool import MISMATCH, OK, PoolTier, PoolUnavailableError
-    from kvstrata.engine.tiers.pool_writer import PoolWriter
+    from kvstrata.engine.tiers.pool import MISMATCH, OK, PoolUnavailableError
 
-    single = LocalCluster(standalone=True).start()
-    a = PoolTier(single.url, 1 << 20, threaded=False)
-    b = PoolTier(single.url, 1 << 20, threaded=False)
-    held: list = []
-    a._process = held.append  # node A's writer thread: its batches wait here
-    r = redis.Redis(host="127.0.0.1", port=single.ports[0])
+    a, b, r = held_nodes.a, held_nodes.b, held_nodes.r
     key = b"race:del-reply"
-    try:
-        store = Store(1 << 20, pool=a, node_id=1)
-        c0, c2 = (Context(store, Config(), ClientState(id=i), server=object()) for i in (0, 2))
-        future = (int(time.time() * 1000) + 60_000) << 20  # node B's clock is ahead of A's
-        assert b.take_outcome(b.put(key, Entry(b"v0", future | 2), track=True))[0] == OK
-        sus_del = del_(c0, [b"DEL", key])
-        assert isinstance(sus_del, Suspend)
-        assert b.take_outcome(b.put(key, Entry(b"v1", future + (1 << 20) | 2), track=True,
-                                    expected=future | 2))[0] == OK
-        sus_cas = kv_setex(c2, [b"TAIR.KV.SETEX", key, b"0", b"c2", b"VER", b"12345"])  # stale: refused
+    store = Store(1 << 20, pool=a, node_id=1)
+    c0, c2 = (Context(store, Config(), ClientState(id=i), server=object()) for i in (0, 2))
+    future = (int(time.time() * 1000) + 60_000) << 20  # node B's clock is ahead of A's
+    assert b.take_outcome(b.put(key, Entry(b"v0", future | 2), track=True))[0] == OK
+    sus_del = del_(c0, [b"DEL", key])
+    assert isinstance(sus_del, Suspend)
+    assert b.take_outcome(b.put(key, Entry(b"v1", future + (1 << 20) | 2), track=True,
+                                expected=future | 2))[0] == OK
+    sus_cas = kv_setex(c2, [b"TAIR.KV.SETEX", key, b"0", b"c2", b"VER", b"12345"])  # stale: refused
+    if fault:
+        held_nodes.fail_next()
+    reply: object = sus_del
+    while isinstance(reply, Suspend):
+        held_nodes.release()
         if fault:
-            a._committed(held.pop(0), "TimeoutError: simulated", [])
-        reply: object = sus_del
-        while isinstance(reply, Suspend):
-            while held:
-                PoolWriter._process(a, held.pop(0))
-            if fault:
-                with pytest.raises(PoolUnavailableError):
-                    sus_del.then(None)
-                return
-            reply = reply.then(None)
-        raw = r.get(PREFIX + key)
-        assert raw[3] & FLAG_TOMBSTONE, "DEL acknowledged while the pool still holds node B's value"
-        with pytest.raises(Exception, match="version mismatch"):
-            sus_cas.then(None)
-        late = b.put(key, Entry(b"v2", future + (2 << 20) | 2), track=True, expected=future + (1 << 20) | 2)
-        assert b.take_outcome(late)[0] == MISMATCH
-    finally:
-        a.close()
-        b.close()
-        single.stop()
+            with pytest.raises(PoolUnavailableError):
+                sus_del.then(None)
+            return
+        reply = reply.then(None)
+    raw = r.get(PREFIX + key)
+    assert raw[3] & FLAG_TOMBSTONE, "DEL acknowledged while the pool still holds node B's value"
+    with pytest.raises(Exception, match="version mismatch"):
+        sus_cas.then(None)
+    late = b.put(key, Entry(b"v2", future + (2 << 20) | 2), track=True, expected=future + (1 << 20) | 2)
+    assert b.take_outcome(late)[0] == MISMATCH
 
 
 @pytest.mark.parametrize("fault", [False, True])
 @pytest.mark.parametrize("command", ["GETDEL", "PEXPIRE", "EXPIREAT"])
-def test_getdel_and_expire_in_the_past_wait_for_their_tombstone(fault, command):
+def test_getdel_and_expire_in_the_past_wait_for_their_tombstone(fault, command, held_nodes):
     """GETDEL, and EXPIRE-family commands with a time already past, delete the key: with the pool (pool-ack
     pool) their reply waits for the key's tombstone as DEL's does, and is -TRYAGAIN when the pool did not take it
     (before: they answered at once, while the pool still served the value to other nodes)."""
@@ -437,39 +453,27 @@ def test_getdel_and_expire_in_the_past_wait_for_their_tombstone(fault, command):
     from kvstrata.commands.strings import getdel
     from kvstrata.commands.waits import Suspend
     from kvstrata.config import Config
-    from kvstrata.engine.tiers.pool import PoolTier, PoolUnavailableError
-    from kvstrata.engine.tiers.pool_writer import PoolWriter
+    from kvstrata.engine.store import Store
+    from kvstrata.engine.tiers.pool import PoolUnavailableError
 
-    single = LocalCluster(standalone=True).start()
-    a = PoolTier(single.url, 1 << 20, threaded=False)
-    held: list = []
-    a._process = held.append  # the node's writer thread: its batches wait here
-    r = redis.Redis(host="127.0.0.1", port=single.ports[0])
+    r = held_nodes.r
     key = b"race:" + command.lower().encode()
-    try:
-        from kvstrata.engine.store import Store
-
-        store = Store(1 << 20, pool=a, node_id=1)
-        ctx = Context(store, Config(), ClientState(id=0), server=object())
-        store.put(key, b"value")
-        while held:
-            PoolWriter._process(a, held.pop(0))
-        assert r.get(PREFIX + key) is not None and not r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
-        handler, args = {"GETDEL": (getdel, [b"GETDEL", key]), "PEXPIRE": (pexpire, [b"PEXPIRE", key, b"-1"]),
-                         "EXPIREAT": (expireat, [b"EXPIREAT", key, b"1"])}[command]
-        reply = handler(ctx, args)
-        assert isinstance(reply, Suspend)  # not answered before the pool has the tombstone
-        assert not r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
-        if fault:
-            a._committed(held.pop(0), "TimeoutError: simulated", [])
-            with pytest.raises(PoolUnavailableError, match="did not take the delete"):
-                reply.then(None)
-            return
-        while held:
-            PoolWriter._process(a, held.pop(0))
-        assert reply.then(None) == (b"value" if command == "GETDEL" else 1)
-        assert r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
-        assert store.get(key) is None
-    finally:
-        a.close()
-        single.stop()
+    store = Store(1 << 20, pool=held_nodes.a, node_id=1)
+    ctx = Context(store, Config(), ClientState(id=0), server=object())
+    store.put(key, b"value")
+    held_nodes.release()
+    assert r.get(PREFIX + key) is not None and not r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
+    handler, args = {"GETDEL": (getdel, [b"GETDEL", key]), "PEXPIRE": (pexpire, [b"PEXPIRE", key, b"-1"]),
+                     "EXPIREAT": (expireat, [b"EXPIREAT", key, b"1"])}[command]
+    reply = handler(ctx, args)
+    assert isinstance(reply, Suspend)  # not answered before the pool has the tombstone
+    assert not r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
+    if fault:
+        held_nodes.fail_next()
+        with pytest.raises(PoolUnavailableError, match="did not take the delete"):
+            reply.then(None)
+        return
+    held_nodes.release()
+    assert reply.then(None) == (b"value" if command == "GETDEL" else 1)
+    assert r.get(PREFIX + key)[3] & FLAG_TOMBSTONE
+    assert store.get(key) is None

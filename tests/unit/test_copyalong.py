@@ -5,19 +5,11 @@ absence."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 
 import pytest
 
 from kvstrata.engine.copyalong import copy_along
-
-
-@pytest.fixture
-def helper():
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    yield pool
-    pool.shutdown(wait=True)
 
 
 def test_every_piece_is_copied_once_and_hashed_in_order_after_it_landed(helper) -> None:

@@ -5,7 +5,6 @@ against the codec's bytes."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import mmap
 import os
 import threading
@@ -21,13 +20,6 @@ from kvstrata.engine.pull import PullError, parse_ranges, pull_hash
 
 def _joined(parts: list) -> bytes:
     return b"".join(bytes(p) for p in parts)
-
-
-@pytest.fixture
-def helper():
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    yield pool
-    pool.shutdown(wait=True)
 
 
 @pytest.mark.parametrize("piece", [4096, 100_000, 1 << 20])

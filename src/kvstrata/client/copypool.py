@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvstrata.client.streamcopy import copy as copy_into
+from kvstrata.cpulist import usable_cpus
 
 MiB = 1024 * 1024
 DEFAULT_MIN_BYTES = 16 * MiB  # below this a copy runs on the calling thread
@@ -37,14 +38,6 @@ MIN_PIECE = 1 * MiB
 MAX_PIECE = 8 * MiB
 PIECES_PER_THREAD = 4
 MAX_THREADS = 4  # the default's cap
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one, e.g. a container's cpuset)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def copy_threads(value: int | None) -> int:

@@ -8,7 +8,7 @@ from kvstrata import acl as acl_mod
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.expiry import expire_at_ms
-from kvstrata.commands.pool_acks import after_pool_delete
+from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
 from kvstrata.commands.registry import command
 from kvstrata.engine.keyspace import SCAN_BUCKETS
 from kvstrata.errors import CommandError, syntax_error
@@ -18,15 +18,8 @@ from kvstrata.protocol.encoder import OK, Status
 @command("del", -2, "write", keys=(1, -1, 1), group="generic", summary="Deletes one or more keys.",
          syntax="DEL key [key ...]")
 def del_(ctx: Context, args: list[bytes]) -> Any:
-    delete = ctx.store.delete
-    deleted = 0
-    seqs: list[int] = []  # each key's tombstone: the reply waits for every one's outcome
-    for key in args[1:]:
-        ctx.command.pool_ack = 0
-        deleted += delete(key, track=True)
-        if ctx.command.pool_ack:
-            seqs.append(ctx.command.pool_ack)
-    return after_pool_delete(ctx, args[1:], deleted, seqs) if ctx.store.pool is not None else deleted
+    deleted, seqs = delete_tracked(ctx, args[1:])
+    return after_pool_delete(ctx, deleted, seqs)  # each key's tombstone: the reply waits for every one's outcome
 
 
 @command("unlink", -2, "write fast", keys=(1, -1, 1), group="generic", since="4.0.0",
@@ -84,9 +77,7 @@ def _expire(ctx: Context, args: list[bytes], kind: bytes, name: str) -> Any:
         return 0
     if when <= now:
         # A delete: with the pool, the reply waits for its tombstone as DEL's does.
-        ctx.command.pool_ack = 0
-        store.delete(args[1], track=True)
-        return after_pool_delete(ctx, [args[1]], 1) if store.pool is not None else 1
+        return after_pool_delete(ctx, 1, delete_tracked(ctx, [args[1]])[1])
     store.set_expire(args[1], when)
     return 1
 

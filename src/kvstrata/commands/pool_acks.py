@@ -63,28 +63,36 @@ def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expe
     return Suspend(PoolAck(seq, ssd_seq), then, cancel=release)
 
 
-def after_pool_delete(ctx: Context, keys: list[bytes], reply: Any, seqs: list[int] | None = None,
-                      _tries: int = 0) -> Any:
-    """``reply`` to DEL once the pool holds its tombstones (unless pool-ack is local): each tombstone's own
-    outcome decides (``seqs``, one per key; a tombstone sent again above a version that reached the pool first
-    reports to the first one's seq). A tombstone the pool did not take stays queued here and is replayed; the
-    client hears -TRYAGAIN, never a silent local-only delete - also when a write of the key was queued on this
-    node while the tombstone was in flight (``pending`` then holds that write, and says nothing about the delete).
-    """
-    store = ctx.store
-    pool = store.pool
-    if pool is None or ctx.server is None or pool.ack == "local":
-        return reply
-    if seqs is None:
-        seqs = [ctx.command.pool_ack] if ctx.command.pool_ack else []
-    if not seqs:
+def delete_tracked(ctx: Context, keys: list[bytes]) -> tuple[int, list[int]]:
+    """Delete ``keys`` (DEL, GETDEL, EXPIRE with a past time), each pool tombstone tracked: (how many of them
+    existed, the tombstones' seqs for ``after_pool_delete``)."""
+    delete = ctx.store.delete
+    deleted = 0
+    seqs: list[int] = []
+    for key in keys:
+        ctx.command.pool_ack = 0
+        deleted += delete(key, track=True)
+        if ctx.command.pool_ack:
+            seqs.append(ctx.command.pool_ack)
+    return deleted, seqs
+
+
+def after_pool_delete(ctx: Context, reply: Any, seqs: list[int], _tries: int = 0) -> Any:
+    """``reply`` to a delete once the pool holds its tombstones (unless pool-ack is local): each tombstone's own
+    outcome decides (``seqs`` from ``delete_tracked``; a tombstone sent again above a version that reached the
+    pool first reports to the first one's seq). A tombstone the pool did not take stays queued here and is
+    replayed; the client hears -TRYAGAIN, never a silent local-only delete - also when a write of the key was
+    queued on this node while the tombstone was in flight (``pending`` then holds that write, and says nothing
+    about the delete)."""
+    pool = ctx.store.pool
+    if pool is None or ctx.server is None or pool.ack == "local" or not seqs:
         return reply
     wait = max(seqs) if not _tries else pool.enqueued_seq
 
     def then(_: Any) -> Any:
         if pool.active and _tries <= TOMB_RETRIES and any(s not in pool.outcomes for s in seqs):
             # A tombstone sent again above a version that reached the pool first: wait for that one too.
-            return after_pool_delete(ctx, keys, reply, seqs, _tries + 1)
+            return after_pool_delete(ctx, reply, seqs, _tries + 1)
         failed = [detail for outcome, detail in map(pool.take_outcome, seqs) if outcome != OK]
         if failed:
             raise PoolUnavailableError(f"the pool did not take the delete of {len(failed)} key(s) ({failed[0]}); "

@@ -119,12 +119,13 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
         finally:
             arena.release(view)  # the stored entry holds the slot now; a refused one goes back to the arena
 
-    if n < staging.offload_min:
-        job = PullJob(peer, head, ranges, view, sum_at, given_back)
-        return stored(job.run())
     # Large: copied in a worker thread (and, where the server has a second CPU, its helper thread) while the loop
     # serves the other clients; this client's pipeline waits behind it, so its replies stay in order.
-    job = PullJob(peer, head, ranges, view, sum_at, given_back, getattr(ctx.server, "copy_helper", None))
+    large = n >= staging.offload_min
+    job = PullJob(peer, head, ranges, view, sum_at, given_back,
+                  getattr(ctx.server, "copy_helper", None) if large else None)
+    if not large:
+        return stored(job.run())
     return Suspend(Offload(job.run), stored, reload=True,
                    cancel=lambda: job.abandon(asyncio.get_running_loop(), lambda: arena.release(view)))
 

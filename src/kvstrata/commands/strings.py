@@ -10,7 +10,7 @@ import numpy as np
 from kvstrata.commands.args import INT64_MAX, INT64_MIN, Option, parse_float, parse_int, parse_options
 from kvstrata.commands.context import Context
 from kvstrata.commands.expiry import expire_at_ms
-from kvstrata.commands.pool_acks import after_pool_delete
+from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
 from kvstrata.commands.registry import command
 from kvstrata.errors import NOT_FLOAT, OVERFLOW, CommandError, wrong_arity
 from kvstrata.protocol.encoder import OK
@@ -114,9 +114,7 @@ def getdel(ctx: Context, args: list[bytes]) -> Any:
     if old is None:
         return None
     # As DEL: with the pool, the reply waits for the key's tombstone (-TRYAGAIN if the pool did not take it).
-    ctx.command.pool_ack = 0
-    ctx.store.delete(args[1], track=True)
-    return after_pool_delete(ctx, [args[1]], old) if ctx.store.pool is not None else old
+    return after_pool_delete(ctx, old, delete_tracked(ctx, [args[1]])[1])
 
 
 @command("getex", -2, "write fast", keys=(1, 1, 1), group="string", since="6.2.0",

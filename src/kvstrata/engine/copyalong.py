@@ -22,9 +22,15 @@ MIN_SHARED_PIECES = 4  # fewer pieces are copied by the caller alone (handing wo
 
 def copy_along(count: int, copy: Callable[[int], None], hash_piece: Callable[[int], None], helper: Any) -> None:
     """``copy(i)`` for every piece ``i < count``, by this thread and a thread of ``helper`` (an executor) at once;
-    ``hash_piece(i)`` on this thread in order, each once piece ``i`` has landed. An exception from a ``copy``
-    stops the copies not yet started and is raised (the first piece's, in order) once the helper is done with
-    the destination: on return or raise, nothing writes into it any more."""
+    ``hash_piece(i)`` on this thread in order, each once piece ``i`` has landed. Without a helper, or below
+    ``MIN_SHARED_PIECES``, this thread copies and hashes each piece in turn. An exception from a ``copy`` stops
+    the copies not yet started and is raised (the first piece's, in order) once the helper is done with the
+    destination: on return or raise, nothing writes into it any more."""
+    if helper is None or count < MIN_SHARED_PIECES:
+        for i in range(count):
+            copy(i)
+            hash_piece(i)
+        return
     taken = itertools.count()  # next() on it is atomic under the GIL: each piece is taken once
     done = [threading.Event() for _ in range(count)]
     errors: dict[int, BaseException] = {}

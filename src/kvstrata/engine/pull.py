@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kvstrata.engine.copyalong import MIN_SHARED_PIECES, copy_along
+from kvstrata.engine.copyalong import copy_along
 from kvstrata.engine.staging import CommitJob
 
 # Each piece lands in the slot with one process_vm_readv and is hashed right away, while it is in cache (1 MiB:
@@ -227,13 +227,12 @@ def pull_hash(pid: int, head: bytes, ranges: Sequence[tuple[int, int]], dst: Any
     h = xxhash.xxh3_64()
     h.update(d[:hl])
     pieces = _pieces(hl, ranges, piece)
-    if helper is not None and len(pieces) >= MIN_SHARED_PIECES:
-        copy_along(len(pieces), lambda i: _read_piece(readv, pid, base, *pieces[i]),
-                   lambda i: h.update(d[pieces[i][0]:pieces[i][0] + pieces[i][1]]), helper)
-    else:
-        for off, size, batch in pieces:
-            _read_piece(readv, pid, base, off, size, batch)
-            h.update(d[off:off + size])
+
+    def hash_piece(i: int) -> None:
+        off, size, _ = pieces[i]
+        h.update(d[off:off + size])
+
+    copy_along(len(pieces), lambda i: _read_piece(readv, pid, base, *pieces[i]), hash_piece, helper)
     digest = h.intdigest()
     if sum_at is not None:
         d[sum_at:sum_at + 8] = np.frombuffer(digest.to_bytes(8, "little"), np.uint8)

@@ -18,6 +18,7 @@ from kvstrata.clock import Clock, SystemClock
 from kvstrata.commands import REGISTRY, CommandSpec
 from kvstrata.commands.waits import Commit, Offload, PoolAck, PoolVersions, Wait
 from kvstrata.config import Config
+from kvstrata.cpulist import usable_cpus
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.policy.chain import ScanGuard
 from kvstrata.engine.predict import Predictor
@@ -122,7 +123,7 @@ class Server:
         # only where the server may use a second CPU (server-cpulist is applied before this).
         self.copy_helper: concurrent.futures.ThreadPoolExecutor | None = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstrata-copy")
-            if len(os.sched_getaffinity(0)) > 1 else None)
+            if usable_cpus() > 1 else None)
         self._server: asyncio.base_events.Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = int(config.get("port"))
