@@ -77,6 +77,16 @@ def test_strided_kv_pulled_by_the_sdk_reads_back_as_a_set_of_the_same_value(make
                 reader.release(lease, now=True)
             n, got = c.retrieve(tokens)
             assert n == chunks * 256 and np.array_equal(got, kv[:, :, :, :n])
+        # The ranges as decimal arguments (what a writer sends a server from before the packed form): the same
+        # values, byte for byte.
+        writer = c._stager()
+        assert isinstance(writer, PullWriter) and writer.packed
+        writer.packed = False
+        kv = rng.standard_normal((4, 2, 2, 2 * 256, 64), dtype=np.float32)
+        tokens = list(range(1000, 1000 + 2 * 256))
+        assert c.store(tokens, kv, skip_existing=False) == 2
+        n, got = c.retrieve(tokens)
+        assert n == 2 * 256 and np.array_equal(got, kv)
         info = _info(tcp)
         assert info["pull_failures"] == 0 and info["pulls_in_flight"] == 0 and info["stage_reserved_bytes"] == 0
         assert info["stage_commits"] == 0  # nothing went through a staging segment
@@ -144,15 +154,62 @@ def test_bad_addresses_are_refused_and_nothing_is_stored(make_server, sockdir) -
             w.call(b"TAIR.KV.PULL", b"k", 0, b"", 1, -5, 10)
         with pytest.raises(RespError, match="names 2 ranges"):
             w.call(b"TAIR.KV.PULL", b"k", 0, b"", 2, address(good), 10)
+        # The packed form (RANGES: u64 pairs): the same refusals, and its own for a malformed blob.
+        packed = np.array([[address(good), good.nbytes], [hole, MB]], "<u8").tobytes()
+        with pytest.raises(RespError, match="EFAULT"):
+            w.call(b"TAIR.KV.PULL", b"k", 0, b"", b"RANGES", packed)
+        for blob, match in ((packed[:-3], "16 bytes a range"), (np.array([2**64 - 8, 16], "<u8").tobytes(),
+                            "invalid PULL range"), (np.array([4096, 2**48], "<u8").tobytes(), "invalid PULL range")):
+            with pytest.raises(RespError, match=match):
+                w.call(b"TAIR.KV.PULL", b"k", 0, b"", b"ranges", blob)
+        with pytest.raises(RespError, match="needs the packed ranges"):
+            w.call(b"TAIR.KV.PULL", b"k", 0, b"", b"RANGES")
         assert tcp.get(b"k") == old  # the old value stays
         info = _info(tcp)
         assert info["dram_used"] == base and info["pulls_in_flight"] == 0 and info["stage_reserved_bytes"] == 0
-        assert info["pull_failures"] == 2
+        assert info["pull_failures"] == 3
         assert tcp.ping() and w.call(b"PING") == b"PONG"
-        # The connection and the server carry on.
+        # The connection and the server carry on; both forms store (the packed one with options after it).
         assert _pull(w, b"k2", good) > 0 and tcp.get(b"k2") == good.tobytes()
+        parts = np.array([[address(good) + 10, 20], [address(good) + MB, 5]], "<u8").tobytes()
+        assert int(w.call(b"TAIR.KV.PULL", b"k3", 0, b"hd", b"RANGES", parts, b"VER", 0)) > 0
+        assert tcp.get(b"k3") == b"hd" + good[10:30].tobytes() + good[MB:MB + 5].tobytes()
+        assert w.packed  # the probe found the packed form
     finally:
         w.close()
+
+
+def test_a_connection_looks_its_peer_up_once_and_gives_it_back_when_it_closes(make_server, sockdir) -> None:
+    """The pidfd of the connecting process is kept for the connection's pulls (not opened per PULL) and closed
+    with the connection, also when the connection goes away while a pull still copies."""
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb", "stage-offload-min": "1mb", "pull-store": "yes"})
+    tcp = srv.client()
+    pid = srv.proc.pid
+
+    def pidfds() -> int:
+        n = 0
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]"
+            except OSError:
+                pass  # closed while listed
+        return n
+
+    assert pidfds() == 0
+    data = np.random.default_rng(5).integers(0, 256, 3 * MB, dtype=np.uint8)
+    for round_ in range(3):
+        w = PullWriter(path)
+        for i in range(4):
+            assert _pull(w, b"k%d" % i, data) > 0
+        assert pidfds() == 1  # one per connection, however many pulls
+        if round_ == 2:  # gone with a pull in flight (off the loop): the pull keeps its own reference
+            w.sock.sendall(b"*7\r\n$12\r\nTAIR.KV.PULL\r\n$2\r\nkz\r\n$1\r\n0\r\n$0\r\n\r\n$1\r\n1\r\n"
+                           + b"$%d\r\n%d\r\n" % (len(str(address(data))), address(data))
+                           + b"$%d\r\n%d\r\n" % (len(str(data.nbytes)), data.nbytes))
+        w.close()
+        wait_for(lambda: pidfds() == 0, timeout=10, what="the connection's pidfd closed")
+        assert all(tcp.get(b"k%d" % i) == data.tobytes() for i in range(4))
+    assert tcp.ping()
 
 
 def test_pull_is_refused_over_tcp_and_when_disabled(make_server, sockdir) -> None:

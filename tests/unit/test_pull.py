@@ -15,7 +15,7 @@ import xxhash
 
 from kvstrata.client.codec import CHECKSUM_OFFSET, prepare_parts, seal_parts
 from kvstrata.client.pull_store import address, array_ranges, value_ranges
-from kvstrata.engine.pull import PullError, parse_ranges, pull_hash
+from kvstrata.engine.pull import PullError, _pieces, parse_packed, parse_ranges, pull_hash
 
 
 def _joined(parts: list) -> bytes:
@@ -112,6 +112,29 @@ def test_pull_hash_refuses_unreadable_ranges_with_the_address(with_helper: bool,
         pull_hash(2**22 + 12345, b"", [(address(good), 10)], bytearray(10))  # no such process
 
 
+def test_parse_packed_bounds_and_the_same_pieces_as_decimals() -> None:
+    def pack(*pairs: int) -> bytes:
+        return np.array(pairs, "<u8").tobytes()
+
+    assert parse_packed(pack(10, 5, 20, 0, 30, 7), 4).tolist() == [[10, 5], [30, 7]]  # empty ranges left out
+    with pytest.raises(PullError, match="16 bytes a range"):
+        parse_packed(pack(10, 5)[:-1], 4)
+    with pytest.raises(PullError, match="invalid PULL range"):
+        parse_packed(pack(2**64 - 10, 11), 4)  # ends past the address space
+    with pytest.raises(PullError, match="invalid PULL range"):
+        parse_packed(pack(4096, 2**48), 4)
+    with pytest.raises(PullError, match="too many"):
+        parse_packed(pack(*([1, 1] * 3)), 2)
+    listed = [(1000 + 300 * i, 100 + i) for i in range(40)]
+    packed = parse_packed(pack(*[x for r in listed for x in r]), 64)
+    for at, piece in ((0, 512), (7, 1000), (3, 1 << 20)):
+        a, b = _pieces(at, listed, piece), _pieces(at, packed, piece)
+        assert [(o, n, r.tolist()) for o, n, r in a] == [(o, n, r.tolist()) for o, n, r in b]
+        assert sum(n for _, n, _ in a) == sum(n for _, n in listed)
+        assert all(n <= piece for _, n, _ in a)
+        assert [o for o, _, _ in a] == [at + sum(n for _, n, _ in a[:k]) for k in range(len(a))]
+
+
 def test_parse_ranges_bounds() -> None:
     assert parse_ranges([b"10", b"5", b"20", b"0"], 4) == [(10, 5)]  # empty ranges are left out
     with pytest.raises(PullError, match="invalid"):
@@ -124,16 +147,20 @@ def test_parse_ranges_bounds() -> None:
 
 def test_array_ranges_merge_and_cover_the_c_order_bytes() -> None:
     a = np.arange(2 * 3 * 10 * 4, dtype=np.int16).reshape(2, 3, 10, 4)
-    assert array_ranges(a) == [(a.ctypes.data, a.nbytes)]
+    assert array_ranges(a).tolist() == [[a.ctypes.data, a.nbytes]]
     s = a[:, :, 2:7]
-    r = array_ranges(s)
+    r = array_ranges(s).tolist()
     assert len(r) == 6 and all(n == 5 * 4 * 2 for _, n in r)
     got = b"".join(bytes(np.ctypeslib.as_array((np.ctypeslib.ctypes.c_ubyte * n).from_address(p))) for p, n in r)
     assert got == np.ascontiguousarray(s).tobytes()
     # Parts that follow each other in memory become one range.
     buf = np.zeros(100, np.uint8)
     _, ranges, _ = value_ranges([b"h", memoryview(buf[:40]), memoryview(buf[40:])])
-    assert ranges == [(buf.ctypes.data, 100)]
+    assert ranges.tolist() == [[buf.ctypes.data, 100]]
+    # Merged runs of several parts, a gap between two of them kept: rows of (address, length) in order.
+    _, ranges, _ = value_ranges([b"h", memoryview(buf[:10]), memoryview(buf[10:30]), memoryview(buf[50:60]),
+                                 memoryview(buf[60:61])])
+    assert ranges.tolist() == [[buf.ctypes.data, 30], [buf.ctypes.data + 50, 11]]
 
 
 @pytest.mark.parametrize("pidfd_option", [True, False])

@@ -1,9 +1,9 @@
 """The client side of pull stores: the server copies each value straight out of this process's memory.
 
 ``PullWriter`` is a ``FastClient`` on a local server's Unix socket. For each value it sends ``TAIR.KV.PULL key
-ttl head count addr len ...``: the codec's small header inline, and the addresses of the payload where it lies
-(a chunk sliced out of a KV tensor along its token axis as its contiguous runs, one range per layer, K/V and
-head), so the client neither copies nor hashes anything; the server reads the ranges with ``process_vm_readv``
+ttl head RANGES packed``: the codec's small header inline, and the addresses of the payload where it lies (a
+chunk sliced out of a KV tensor along its token axis as its contiguous runs, one range per layer, K/V and head,
+packed as u64 pairs in one bulk string; decimal arguments for a server from before that form), so the client neither copies nor hashes anything; the server reads the ranges with ``process_vm_readv``
 into the value's arena slot and computes the codec checksum over its own copy (``SUMAT``). The caller's arrays
 must stay unchanged until the reply (``put_many`` returns only then): the value is whatever they held while the
 server copied them.
@@ -52,13 +52,13 @@ def address(buf: Any) -> int:
     return int(np.frombuffer(buf, np.uint8).ctypes.data) if len(memoryview(buf)) else 0
 
 
-def array_ranges(arr: np.ndarray) -> list[tuple[int, int]]:
-    """(address, length) of ``arr``'s bytes in C order: one range when it is contiguous, else one per block of
-    its trailing contiguous axes (a chunk of an LKHTD tensor: one per layer, K/V and head)."""
+def array_ranges(arr: np.ndarray) -> np.ndarray:
+    """Rows of (address, length), u64, of ``arr``'s bytes in C order: one range when it is contiguous, else one
+    per block of its trailing contiguous axes (a chunk of an LKHTD tensor: one per layer, K/V and head)."""
     if arr.size == 0:
-        return []
+        return np.empty((0, 2), np.uint64)
     if arr.flags.c_contiguous:
-        return [(int(arr.ctypes.data), arr.nbytes)]
+        return np.array([[arr.ctypes.data, arr.nbytes]], np.uint64)
     run = arr.itemsize
     k = arr.ndim
     while k > 0 and (arr.shape[k - 1] == 1 or arr.strides[k - 1] == run):
@@ -67,40 +67,52 @@ def array_ranges(arr: np.ndarray) -> list[tuple[int, int]]:
     offsets = np.zeros(1, np.int64)
     for ax in range(k):
         offsets = (offsets[:, None] + np.arange(arr.shape[ax], dtype=np.int64) * arr.strides[ax]).reshape(-1)
-    base = int(arr.ctypes.data)
-    return [(base + int(o), run) for o in offsets]
+    rows = np.empty((len(offsets), 2), np.uint64)
+    rows[:, 0] = offsets + int(arr.ctypes.data)
+    rows[:, 1] = run
+    return rows
 
 
-def value_ranges(parts: Sequence[Any]) -> tuple[bytes, list[tuple[int, int]], list[Any]]:
+def value_ranges(parts: Sequence[Any]) -> tuple[bytes, np.ndarray, list[Any]]:
     """(head, ranges, keep) for ``parts`` = [codec header, payload...] (``codec.prepare_parts``; a strided chunk
-    given as the array itself): the header goes inline, the payload by address, adjacent ranges merged. ``keep``:
-    copies made of payload parts that are not contiguous buffers, alive until the server has read them."""
+    given as the array itself): the header goes inline, the payload by address (rows of address and length,
+    adjacent ranges merged). ``keep``: copies made of payload parts that are not contiguous buffers, alive until
+    the server has read them."""
     head = bytes(parts[0])
-    ranges: list[tuple[int, int]] = []
+    pieces: list[np.ndarray] = []
     keep: list[Any] = []
     for p in parts[1:]:
         if isinstance(p, np.ndarray):
-            got = array_ranges(p)
-        else:
-            mv = p if isinstance(p, memoryview) else memoryview(p)
-            if not mv.c_contiguous:
-                mv = memoryview(mv.tobytes())
-                keep.append(mv)
-            got = [(address(mv), mv.nbytes)] if mv.nbytes else []
-        for a, n in got:
-            if ranges and ranges[-1][0] + ranges[-1][1] == a:
-                ranges[-1] = (ranges[-1][0], ranges[-1][1] + n)
-            else:
-                ranges.append((a, n))
-    return head, ranges, keep
+            pieces.append(array_ranges(p))
+            continue
+        mv = p if isinstance(p, memoryview) else memoryview(p)
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())
+            keep.append(mv)
+        if mv.nbytes:
+            pieces.append(np.array([[address(mv), mv.nbytes]], np.uint64))
+    if not pieces:
+        return head, np.empty((0, 2), np.uint64), keep
+    rows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    joined = rows[1:, 0] == rows[:-1, 0] + rows[:-1, 1]  # follows the previous range in memory
+    if joined.any():
+        first = np.flatnonzero(np.concatenate(([True], ~joined)))  # each merged range's first row
+        rows = np.stack([rows[first, 0], np.add.reduceat(rows[:, 1], first)], axis=1)
+    return head, rows, keep
 
 
-def pull_command(key: Any, ttl_ms: int, head: bytes, ranges: Sequence[tuple[int, int]],
-                 sum_at: int | None = None) -> bytes:
-    """``TAIR.KV.PULL`` as RESP bytes: a chunk has hundreds of ranges, which the generic packer would cost
-    milliseconds per chunk to encode (measured: 3 ms of a 106 ms Qwen2.5-7B store per 14 MB chunk)."""
-    words = [b"TAIR.KV.PULL", bytes(key), b"%d" % ttl_ms, head, b"%d" % len(ranges)]
-    words += [b"%d" % x for r in ranges for x in r]
+def pull_command(key: Any, ttl_ms: int, head: bytes, ranges: Any, sum_at: int | None = None, *,
+                 packed: bool = True) -> bytes:
+    """``TAIR.KV.PULL`` as RESP bytes; ``ranges``: rows or pairs of (address, length). ``packed``: as one bulk
+    string (``RANGES``: 16 bytes a range), else as decimal arguments (a server older than the packed form). A
+    chunk has hundreds of ranges, which the generic packer would cost milliseconds per chunk to encode (measured:
+    3 ms of a 106 ms Qwen2.5-7B store per 14 MB chunk)."""
+    words = [b"TAIR.KV.PULL", bytes(key), b"%d" % ttl_ms, head]
+    if packed:
+        words += [b"RANGES", np.ascontiguousarray(ranges, "<u8").tobytes()]
+    else:
+        rows = np.asarray(ranges, np.uint64).reshape(-1, 2).tolist()
+        words += [b"%d" % len(rows)] + [b"%d" % x for r in rows for x in r]
     if sum_at is not None:
         words += [b"SUMAT", b"%d" % sum_at]
     return b"*%d\r\n" % len(words) + b"".join([b"$%d\r\n%s\r\n" % (len(w), w) for w in words])
@@ -113,6 +125,7 @@ class PullWriter(FastClient):
                  timeout: float | None = 60.0) -> None:
         super().__init__(unix_path=unix_path, timeout=timeout, password=password, username=username)
         self.pid = os.getpid()  # the process the server reads: a forked child must not use this connection
+        self.packed = True  # ranges as one bulk string (RANGES); False for a server that only takes decimals
         try:
             self.probe()
         except BaseException:
@@ -120,10 +133,18 @@ class PullWriter(FastClient):
             raise
 
     def probe(self) -> None:
-        """PullUnavailable unless the server reads a buffer of this process exactly."""
+        """PullUnavailable unless the server reads a buffer of this process exactly; learns whether it takes
+        packed ranges (``RANGES``: a server from before them answers a syntax error, and gets decimals)."""
         buf = bytearray(os.urandom(4096))
+        packed = np.array([[address(buf), len(buf)]], "<u8").tobytes()
         try:
-            reply = self.call(b"TAIR.KV.PULLPROBE", address(buf), len(buf))
+            try:
+                reply = self.call(b"TAIR.KV.PULLPROBE", b"RANGES", packed)
+            except RespError as exc:
+                if _refusal(exc) or "decimal" not in str(exc):
+                    raise
+                self.packed = False
+                reply = self.call(b"TAIR.KV.PULLPROBE", address(buf), len(buf))
         except RespError as exc:
             raise PullUnavailable(str(exc)) from None
         if int(reply, 16) != xxhash.xxh3_64_intdigest(bytes(buf)):
@@ -142,7 +163,7 @@ class PullWriter(FastClient):
         for key, ttl_ms, parts in items:
             head, ranges, kept = value_ranges(parts)
             keep += kept
-            self.sock.sendall(pull_command(key, ttl_ms, head, ranges, sum_at))
+            self.sock.sendall(pull_command(key, ttl_ms, head, ranges, sum_at, packed=self.packed))
         out: list[Any] = []
         for _ in items:
             try:

@@ -2,12 +2,13 @@
 
 ``TAIR.KV.PULL key ttl_ms head count addr len [addr len ...] [SUMAT offset] [VER expected_version]`` stores
 ``head`` (sent inline: the SDK codec's small header) followed by the bytes of the ``count`` ranges of the
-*connecting process's* memory, read with ``process_vm_readv`` into a fresh arena slot (kvstrata.engine.pull),
+*connecting process's* memory (or ``RANGES packed``: the ranges as one bulk string of little-endian u64 address
+and length pairs, 16 bytes a range, which is what the SDK sends: nothing to parse per range), read with ``process_vm_readv`` into a fresh arena slot (kvstrata.engine.pull),
 off the event loop from ``stage-offload-min`` on, as ``TAIR.KV.COMMIT`` copies. ``SUMAT offset``: the value
 carries its own xxh3-64 there (8 bytes inside ``head``), computed by the server over its own copy with the field
 zeroed, as the codec's header wants it; ``VER``: compare-and-set, as SETEX's. The value is published through the
 same write path as SETEX and COMMIT (version, acks, replication, tiers). Only on a Unix-socket connection, only
-while ``pull-store`` is yes. ``TAIR.KV.PULLPROBE addr len`` reads up to 64 KiB the same way and answers its
+while ``pull-store`` is yes. ``TAIR.KV.PULLPROBE addr len`` (or ``RANGES packed``, one range) reads up to 64 KiB the same way and answers its
 xxh3-64 (hex), storing nothing: how a client learns that the server may read its memory. Design and security
 model: docs/dataplane.md.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
 from kvstrata.commands.args import parse_int, parse_options
 from kvstrata.commands.context import Context
 from kvstrata.commands.dataplane import _arena
@@ -24,7 +27,16 @@ from kvstrata.commands.registry import command
 from kvstrata.commands.staging import PUBLISH_OPTIONS, room_for
 from kvstrata.commands.tairkv import _setex
 from kvstrata.commands.waits import Offload, Suspend
-from kvstrata.engine.pull import Peer, PullError, PullJob, parse_ranges, peer_of, pull_hash
+from kvstrata.engine.pull import (
+    Peer,
+    PullError,
+    PullJob,
+    parse_packed,
+    parse_ranges,
+    peer_of,
+    pull_hash,
+    ranges_array,
+)
 from kvstrata.errors import CommandError
 
 MAX_RANGES = 1 << 16  # per value: a strided KV chunk is a few hundred runs
@@ -46,18 +58,38 @@ def _unix_socket(ctx: Context) -> Any:
 
 
 def _peer(ctx: Context, sock: Any) -> Peer:
-    """The process that connected this Unix-socket connection (CommandError when it is gone)."""
-    age_s = max(0, ctx.store.clock.now_ms() - ctx.client.created_ms) / 1000
-    try:
-        return peer_of(sock, age_s)
-    except PullError as exc:
-        raise CommandError(str(exc), raw=True) from None
+    """The process that connected this Unix-socket connection, held for the caller (who ``close``s it); looked up
+    once per connection, which keeps a reference until it closes (CommandError when it is gone)."""
+    client = ctx.client
+    if client.pull_peer is None:
+        age_s = max(0, ctx.store.clock.now_ms() - client.created_ms) / 1000
+        try:
+            client.pull_peer = peer_of(sock, age_s)
+        except PullError as exc:
+            raise CommandError(str(exc), raw=True) from None
+    return client.pull_peer.hold()
+
+
+def _ranges(args: list[bytes]) -> tuple[np.ndarray, int, int]:
+    """A PULL's ranges (``count addr len ...``, or ``RANGES packed``), the bytes they name, and where its options
+    start."""
+    if bytes(args[4]).upper() == b"RANGES":
+        if len(args) < 6:
+            raise CommandError("TAIR.KV.PULL RANGES needs the packed ranges")
+        rows = parse_packed(bytes(args[5]), MAX_RANGES)
+        return rows, int(rows[:, 1].sum()), 6  # each below 2**48, at most 2**16 of them: no overflow
+    count = parse_int(bytes(args[4]))
+    if count < 0 or 5 + 2 * count > len(args):
+        raise CommandError(f"TAIR.KV.PULL names {count} ranges but sends fewer addresses and lengths")
+    listed = parse_ranges(args[5:5 + 2 * count], MAX_RANGES)
+    return ranges_array(listed), sum(length for _, length in listed), 5 + 2 * count
 
 
 @command("tair.kv.pull", -5, "write denyoom", keys=(1, 1, 1), group="tairkv", since="0.2.0",
          summary="Stores head + ranges of the connecting process's memory, copied by the server; replies with the "
                  "version.",
-         syntax="TAIR.KV.PULL key ttl_ms head count addr len [addr len ...] [SUMAT offset] [VER expected_version]")
+         syntax="TAIR.KV.PULL key ttl_ms head <count addr len [addr len ...] | RANGES packed> [SUMAT offset] "
+                "[VER expected_version]")
 def kv_pull(ctx: Context, args: list[bytes]) -> Any:
     arena = _arena(ctx)
     staging = arena.staging
@@ -67,17 +99,14 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
     if ttl_ms < 0:
         raise CommandError("invalid expire time in 'tair.kv.pull' command")
     head = bytes(args[3])
-    count = parse_int(bytes(args[4]))
-    if count < 0 or 5 + 2 * count > len(args):
-        raise CommandError(f"TAIR.KV.PULL names {count} ranges but sends fewer addresses and lengths")
-    opts = parse_options([bytes(a) for a in args[5 + 2 * count:]], 0, PUBLISH_OPTIONS)
-    expected = parse_int(opts[b"VER"][0]) if b"VER" in opts else None
-    sum_at = parse_int(opts[b"SUMAT"][0]) if b"SUMAT" in opts else None
     try:
-        ranges = parse_ranges(args[5:5 + 2 * count], MAX_RANGES)
+        ranges, payload, rest = _ranges(args)
     except PullError as exc:
         raise CommandError(str(exc), raw=True) from None
-    n = len(head) + sum(length for _, length in ranges)
+    opts = parse_options([bytes(a) for a in args[rest:]], 0, PUBLISH_OPTIONS)
+    expected = parse_int(opts[b"VER"][0]) if b"VER" in opts else None
+    sum_at = parse_int(opts[b"SUMAT"][0]) if b"SUMAT" in opts else None
+    n = len(head) + payload
     if sum_at is not None and not 0 <= sum_at <= len(head) - 8:
         raise CommandError(f"SUMAT {sum_at} is outside the head ({len(head)} bytes)")
     if n > int(ctx.config.get("proto-max-bulk-len")):
@@ -132,13 +161,14 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
 
 @command("tair.kv.pullprobe", 3, "fast", group="tairkv", since="0.2.0",
          summary="Reads up to 64 KiB of the connecting process's memory as TAIR.KV.PULL would; answers its xxh3-64.",
-         syntax="TAIR.KV.PULLPROBE addr len")
+         syntax="TAIR.KV.PULLPROBE <addr len | RANGES packed>")
 def kv_pullprobe(ctx: Context, args: list[bytes]) -> Any:
     try:
-        ranges = parse_ranges(args[1:3], 1)
+        packed = bytes(args[1]).upper() == b"RANGES"
+        ranges = parse_packed(bytes(args[2]), 1) if packed else ranges_array(parse_ranges(args[1:3], 1))
     except PullError as exc:
         raise CommandError(str(exc), raw=True) from None
-    n = sum(length for _, length in ranges)
+    n = int(ranges[:, 1].sum())
     if n > PROBE_MAX:
         raise CommandError(f"TAIR.KV.PULLPROBE reads at most {PROBE_MAX} bytes")
     peer = _peer(ctx, _unix_socket(ctx))

@@ -145,6 +145,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.clients.pop(self.client.id, None)
+        peer, self.client.pull_peer = self.client.pull_peer, None
+        if peer is not None:
+            peer.close()  # the connection's reference; a pull still copying holds its own
         if self.store.predictor is not None:
             self.store.predictor.forget_stream(self.client.id)
         self._stream = None
