@@ -205,3 +205,36 @@ def test_async_fast_client_replies_and_large_sends(make_server) -> None:
             c.close()
 
     asyncio.run(run())
+
+
+def test_an_error_inside_an_array_is_its_element_and_the_connection_stays_in_step(plain_redis) -> None:
+    """A real Redis answers EXEC with an array whose second element is an error reply: both of the SDK's
+    transports return it as a RespError element, read the whole array, and the next reply is the next command's
+    (raising at the element, as before, left the rest of the array on the socket)."""
+    from kvstrata.client.fast import FastClient
+
+    srv = plain_redis
+    script = [(b"MULTI",), (b"SET", b"ctr", b"x"), (b"INCR", b"ctr"), (b"SET", b"after", b"1"), (b"EXEC",)]
+
+    def check(replies: list[Any], ping: Any) -> None:
+        exec_reply = replies[-1]
+        assert exec_reply[0] == b"OK" and exec_reply[2] == b"OK"
+        assert isinstance(exec_reply[1], RespError) and "not an integer" in str(exec_reply[1])
+        assert ping == b"PONG"
+
+    c = FastClient(srv.host, srv.port, timeout=10.0)
+    try:
+        check(c.pipeline(script), c.call(b"PING"))
+    finally:
+        c.close()
+
+    async def run() -> None:
+        a = await AsyncFastClient.connect(srv.host, srv.port, timeout=10.0)
+        try:
+            await a.send_many(script)
+            replies = [await a.read_reply() for _ in script]
+            check(replies, await a.call(b"PING"))
+        finally:
+            a.close()
+
+    asyncio.run(run())

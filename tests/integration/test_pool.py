@@ -375,3 +375,31 @@ def test_single_redis_pool_down_and_back(make_server, tmp_path):
                  what="B to read A's write through the pool again")
     finally:
         single.stop()
+
+
+def test_mpull_replies_once_the_pool_holds_every_value(node, pool_client, tmp_path):
+    """TAIR.KV.MPULL under pool-ack pool: each value's reply element waits for its own pool write (the chain of
+    acknowledgements), so every record is in the pool when the reply arrives, at the version replied."""
+    import os
+
+    import numpy as np
+
+    from kvstrata.client.pull_store import PullWriter, address
+
+    path = str(tmp_path / "kv.sock")
+    a = node({"dram-size": "64mb", "unixsocket": path, "pull-store": "yes", "stage-offload-min": "1mb"})
+    w = PullWriter(path)
+    try:
+        assert w.multi
+        values = [np.frombuffer(os.urandom(n), np.uint8) for n in (2 * 1024 * KB, 40 * KB, 1536 * KB)]
+        args = []
+        for i, v in enumerate(values):
+            args += [b"mp:%d" % i, 0, b"", np.array([[address(v), v.nbytes]], "<u8").tobytes()]
+        reply = w.call(b"TAIR.KV.MPULL", -1, *args)
+        assert len(reply) == 3 and all(isinstance(v, int) for v in reply)
+        for i, v in enumerate(values):  # no wait: the reply came after the pool held each of them
+            rec = pool_record(pool_client, b"mp:%d" % i)
+            assert rec is not None and rec.version == reply[i] and rec.value == v.tobytes()
+        assert a.client().get(b"mp:1") == values[1].tobytes()
+    finally:
+        w.close()

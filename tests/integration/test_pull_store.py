@@ -77,11 +77,11 @@ def test_strided_kv_pulled_by_the_sdk_reads_back_as_a_set_of_the_same_value(make
                 reader.release(lease, now=True)
             n, got = c.retrieve(tokens)
             assert n == chunks * 256 and np.array_equal(got, kv[:, :, :, :n])
-        # The ranges as decimal arguments (what a writer sends a server from before the packed form): the same
-        # values, byte for byte.
+        # One PULL a value, the ranges as decimal arguments (what a writer sends a server from before MPULL and the
+        # packed form): the same values, byte for byte.
         writer = c._stager()
-        assert isinstance(writer, PullWriter) and writer.packed
-        writer.packed = False
+        assert isinstance(writer, PullWriter) and writer.packed and writer.multi  # the stores above: MPULL
+        writer.packed = writer.multi = False
         kv = rng.standard_normal((4, 2, 2, 2 * 256, 64), dtype=np.float32)
         tokens = list(range(1000, 1000 + 2 * 256))
         assert c.store(tokens, kv, skip_existing=False) == 2
@@ -210,6 +210,55 @@ def test_a_connection_looks_its_peer_up_once_and_gives_it_back_when_it_closes(ma
         wait_for(lambda: pidfds() == 0, timeout=10, what="the connection's pidfd closed")
         assert all(tcp.get(b"k%d" % i) == data.tobytes() for i in range(4))
     assert tcp.ping()
+
+
+def test_mpull_stores_each_value_and_answers_per_value(make_server, sockdir) -> None:
+    """TAIR.KV.MPULL: one worker run for several values; a value that cannot be read is an error element and the
+    others are stored; malformed input refuses the whole command before anything moves."""
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb", "stage-offload-min": "1mb", "pull-store": "yes"})
+    tcp = srv.client()
+    w = PullWriter(path)
+    try:
+        assert w.multi and w.call(b"TAIR.KV.MPULL", -1) == []  # the probe: no values, no error
+        rng = np.random.default_rng(9)
+        data = [rng.integers(0, 256, n, dtype=np.uint8) for n in (3 * MB, 100_000, 2 * MB + 7)]
+        m = mmap.mmap(-1, MB)
+        hole = address(m)
+        m.close()  # now unmapped
+
+        def packed(*pairs: int) -> bytes:
+            return np.array(pairs, "<u8").tobytes()
+
+        good = [packed(address(d), d.nbytes) for d in data]
+        tcp.set(b"m1", b"old")
+        base = _info(tcp)
+        reply = w.call(b"TAIR.KV.MPULL", -1, b"m0", 0, b"h0", good[0], b"m1", 0, b"", packed(hole, 4096),
+                       b"m2", 60_000, b"", good[1], b"m3", 0, b"h3", good[2])
+        assert isinstance(reply[0], int) and isinstance(reply[2], int) and isinstance(reply[3], int)
+        assert isinstance(reply[1], RespError) and "EFAULT" in str(reply[1])
+        assert tcp.get(b"m0") == b"h0" + data[0].tobytes() and tcp.get(b"m2") == data[1].tobytes()
+        assert tcp.get(b"m3") == b"h3" + data[2].tobytes() and tcp.get(b"m1") == b"old"
+        assert 0 < tcp.pttl(b"m2") <= 60_000 and tcp.ttl(b"m0") == -1
+        assert int(tcp.execute_command("TAIR.KV.VERSION", b"m3")) == reply[3]
+        info = _info(tcp)
+        assert info["pull_stores"] == base["pull_stores"] + 3 and info["pull_failures"] == base["pull_failures"] + 1
+        assert info["pulls_in_flight"] == 0 and info["stage_reserved_bytes"] == 0
+        # Malformed: refused whole, nothing stored.
+        for args, match in (((b"m4", 0, b""), "takes sum_at"), ((b"m4", 0, b"", good[0][:-1]), "16 bytes a range"),
+                            ((b"m4", -5, b"", good[0]), "invalid expire"),
+                            ((b"m4", 0, b"", good[0], b"m5", 0, b"", packed(1, 2**48)), "invalid PULL range")):
+            with pytest.raises(RespError, match=match):
+                w.call(b"TAIR.KV.MPULL", -1, *args)
+        with pytest.raises(RespError, match="outside the head"):
+            w.call(b"TAIR.KV.MPULL", 4, b"m4", 0, b"short", good[1])
+        assert tcp.exists(b"m4", b"m5") == 0
+        assert _info(tcp)["stage_reserved_bytes"] == 0
+        # Over TCP: refused as PULL is.
+        with pytest.raises(redis.ResponseError, match="only on the Unix socket"):
+            tcp.execute_command("TAIR.KV.MPULL", -1, b"m6", 0, b"", good[1])
+        assert w.call(b"PING") == b"PONG"
+    finally:
+        w.close()
 
 
 def test_pull_is_refused_over_tcp_and_when_disabled(make_server, sockdir) -> None:

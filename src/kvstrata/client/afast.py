@@ -38,7 +38,7 @@ from kvstrata.client.fast import (
     tls_sends,
     widen_unix_send_buffer,
 )
-from kvstrata.client.resp import ARRAY, BULK, RespError, RespReader, reply_head
+from kvstrata.client.resp import ARRAY, BULK, RespError, RespReader, error_element, reply_head
 
 
 class AsyncFastClient(RespReader):
@@ -196,12 +196,19 @@ class AsyncFastClient(RespReader):
 
     async def read_reply(self) -> Any:
         """One reply (an error reply raises ``RespError``, after it has been read: the connection stays in
-        step)."""
-        kind, value = reply_head(await self._line())
+        step; an error inside an array is that element, ``error_element``)."""
+        return await self._reply(await self._line())
+
+    async def _reply(self, line: bytes) -> Any:
+        kind, value = reply_head(line)
         if kind == BULK:
             return await self._bulk(value)
         if kind == ARRAY:
-            return [await self.read_reply() for _ in range(value)]
+            out = []
+            for _ in range(value):
+                line = await self._line()
+                out.append(error_element(line) or await self._reply(line))
+            return out
         return value
 
     async def call(self, *args: Any) -> Any:

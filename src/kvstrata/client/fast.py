@@ -37,7 +37,16 @@ import ssl
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from kvstrata.client.resp import ARRAY, BULK, RECV_BUFFER, RespError, RespReader, ValueTooLarge, reply_head
+from kvstrata.client.resp import (
+    ARRAY,
+    BULK,
+    RECV_BUFFER,
+    RespError,
+    RespReader,
+    ValueTooLarge,
+    error_element,
+    reply_head,
+)
 
 __all__ = ["LARGE", "FastClient", "RespError", "ValueTooLarge", "nbytes", "pack", "select_refused",
            "sendmsg_all", "tls_sends", "widen_unix_send_buffer"]
@@ -412,12 +421,20 @@ class FastClient(RespReader):
         self._start += 2
 
     def read_reply(self, into: Any = None) -> Any:
-        """One reply; a bulk value goes into ``into`` when given (returns its length)."""
-        kind, value = reply_head(self._line())
+        """One reply; a bulk value goes into ``into`` when given (returns its length). An error reply raises
+        ``RespError``; an error inside an array is that element (``error_element``)."""
+        return self._reply(self._line(), into)
+
+    def _reply(self, line: bytes, into: Any = None) -> Any:
+        kind, value = reply_head(line)
         if kind == BULK:
             return self._bulk(value, None if into is None else _bytes_view(into))
         if kind == ARRAY:
-            return [self.read_reply() for _ in range(value)]
+            out = []
+            for _ in range(value):
+                line = self._line()
+                out.append(error_element(line) or self._reply(line))
+            return out
         return value
 
     def _array_into(self, bufs: Sequence[Any]) -> list[int | None]:

@@ -1,21 +1,19 @@
 """The client side of pull stores: the server copies each value straight out of this process's memory.
 
-``PullWriter`` is a ``FastClient`` on a local server's Unix socket. For each value it sends ``TAIR.KV.PULL key
-ttl head RANGES packed``: the codec's small header inline, and the addresses of the payload where it lies (a
-chunk sliced out of a KV tensor along its token axis as its contiguous runs, one range per layer, K/V and head,
-packed as u64 pairs in one bulk string; decimal arguments for a server from before that form), so the client neither copies nor hashes anything; the server reads the ranges with ``process_vm_readv``
-into the value's arena slot and computes the codec checksum over its own copy (``SUMAT``). The caller's arrays
-must stay unchanged until the reply (``put_many`` returns only then): the value is whatever they held while the
-server copied them.
+``PullWriter`` is a ``FastClient`` on a local server's Unix socket. For each value it sends ``TAIR.KV.PULL key ttl
+head RANGES packed``: the codec's small header inline, and the addresses of the payload where it lies (a chunk
+sliced out of a KV tensor along its token axis as its contiguous runs, one range per layer, K/V and head, packed as
+u64 pairs in one bulk string; decimal arguments for a server from before that form), so the client neither copies
+nor hashes anything; the server reads the ranges with ``process_vm_readv`` into the value's arena slot and computes
+the codec checksum over its own copy (``SUMAT``). The caller's arrays must stay unchanged until the reply
+(``put_many`` returns only then): the value is whatever they held while the server copied them.
 
-``pull_writer(client)`` is the SDK's hook (``KVCacheClient``'s store path): this thread's writer when the server
-is local, ``client.pull_store`` (default: ``$KVSTRATA_PULL_STORE``, on unless ``0``/``no``/``false``) and
-``stage_writes`` are on, and
-a probe succeeded (``TAIR.KV.PULLPROBE``: the server read a buffer of this process and hashed it right). A
-refusal (an older server, ``pull-store no``, the kernel's ptrace rules: another user, Yama ``ptrace_scope``,
-seccomp in a container) turns pull stores off for that client, logged once, and the store path falls back to
-the staging segment. Design and security model: docs/dataplane.md.
-"""
+``pull_writer(client)`` is the SDK's hook (``KVCacheClient``'s store path): this thread's writer when the server is
+local, ``client.pull_store`` (default: ``$KVSTRATA_PULL_STORE``, on unless ``0``/``no``/``false``) and
+``stage_writes`` are on, and a probe succeeded (``TAIR.KV.PULLPROBE``: the server read a buffer of this process and
+hashed it right). A refusal (an older server, ``pull-store no``, the kernel's ptrace rules: another user, Yama
+``ptrace_scope``, seccomp in a container) turns pull stores off for that client, logged once, and the store path
+falls back to the staging segment. Design and security model: docs/dataplane.md."""
 
 from __future__ import annotations
 
@@ -118,6 +116,17 @@ def pull_command(key: Any, ttl_ms: int, head: bytes, ranges: Any, sum_at: int | 
     return b"*%d\r\n" % len(words) + b"".join([b"$%d\r\n%s\r\n" % (len(w), w) for w in words])
 
 
+def mpull_command(items: Sequence[tuple[Any, int, bytes, Any]], sum_at: int | None = None) -> bytes:
+    """``TAIR.KV.MPULL`` of (key, ttl_ms, head, ranges) values as RESP bytes (ranges packed)."""
+    words = [b"TAIR.KV.MPULL", b"%d" % (-1 if sum_at is None else sum_at)]
+    for key, ttl_ms, head, ranges in items:
+        words += [bytes(key), b"%d" % ttl_ms, head, np.ascontiguousarray(ranges, "<u8").tobytes()]
+    return b"*%d\r\n" % len(words) + b"".join([b"$%d\r\n%s\r\n" % (len(w), w) for w in words])
+
+
+MPULL_VALUES = 64  # values per TAIR.KV.MPULL: a store of more sends several, pipelined
+
+
 class PullWriter(FastClient):
     """A Unix-socket client whose values the server pulls out of this process (module docstring)."""
 
@@ -126,6 +135,7 @@ class PullWriter(FastClient):
         super().__init__(unix_path=unix_path, timeout=timeout, password=password, username=username)
         self.pid = os.getpid()  # the process the server reads: a forked child must not use this connection
         self.packed = True  # ranges as one bulk string (RANGES); False for a server that only takes decimals
+        self.multi = False  # several values per command (TAIR.KV.MPULL), where the server has it (probe)
         try:
             self.probe()
         except BaseException:
@@ -149,6 +159,11 @@ class PullWriter(FastClient):
             raise PullUnavailable(str(exc)) from None
         if int(reply, 16) != xxhash.xxh3_64_intdigest(bytes(buf)):
             raise PullUnavailable("the server read other bytes than this process holds")
+        if self.packed:
+            try:
+                self.multi = self.call(b"TAIR.KV.MPULL", -1) == []
+            except RespError:  # a server from before it (or an ACL that allows PULL only): one PULL a value
+                self.multi = False
 
     @staticmethod
     def fits(n: int) -> bool:
@@ -160,16 +175,36 @@ class PullWriter(FastClient):
         pipelined; the parts must not change until this returns. PullRefused when the server refused to pull
         (some items may be stored: the caller stores the batch again another way)."""
         keep: list[Any] = []
+        values = []
         for key, ttl_ms, parts in items:
             head, ranges, kept = value_ranges(parts)
             keep += kept
-            self.sock.sendall(pull_command(key, ttl_ms, head, ranges, sum_at, packed=self.packed))
+            values.append((key, ttl_ms, head, ranges))
         out: list[Any] = []
+        if self.multi and len(values) > 1:
+            # One command for up to MPULL_VALUES values: the server hands them to its worker once, not per value.
+            groups = [values[i:i + MPULL_VALUES] for i in range(0, len(values), MPULL_VALUES)]
+            for group in groups:
+                self.sock.sendall(mpull_command(group, sum_at))
+            for group in groups:
+                try:
+                    got = self.read_reply()
+                except RespError as exc:  # the whole command refused
+                    got = [exc] * len(group)
+                out += got
+            return self._checked(out)
+        for key, ttl_ms, head, ranges in values:
+            self.sock.sendall(pull_command(key, ttl_ms, head, ranges, sum_at, packed=self.packed))
         for _ in items:
             try:
                 out.append(self.read_reply())
             except RespError as exc:
                 out.append(exc)
+        return self._checked(out)
+
+    @staticmethod
+    def _checked(out: list[Any]) -> list[Any]:
+        """``out``, unless the server refused to pull at all (PullRefused: the caller stores another way)."""
         refused = next((r for r in out if isinstance(r, RespError) and _refusal(r)), None)
         if refused is not None:
             raise PullRefused(str(refused))

@@ -76,6 +76,12 @@ def reply_head(line: bytes) -> tuple[int, Any]:
     raise RespError(f"unexpected reply type {line[:20]!r}")
 
 
+def error_element(line: bytes) -> RespError | None:
+    """An array element that is an error reply, as the exception (returned, not raised: the rest of the array is
+    read, so the connection stays in step); None for any other element."""
+    return RespError(line[1:].decode(errors="replace")) if line[:1] == b"-" else None
+
+
 class RespReader:
     """A connection's socket and receive buffer, without I/O: the clients fill ``_room()`` from their socket and
     report it with ``_received``; the ``_buffered_*`` methods take what is complete (None: receive more)."""

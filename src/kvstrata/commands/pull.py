@@ -1,21 +1,21 @@
 """Pull stores: ``TAIR.KV.PULL`` stores a value that the server copies straight out of its client's memory.
 
-``TAIR.KV.PULL key ttl_ms head count addr len [addr len ...] [SUMAT offset] [VER expected_version]`` stores
-``head`` (sent inline: the SDK codec's small header) followed by the bytes of the ``count`` ranges of the
-*connecting process's* memory (or ``RANGES packed``: the ranges as one bulk string of little-endian u64 address
-and length pairs, 16 bytes a range, which is what the SDK sends: nothing to parse per range), read with ``process_vm_readv`` into a fresh arena slot (kvstrata.engine.pull),
-off the event loop from ``stage-offload-min`` on, as ``TAIR.KV.COMMIT`` copies. ``SUMAT offset``: the value
-carries its own xxh3-64 there (8 bytes inside ``head``), computed by the server over its own copy with the field
-zeroed, as the codec's header wants it; ``VER``: compare-and-set, as SETEX's. The value is published through the
-same write path as SETEX and COMMIT (version, acks, replication, tiers). Only on a Unix-socket connection, only
-while ``pull-store`` is yes. ``TAIR.KV.PULLPROBE addr len`` (or ``RANGES packed``, one range) reads up to 64 KiB the same way and answers its
-xxh3-64 (hex), storing nothing: how a client learns that the server may read its memory. Design and security
-model: docs/dataplane.md.
-"""
+``TAIR.KV.PULL key ttl_ms head count addr len [addr len ...] [SUMAT offset] [VER expected_version]`` stores ``head``
+(sent inline: the SDK codec's small header) followed by the bytes of the ``count`` ranges of the *connecting
+process's* memory (or ``RANGES packed``: the ranges as one bulk string of little-endian u64 address and length
+pairs, 16 bytes a range, which is what the SDK sends: nothing to parse per range), read with ``process_vm_readv``
+into a fresh arena slot (kvstrata.engine.pull), off the event loop from ``stage-offload-min`` on, as
+``TAIR.KV.COMMIT`` copies. ``SUMAT offset``: the value carries its own xxh3-64 there (8 bytes inside ``head``),
+computed by the server over its own copy with the field zeroed, as the codec's header wants it; ``VER``: compare-
+and-set, as SETEX's. The value is published through the same write path as SETEX and COMMIT (version, acks,
+replication, tiers). Only on a Unix-socket connection, only while ``pull-store`` is yes. ``TAIR.KV.PULLPROBE addr
+len`` (or ``RANGES packed``, one range) reads up to 64 KiB the same way and answers its xxh3-64 (hex), storing
+nothing: how a client learns that the server may read its memory. Design and security model: docs/dataplane.md."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from kvstrata.commands.staging import PUBLISH_OPTIONS, room_for
 from kvstrata.commands.tairkv import _setex
 from kvstrata.commands.waits import Offload, Suspend
 from kvstrata.engine.pull import (
+    MultiPullJob,
     Peer,
     PullError,
     PullJob,
@@ -38,6 +39,7 @@ from kvstrata.engine.pull import (
     ranges_array,
 )
 from kvstrata.errors import CommandError
+from kvstrata.protocol.encoder import ErrorReply
 
 MAX_RANGES = 1 << 16  # per value: a strided KV chunk is a few hundred runs
 PROBE_MAX = 64 * 1024
@@ -68,6 +70,16 @@ def _peer(ctx: Context, sock: Any) -> Peer:
         except PullError as exc:
             raise CommandError(str(exc), raw=True) from None
     return client.pull_peer.hold()
+
+
+def _publish(ctx: Context, arena: Any, key: bytes, view: Any, found: tuple[int, int], ttl_ms: int,
+             sum_at: int | None, expected: int | None) -> Any:
+    """Store a pulled value through SETEX's path (version, CAS, acks, tiers); its reply or a Suspend."""
+    slot = arena.slot(view)
+    if slot is not None and sum_at is None:
+        slot.checksum = found[0]  # TAIR.KV.MGETREF answers it without hashing again
+    expire_at = ctx.store.clock.now_ms() + ttl_ms if ttl_ms else 0
+    return _setex(ctx, key, view, expire_at, False, expected, 0)
 
 
 def _ranges(args: list[bytes]) -> tuple[np.ndarray, int, int]:
@@ -137,11 +149,7 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
             if isinstance(found, BaseException):
                 staging.pull_failures += 1
                 raise found
-            slot = arena.slot(view)
-            if slot is not None and sum_at is None:
-                slot.checksum = found[0]  # TAIR.KV.MGETREF answers it without hashing again
-            expire_at = store.clock.now_ms() + ttl_ms if ttl_ms else 0
-            reply = _setex(ctx, args[1], view, expire_at, False, expected, 0)
+            reply = _publish(ctx, arena, args[1], view, found, ttl_ms, sum_at, expected)
             staging.pulls += 1
             staging.pull_bytes += n
             return reply
@@ -157,6 +165,124 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
         return stored(job.run())
     return Suspend(Offload(job.run), stored, reload=True,
                    cancel=lambda: job.abandon(asyncio.get_running_loop(), lambda: arena.release(view)))
+
+
+def _settle(reply: Any, then: Callable[[Any], Any]) -> Any:
+    """``then(outcome)`` once ``reply`` (a value, or a Suspend chain such as a pool acknowledgement's) has its
+    outcome: the reply, or the error reply it raised (an element of a multi-value reply)."""
+    if not isinstance(reply, Suspend):
+        return then(reply)
+    inner = reply
+
+    def resumed(result: Any) -> Any:
+        try:
+            nxt = inner.then(result)
+        except CommandError as exc:
+            return then(ErrorReply(exc.message))
+        return _settle(nxt, then)
+
+    return Suspend(inner.wait, resumed, reload=inner.reload, cancel=inner.release)
+
+
+@command("tair.kv.mpull", -2, "write denyoom", keys=(2, -1, 4), group="tairkv", since="0.2.0",
+         summary="Stores several values out of the connecting process's memory in one command (TAIR.KV.PULL's "
+                 "packed form, one worker run for all); replies with a version or an error per value.",
+         syntax="TAIR.KV.MPULL sum_at key ttl_ms head packed [key ttl_ms head packed ...]")
+def kv_mpull(ctx: Context, args: list[bytes]) -> Any:
+    """What a store of many chunks sends instead of one PULL each: the values are copied one after another by one
+    worker run (with the copy helper), then published in order, each as its PULL would be (``sum_at`` -1: none).
+    Malformed input refuses the whole command before anything moves; a value that cannot be read, or whose write
+    is refused, is an error element of the reply and the others are stored."""
+    arena = _arena(ctx)
+    staging = arena.staging
+    if staging is None:
+        raise CommandError("pull stores need the arena's staging (stage-size)")
+    if (len(args) - 2) % 4:
+        raise CommandError("TAIR.KV.MPULL takes sum_at, then key ttl_ms head packed for each value")
+    sum_raw = parse_int(bytes(args[1]))
+    sum_at = None if sum_raw == -1 else sum_raw
+    limit = int(ctx.config.get("proto-max-bulk-len"))
+    values: list[tuple[bytes, int, bytes, np.ndarray, int]] = []  # key, ttl_ms, head, ranges, bytes
+    for i in range(2, len(args), 4):
+        ttl_ms = parse_int(bytes(args[i + 1]))
+        if ttl_ms < 0:
+            raise CommandError("invalid expire time in 'tair.kv.mpull' command")
+        head = bytes(args[i + 2])
+        try:
+            rows = parse_packed(bytes(args[i + 3]), MAX_RANGES)
+        except PullError as exc:
+            raise CommandError(str(exc), raw=True) from None
+        n = len(head) + int(rows[:, 1].sum())
+        if sum_at is not None and not 0 <= sum_at <= len(head) - 8:
+            raise CommandError(f"SUMAT {sum_at} is outside the head ({len(head)} bytes)")
+        if n > limit:
+            raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
+        values.append((bytes(args[i]), ttl_ms, head, rows, n))
+    sock = _unix_socket(ctx)
+    if not values:
+        return []  # how a client learns that the server takes MPULL
+    store = ctx.store
+    charge = sum(arena.charge(n) if n else 0 for *_, n in values)
+    room_for(store, charge)
+    peer = _peer(ctx, sock)
+    staging.hold_bytes(charge)
+    arena.collect_unreferenced()
+    views: list[Any] = [(arena.held_slot(n) if n >= arena.min_size else None) or bytearray(n) for *_, n in values]
+
+    def given_back() -> None:
+        peer.close()
+        staging.unhold_bytes(charge)
+
+    def release_rest(start: int) -> None:
+        for view in views[start:]:
+            arena.release(view)
+
+    def stored(found: Any) -> Any:
+        job.cleanup()  # the copies are over: the charge goes back before the values are charged their slots
+        if isinstance(found, BaseException):
+            staging.pull_failures += len(values)
+            release_rest(0)
+            if isinstance(found, PullError):
+                raise CommandError(str(found), raw=True)
+            raise found
+        # Every value is published now, in order (each entry holds its slot from its write on); what follows a
+        # write (its pool acknowledgement) is waited for after all of them, value by value.
+        replies: list[Any] = []
+        for i, ((key, ttl_ms, _, _, n), got) in enumerate(zip(values, found, strict=True)):
+            try:
+                if isinstance(got, PullError):
+                    staging.pull_failures += 1
+                    replies.append(ErrorReply(str(got)))
+                    continue
+                try:
+                    replies.append(_publish(ctx, arena, key, views[i], got, ttl_ms, sum_at, None))
+                except CommandError as exc:
+                    replies.append(ErrorReply(exc.message))
+                    continue
+                staging.pulls += 1
+                staging.pull_bytes += n
+            finally:
+                arena.release(views[i])
+        out: list[Any] = []
+
+        def collect(outcome: Any) -> Any:
+            out.append(outcome)
+            return drain()
+
+        def drain() -> Any:
+            while len(out) < len(replies):  # a loop, not recursion: a store may be hundreds of values
+                reply = replies[len(out)]
+                if isinstance(reply, Suspend):
+                    return _settle(reply, collect)
+                out.append(reply)
+            return out
+
+        return drain()
+
+    job = MultiPullJob(peer, [(head, rows, views[i]) for i, (_, _, head, rows, _) in enumerate(values)], sum_at,
+                       given_back, getattr(ctx.server, "copy_helper", None))
+    return Suspend(Offload(job.run), stored, reload=True,
+                   cancel=lambda: job.abandon(asyncio.get_running_loop(), lambda: release_rest(0)))
 
 
 @command("tair.kv.pullprobe", 3, "fast", group="tairkv", since="0.2.0",

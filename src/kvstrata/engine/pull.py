@@ -309,3 +309,29 @@ class PullJob(CommitJob):
         if not self.peer.alive():  # its pid may have been reused during the copy: what was read is not its
             raise PullError("ERR the client process exited during the pull; nothing was stored")
         return digest, digest
+
+
+class MultiPullJob(CommitJob):
+    """Several values' pulls (``TAIR.KV.MPULL``) in one worker run: one hand-off to the thread and one back for
+    the lot, which cost about 0.65 ms a value on a 2-vCPU VM when each value was its own PULL. ``found`` is one
+    (digest, digest) or PullError per value (a value that cannot be read does not stop the others), or, when
+    the peer died during the copies, that error for all of them."""
+
+    def __init__(self, peer: Peer, values: list[tuple[bytes, np.ndarray, Any]], sum_at: int | None,
+                 cleanup: Callable[[], None], helper: Any = None) -> None:
+        super().__init__(None, None, sum_at, cleanup)
+        self.peer = peer
+        self.values = values  # (head, ranges, dst) each
+        self.helper = helper
+
+    def work(self) -> list[tuple[int, int] | PullError]:  # type: ignore[override]
+        out: list[tuple[int, int] | PullError] = []
+        for head, ranges, dst in self.values:
+            try:
+                digest = pull_hash(self.peer.pid, head, ranges, dst, self.sum_at, helper=self.helper)
+                out.append((digest, digest))
+            except PullError as exc:
+                out.append(exc)
+        if not self.peer.alive():
+            raise PullError("ERR the client process exited during the pull; nothing was stored")
+        return out
