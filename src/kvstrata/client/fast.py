@@ -45,6 +45,7 @@ from kvstrata.client.resp import (
     RespReader,
     ValueTooLarge,
     error_element,
+    error_reply,
     reply_head,
 )
 
@@ -338,7 +339,7 @@ class FastClient(RespReader):
             n = int(line[1:])
             return None if n < 0 else n
         if line[:1] == b"-":
-            raise RespError(line[1:].decode(errors="replace"))
+            raise error_reply(line)
         raise RespError(f"expected an array, got {line[:20]!r}")
 
     def read_bulk_len(self) -> int | None:
@@ -351,7 +352,7 @@ class FastClient(RespReader):
         if line[:1] == b"_":
             return None
         if line[:1] == b"-":
-            raise RespError(line[1:].decode(errors="replace"))
+            raise error_reply(line)
         raise RespError(f"expected a bulk string, got {line[:20]!r}")
 
     def recv_scatter(self, views: Sequence[memoryview], on_data: Callable[[memoryview], Any] | None = None,
@@ -440,7 +441,7 @@ class FastClient(RespReader):
     def _array_into(self, bufs: Sequence[Any]) -> list[int | None]:
         line = self._line()
         if line[:1] == b"-":
-            raise RespError(line[1:].decode(errors="replace"))
+            raise error_reply(line)
         if line[:1] != b"*":
             raise RespError(f"expected an array, got {line[:20]!r}")
         n = int(line[1:])

@@ -99,28 +99,21 @@ def value_ranges(parts: Sequence[Any]) -> tuple[bytes, np.ndarray, list[Any]]:
     return head, rows, keep
 
 
-def pull_command(key: Any, ttl_ms: int, head: bytes, ranges: Any, sum_at: int | None = None, *,
-                 packed: bool = True) -> bytes:
-    """``TAIR.KV.PULL`` as RESP bytes; ``ranges``: rows or pairs of (address, length). ``packed``: as one bulk
-    string (``RANGES``: 16 bytes a range), else as decimal arguments (a server older than the packed form). A
-    chunk has hundreds of ranges, which the generic packer would cost milliseconds per chunk to encode (measured:
-    3 ms of a 106 ms Qwen2.5-7B store per 14 MB chunk)."""
-    words = [b"TAIR.KV.PULL", bytes(key), b"%d" % ttl_ms, head]
-    if packed:
-        words += [b"RANGES", np.ascontiguousarray(ranges, "<u8").tobytes()]
-    else:
-        rows = np.asarray(ranges, np.uint64).reshape(-1, 2).tolist()
-        words += [b"%d" % len(rows)] + [b"%d" % x for r in rows for x in r]
+def packed_ranges(ranges: Any) -> bytes:
+    """``ranges`` (rows or pairs of address and length) in ``RANGES``' packed form: u64 little-endian, 16 bytes a
+    range."""
+    return np.ascontiguousarray(ranges, "<u8").tobytes()
+
+
+def pull_command(key: Any, ttl_ms: int, head: bytes, ranges: Any, sum_at: int | None = None) -> bytes:
+    """``TAIR.KV.PULL`` with decimal ranges, as RESP bytes, for a server from before the packed form: a chunk has
+    hundreds of ranges, which the generic packer would cost milliseconds per chunk to encode (measured: 3 ms of a
+    106 ms Qwen2.5-7B store per 14 MB chunk). The packed form has a handful of arguments: ``fast.pack`` it."""
+    rows = np.asarray(ranges, np.uint64).reshape(-1, 2).tolist()
+    words = [b"TAIR.KV.PULL", bytes(key), b"%d" % ttl_ms, head, b"%d" % len(rows)]
+    words += [b"%d" % x for r in rows for x in r]
     if sum_at is not None:
         words += [b"SUMAT", b"%d" % sum_at]
-    return b"*%d\r\n" % len(words) + b"".join([b"$%d\r\n%s\r\n" % (len(w), w) for w in words])
-
-
-def mpull_command(items: Sequence[tuple[Any, int, bytes, Any]], sum_at: int | None = None) -> bytes:
-    """``TAIR.KV.MPULL`` of (key, ttl_ms, head, ranges) values as RESP bytes (ranges packed)."""
-    words = [b"TAIR.KV.MPULL", b"%d" % (-1 if sum_at is None else sum_at)]
-    for key, ttl_ms, head, ranges in items:
-        words += [bytes(key), b"%d" % ttl_ms, head, np.ascontiguousarray(ranges, "<u8").tobytes()]
     return b"*%d\r\n" % len(words) + b"".join([b"$%d\r\n%s\r\n" % (len(w), w) for w in words])
 
 
@@ -146,10 +139,9 @@ class PullWriter(FastClient):
         """PullUnavailable unless the server reads a buffer of this process exactly; learns whether it takes
         packed ranges (``RANGES``: a server from before them answers a syntax error, and gets decimals)."""
         buf = bytearray(os.urandom(4096))
-        packed = np.array([[address(buf), len(buf)]], "<u8").tobytes()
         try:
             try:
-                reply = self.call(b"TAIR.KV.PULLPROBE", b"RANGES", packed)
+                reply = self.call(b"TAIR.KV.PULLPROBE", b"RANGES", packed_ranges([(address(buf), len(buf))]))
             except RespError as exc:
                 if _refusal(exc) or "decimal" not in str(exc):
                     raise
@@ -184,8 +176,8 @@ class PullWriter(FastClient):
         if self.multi and len(values) > 1:
             # One command for up to MPULL_VALUES values: the server hands them to its worker once, not per value.
             groups = [values[i:i + MPULL_VALUES] for i in range(0, len(values), MPULL_VALUES)]
-            for group in groups:
-                self.sock.sendall(mpull_command(group, sum_at))
+            self.send_many([[b"TAIR.KV.MPULL", -1 if sum_at is None else sum_at,
+                             *(x for k, t, h, r in group for x in (k, t, h, packed_ranges(r)))] for group in groups])
             for group in groups:
                 try:
                     got = self.read_reply()
@@ -193,8 +185,11 @@ class PullWriter(FastClient):
                     got = [exc] * len(group)
                 out += got
             return self._checked(out)
-        for key, ttl_ms, head, ranges in values:
-            self.sock.sendall(pull_command(key, ttl_ms, head, ranges, sum_at, packed=self.packed))
+        if self.packed:
+            sums = [b"SUMAT", sum_at] if sum_at is not None else []
+            self.send_many([[b"TAIR.KV.PULL", k, t, h, b"RANGES", packed_ranges(r), *sums] for k, t, h, r in values])
+        else:
+            self.sock.sendall(b"".join(pull_command(k, t, h, r, sum_at) for k, t, h, r in values))
         for _ in items:
             try:
                 out.append(self.read_reply())

@@ -67,7 +67,7 @@ def reply_head(line: bytes) -> tuple[int, Any]:
     if kind == b":":
         return VALUE, int(rest)
     if kind == b"-":
-        raise RespError(rest.decode(errors="replace"))
+        raise error_reply(line)
     if kind == b"*":
         n = int(rest)
         return (VALUE, None) if n < 0 else (ARRAY, n)
@@ -76,10 +76,15 @@ def reply_head(line: bytes) -> tuple[int, Any]:
     raise RespError(f"unexpected reply type {line[:20]!r}")
 
 
+def error_reply(line: bytes) -> RespError:
+    """The exception of an error reply's line (``-ERR ...``, without its CRLF)."""
+    return RespError(line[1:].decode(errors="replace"))
+
+
 def error_element(line: bytes) -> RespError | None:
     """An array element that is an error reply, as the exception (returned, not raised: the rest of the array is
     read, so the connection stays in step); None for any other element."""
-    return RespError(line[1:].decode(errors="replace")) if line[:1] == b"-" else None
+    return error_reply(line) if line[:1] == b"-" else None
 
 
 class RespReader:

@@ -10,7 +10,11 @@ computed by the server over its own copy with the field zeroed, as the codec's h
 and-set, as SETEX's. The value is published through the same write path as SETEX and COMMIT (version, acks,
 replication, tiers). Only on a Unix-socket connection, only while ``pull-store`` is yes. ``TAIR.KV.PULLPROBE addr
 len`` (or ``RANGES packed``, one range) reads up to 64 KiB the same way and answers its xxh3-64 (hex), storing
-nothing: how a client learns that the server may read its memory. Design and security model: docs/dataplane.md."""
+nothing: how a client learns that the server may read its memory.
+
+``TAIR.KV.MPULL sum_at key ttl_ms head packed [...]`` stores a batch of values the same way with one worker run
+(the thread hand-offs are paid once per batch, not per value), publishes them in order and answers one element per
+value: its version, or its error (the others are still stored). Design and security model: docs/dataplane.md."""
 
 from __future__ import annotations
 
@@ -97,19 +101,60 @@ def _ranges(args: list[bytes]) -> tuple[np.ndarray, int, int]:
     return ranges_array(listed), sum(length for _, length in listed), 5 + 2 * count
 
 
+def _pull_staging(ctx: Context) -> tuple[Any, Any]:
+    """The arena and its staging (CommandError without one: pulls are charged as reservations)."""
+    arena = _arena(ctx)
+    if arena.staging is None:
+        raise CommandError("pull stores need the arena's staging (stage-size)")
+    return arena, arena.staging
+
+
+def _ttl(raw: bytes, command: str) -> int:
+    ttl_ms = parse_int(bytes(raw))
+    if ttl_ms < 0:
+        raise CommandError(f"invalid expire time in '{command}' command")
+    return ttl_ms
+
+
+def _value_size(ctx: Context, head: bytes, payload: int, sum_at: int | None) -> int:
+    """The stored value's size (``head`` then ``payload`` bytes), refused when ``SUMAT`` lies outside the head or
+    the value exceeds ``proto-max-bulk-len``."""
+    if sum_at is not None and not 0 <= sum_at <= len(head) - 8:
+        raise CommandError(f"SUMAT {sum_at} is outside the head ({len(head)} bytes)")
+    n = len(head) + payload
+    if n > int(ctx.config.get("proto-max-bulk-len")):
+        raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
+    return n
+
+
+def _reserve(ctx: Context, arena: Any, staging: Any, sock: Any, sizes: list[int],
+             exclude: bytes | None = None) -> tuple[Peer, list[Any], Callable[[], None]]:
+    """Slots for values of ``sizes`` bytes, charged from now on like a reservation (unmovable for make_room: room
+    first, -OOM as a SET), and the peer to read them from: (peer, slots, what gives the peer and the charge
+    back once the copies are over)."""
+    charge = sum(arena.charge(n) for n in sizes if n)
+    room_for(ctx.store, charge, exclude=exclude)
+    peer = _peer(ctx, sock)
+    staging.hold_bytes(charge)
+    # Freed slots of overwritten values first, while their pages are resident (as COMMIT does).
+    arena.collect_unreferenced()
+    views = [(arena.held_slot(n) if n >= arena.min_size else None) or bytearray(n) for n in sizes]
+
+    def given_back() -> None:
+        peer.close()
+        staging.unhold_bytes(charge)
+
+    return peer, views, given_back
+
+
 @command("tair.kv.pull", -5, "write denyoom", keys=(1, 1, 1), group="tairkv", since="0.2.0",
          summary="Stores head + ranges of the connecting process's memory, copied by the server; replies with the "
                  "version.",
          syntax="TAIR.KV.PULL key ttl_ms head <count addr len [addr len ...] | RANGES packed> [SUMAT offset] "
                 "[VER expected_version]")
 def kv_pull(ctx: Context, args: list[bytes]) -> Any:
-    arena = _arena(ctx)
-    staging = arena.staging
-    if staging is None:
-        raise CommandError("pull stores need the arena's staging (stage-size)")
-    ttl_ms = parse_int(bytes(args[2]))
-    if ttl_ms < 0:
-        raise CommandError("invalid expire time in 'tair.kv.pull' command")
+    arena, staging = _pull_staging(ctx)
+    ttl_ms = _ttl(args[2], "tair.kv.pull")
     head = bytes(args[3])
     try:
         ranges, payload, rest = _ranges(args)
@@ -118,27 +163,9 @@ def kv_pull(ctx: Context, args: list[bytes]) -> Any:
     opts = parse_options([bytes(a) for a in args[rest:]], 0, PUBLISH_OPTIONS)
     expected = parse_int(opts[b"VER"][0]) if b"VER" in opts else None
     sum_at = parse_int(opts[b"SUMAT"][0]) if b"SUMAT" in opts else None
-    n = len(head) + payload
-    if sum_at is not None and not 0 <= sum_at <= len(head) - 8:
-        raise CommandError(f"SUMAT {sum_at} is outside the head ({len(head)} bytes)")
-    if n > int(ctx.config.get("proto-max-bulk-len")):
-        raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
+    n = _value_size(ctx, head, payload, sum_at)
     sock = _unix_socket(ctx)  # before anything moves for a command that is refused anyway
-    store = ctx.store
-    # The slot is charged from now on, like a reservation (unmovable for make_room): room first, -OOM as a SET.
-    charge = arena.charge(n) if n else 0
-    room_for(store, charge, exclude=bytes(args[1]))
-    peer = _peer(ctx, sock)
-    staging.hold_bytes(charge)
-    # Freed slots of overwritten values first, while their pages are resident (as COMMIT does).
-    arena.collect_unreferenced()
-    view: Any = arena.held_slot(n) if n >= arena.min_size else None
-    if view is None:
-        view = bytearray(n)
-
-    def given_back() -> None:
-        peer.close()
-        staging.unhold_bytes(charge)
+    peer, (view,), given_back = _reserve(ctx, arena, staging, sock, [n], exclude=bytes(args[1]))
 
     def stored(found: Any) -> Any:
         job.cleanup()  # the copy is over: the charge goes back before the value is charged its slot
@@ -193,76 +220,57 @@ def kv_mpull(ctx: Context, args: list[bytes]) -> Any:
     worker run (with the copy helper), then published in order, each as its PULL would be (``sum_at`` -1: none).
     Malformed input refuses the whole command before anything moves; a value that cannot be read, or whose write
     is refused, is an error element of the reply and the others are stored."""
-    arena = _arena(ctx)
-    staging = arena.staging
-    if staging is None:
-        raise CommandError("pull stores need the arena's staging (stage-size)")
+    arena, staging = _pull_staging(ctx)
     if (len(args) - 2) % 4:
         raise CommandError("TAIR.KV.MPULL takes sum_at, then key ttl_ms head packed for each value")
     sum_raw = parse_int(bytes(args[1]))
     sum_at = None if sum_raw == -1 else sum_raw
-    limit = int(ctx.config.get("proto-max-bulk-len"))
     values: list[tuple[bytes, int, bytes, np.ndarray, int]] = []  # key, ttl_ms, head, ranges, bytes
     for i in range(2, len(args), 4):
-        ttl_ms = parse_int(bytes(args[i + 1]))
-        if ttl_ms < 0:
-            raise CommandError("invalid expire time in 'tair.kv.mpull' command")
+        ttl_ms = _ttl(args[i + 1], "tair.kv.mpull")
         head = bytes(args[i + 2])
         try:
             rows = parse_packed(bytes(args[i + 3]), MAX_RANGES)
         except PullError as exc:
             raise CommandError(str(exc), raw=True) from None
-        n = len(head) + int(rows[:, 1].sum())
-        if sum_at is not None and not 0 <= sum_at <= len(head) - 8:
-            raise CommandError(f"SUMAT {sum_at} is outside the head ({len(head)} bytes)")
-        if n > limit:
-            raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
-        values.append((bytes(args[i]), ttl_ms, head, rows, n))
+        values.append((bytes(args[i]), ttl_ms, head, rows, _value_size(ctx, head, int(rows[:, 1].sum()), sum_at)))
     sock = _unix_socket(ctx)
     if not values:
         return []  # how a client learns that the server takes MPULL
-    store = ctx.store
-    charge = sum(arena.charge(n) if n else 0 for *_, n in values)
-    room_for(store, charge)
-    peer = _peer(ctx, sock)
-    staging.hold_bytes(charge)
-    arena.collect_unreferenced()
-    views: list[Any] = [(arena.held_slot(n) if n >= arena.min_size else None) or bytearray(n) for *_, n in values]
+    peer, views, given_back = _reserve(ctx, arena, staging, sock, [n for *_, n in values])
 
-    def given_back() -> None:
-        peer.close()
-        staging.unhold_bytes(charge)
-
-    def release_rest(start: int) -> None:
-        for view in views[start:]:
+    def release_all() -> None:
+        for view in views:
             arena.release(view)
 
     def stored(found: Any) -> Any:
         job.cleanup()  # the copies are over: the charge goes back before the values are charged their slots
         if isinstance(found, BaseException):
             staging.pull_failures += len(values)
-            release_rest(0)
+            release_all()
             if isinstance(found, PullError):
                 raise CommandError(str(found), raw=True)
             raise found
         # Every value is published now, in order (each entry holds its slot from its write on); what follows a
         # write (its pool acknowledgement) is waited for after all of them, value by value.
+        def publish(i: int, got: tuple[int, int] | PullError) -> Any:
+            if isinstance(got, PullError):
+                staging.pull_failures += 1
+                raise CommandError(str(got), raw=True)
+            key, ttl_ms, _, _, n = values[i]
+            reply = _publish(ctx, arena, key, views[i], got, ttl_ms, sum_at, None)
+            staging.pulls += 1
+            staging.pull_bytes += n
+            return reply
+
         replies: list[Any] = []
-        for i, ((key, ttl_ms, _, _, n), got) in enumerate(zip(values, found, strict=True)):
+        for i, got in enumerate(found):
             try:
-                if isinstance(got, PullError):
-                    staging.pull_failures += 1
-                    replies.append(ErrorReply(str(got)))
-                    continue
-                try:
-                    replies.append(_publish(ctx, arena, key, views[i], got, ttl_ms, sum_at, None))
-                except CommandError as exc:
-                    replies.append(ErrorReply(exc.message))
-                    continue
-                staging.pulls += 1
-                staging.pull_bytes += n
+                replies.append(publish(i, got))
+            except CommandError as exc:
+                replies.append(ErrorReply(exc.message))
             finally:
-                arena.release(views[i])
+                arena.release(views[i])  # the stored entry holds the slot now; a refused one goes back
         out: list[Any] = []
 
         def collect(outcome: Any) -> Any:
@@ -282,7 +290,7 @@ def kv_mpull(ctx: Context, args: list[bytes]) -> Any:
     job = MultiPullJob(peer, [(head, rows, views[i]) for i, (_, _, head, rows, _) in enumerate(values)], sum_at,
                        given_back, getattr(ctx.server, "copy_helper", None))
     return Suspend(Offload(job.run), stored, reload=True,
-                   cancel=lambda: job.abandon(asyncio.get_running_loop(), lambda: release_rest(0)))
+                   cancel=lambda: job.abandon(asyncio.get_running_loop(), release_all))
 
 
 @command("tair.kv.pullprobe", 3, "fast", group="tairkv", since="0.2.0",

@@ -288,6 +288,13 @@ def pull_hash(pid: int, head: bytes, ranges: Ranges, dst: Any, sum_at: int | Non
     return digest
 
 
+def _still_there(peer: Peer) -> None:
+    """After a copy: PullError unless its process is still alive (a dead one's pid may have been reused during
+    the copy, and what was read would not be its)."""
+    if not peer.alive():
+        raise PullError("ERR the client process exited during the pull; nothing was stored")
+
+
 class PullJob(CommitJob):
     """A pull's copy and hash (``pull_hash``) followed by the check that the peer is still the process that
     connected, run inline or by a worker thread as a commit's (``CommitJob``: ``found`` is (digest, digest)
@@ -306,8 +313,7 @@ class PullJob(CommitJob):
 
     def work(self) -> tuple[int, int]:
         digest = pull_hash(self.peer.pid, self.head, self.ranges, self.dst, self.sum_at, helper=self.helper)
-        if not self.peer.alive():  # its pid may have been reused during the copy: what was read is not its
-            raise PullError("ERR the client process exited during the pull; nothing was stored")
+        _still_there(self.peer)
         return digest, digest
 
 
@@ -332,6 +338,5 @@ class MultiPullJob(CommitJob):
                 out.append((digest, digest))
             except PullError as exc:
                 out.append(exc)
-        if not self.peer.alive():
-            raise PullError("ERR the client process exited during the pull; nothing was stored")
+        _still_there(self.peer)
         return out
