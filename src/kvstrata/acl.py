@@ -8,8 +8,8 @@ A user is ``on``/``off``, has SHA-256 password hashes (or ``nopass``), a set of 
 Enforcement (``Acl.deny``) runs before a command: its (sub)command must be allowed, and every key it names
 (``CommandSpec.keys``, with the TAIR.KV options told apart from keys) must match one of the user's patterns.
 Commands that take a pattern instead of keys (TAIR.KV.MARKHOT/UNMARKHOT) are allowed only when every key the
-pattern can match lies inside one of the user's patterns; FLUSHALL and FLUSHDB need ``allkeys``; KEYS, SCAN and
-RANDOMKEY filter their results (``visible``).
+pattern can match lies inside one of the user's patterns; FLUSHALL, FLUSHDB and TAIR.KV.ARENA (its mapping shows
+every value) need ``allkeys``; KEYS, SCAN and RANDOMKEY filter their results (``visible``).
 """
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ _DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info"}
 _KEYSPACE = frozenset({"dbsize", "flushall", "flushdb"})
 # Commands whose first argument is a key pattern (not a key).
 PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})
-# Commands that act on every key: only for users with allkeys (kvstrata's rule; Redis leaves them to the
-# command rules, so a tenant allowed +@all could flush every other tenant's keys).
-WHOLE_KEYSPACE = frozenset({"flushall", "flushdb"})
+# Commands that act on every key, or show every value: only for users with allkeys (kvstrata's rule; Redis
+# leaves them to the command rules, so a tenant allowed +@all could flush every other tenant's keys). The arena's
+# descriptor maps every value in DRAM into the client, whoever stored it, and a mapping cannot be taken back:
+# only a user who may read every key gets one (a tenant's SDK reads over its socket instead).
+WHOLE_KEYSPACE = frozenset({"flushall", "flushdb", "tair.kv.arena"})
 _GLOB_SPECIAL = frozenset(b"*?[\\")
 ACL_LOG_MAX = 128
 ACL_LOG_GROUP_MS = 60_000

@@ -25,7 +25,6 @@ from tests.integration.support import memory_info as _info
 from tests.integration.support import unix_server as _start
 
 from kvstrata.client.arena import ArenaClient, ArenaUnavailable, Ref
-from kvstrata.client.fast import RespError
 from kvstrata.client.keys import Namespace
 from kvstrata.client.sdk import AsyncKVCacheClient, KVCacheClient
 
@@ -120,16 +119,48 @@ def test_mgetref_options_are_not_keys_for_acl_key_patterns(make_server, sockdir)
     admin.set("kv:a", b"a" * 300_000)
     admin.set("other:b", b"b" * 300_000)
     admin.execute_command("ACL", "SETUSER", "t", "on", ">pw", "~kv:*", "+@all")
-    c = ArenaClient(path, username="t", password="pw")
+    c = redis.Redis(unix_socket_path=path, username="t", password="pw")
     try:
         # LEASE, its milliseconds and NOSUM are checked as options, not as keys outside ~kv:*.
-        lease, refs = c.mgetref([b"kv:a"], lease_ms=5000, checksums=False)
-        assert lease > 0 and bytes(c.value(refs[0])) == b"a" * 300_000
-        with pytest.raises(RespError, match="NOPERM"):
-            c.mgetref([b"kv:a", b"other:b"], checksums=False)
-        c.release(lease, now=True)
+        lease, (ref,) = c.execute_command("TAIR.KV.MGETREF", "kv:a", "LEASE", "5000", "NOSUM")
+        assert lease > 0 and int(ref[1]) == 300_000
+        with pytest.raises(redis.exceptions.NoPermissionError, match="no permissions to access one of the keys"):
+            c.execute_command("TAIR.KV.MGETREF", "kv:a", "other:b", "NOSUM")
+        assert c.execute_command("TAIR.KV.RELEASE", lease) == 1
     finally:
         c.close()
+
+
+def test_only_a_user_who_may_read_every_key_maps_the_arena(make_server, sockdir) -> None:
+    # The mapping shows every value in DRAM, other tenants' too, and cannot be taken back once mapped: a user
+    # restricted to some keys is refused the descriptor (whatever its command rules), and its SDK reads over
+    # the socket instead, byte-identical.
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb"})
+    admin = srv.client()
+    admin.set("other:b", b"b" * 300_000)
+    admin.execute_command("ACL", "SETUSER", "t", "on", ">pw", "~kvs:*", "+@all")
+    admin.execute_command("ACL", "SETUSER", "all", "on", ">pw", "~*", "+@all")
+    with pytest.raises(ArenaUnavailable, match="NOPERM"):
+        ArenaClient(path, username="t", password="pw")
+    log = [dict(zip(e[::2], e[1::2], strict=True)) for e in admin.execute_command("ACL", "LOG", "10")]
+    assert any(e[b"username"] == b"t" and e[b"reason"] == b"key" for e in log)
+    assert admin.execute_command("ACL", "DRYRUN", "t", "TAIR.KV.ARENA").startswith(b"This user has no permissions")
+    assert admin.execute_command("ACL", "DRYRUN", "all", "TAIR.KV.ARENA") == b"OK"
+    c = ArenaClient(path, username="all", password="pw")
+    try:
+        _, (ref,) = c.mgetref([b"other:b"], checksums=False)
+        assert bytes(c.value(ref)) == b"b" * 300_000
+    finally:
+        c.close()
+    ns = Namespace("m", kv_dtype="float32")
+    kv = make_kv(512, layers=2, heads=2, dim=32)
+    tokens = list(range(512))
+    with KVCacheClient(f"unix://{path}", ns, username="t", password="pw") as sdk:
+        sdk.store(tokens, kv)
+        assert _info(admin)["stage_commits"] == 2  # its stores still went through its own staging segment
+        n, out = sdk.retrieve(tokens)
+        assert n == 512 and np.array_equal(out, kv)
+        assert getattr(sdk._tls, "arena", None) is None and not sdk._arena_ok  # read over the socket
 
 
 def test_arena_is_refused_over_tcp_before_auth_and_when_off(make_server, sockdir) -> None:

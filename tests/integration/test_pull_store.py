@@ -257,6 +257,18 @@ def test_mpull_stores_each_value_and_answers_per_value(make_server, sockdir) -> 
         with pytest.raises(redis.ResponseError, match="only on the Unix socket"):
             tcp.execute_command("TAIR.KV.MPULL", -1, b"m6", 0, b"", good[1])
         assert w.call(b"PING") == b"PONG"
+        # ACL: every value's key is checked (positions 2, 6, 10, ...), not the sum_at, TTLs, heads or blobs; one
+        # key outside the user's patterns refuses the whole command, and nothing is stored.
+        tcp.execute_command("ACL", "SETUSER", "t", "on", ">pw", "~m*", "+@all")
+        t = FastClient(unix_path=path, username="t", password="pw")
+        try:
+            with pytest.raises(RespError, match="NOPERM"):
+                t.call(b"TAIR.KV.MPULL", -1, b"m7", 0, b"", good[1], b"other", 0, b"", good[1])
+            assert tcp.exists(b"m7", b"other") == 0
+            assert t.call(b"TAIR.KV.MPULL", -1, b"m7", 0, b"", good[1])[0] > 0
+            assert tcp.get(b"m7") == data[1].tobytes()
+        finally:
+            t.close()
     finally:
         w.close()
 
