@@ -216,3 +216,59 @@ def test_a_tenant_restricted_to_its_namespace_uses_tair_kv_commands(make_server)
              for name in ("tair.kv.setex", "tair.kv.mget", "set", "mget")}
     assert calls["tair.kv.setex"] == 4 and calls["tair.kv.mget"] >= 2 and calls["set"] == 0 and calls["mget"] == 0
     admin.close()
+
+
+def test_tail_chunks_store_and_read_alike_in_both_clients_and_on_every_path(make_server, sockdir) -> None:
+    """``store(tail=True)`` writes the tokens after the last full chunk as a tail chunk; ``longest_tail`` finds the
+    longest stored one of a longer sequence; reading it after the full chunks gives back exactly its tokens' KV.
+    The same through a local server's staging segment and arena, over TCP, without a server, and async."""
+    srv, path = _start(make_server, sockdir, **{"dram-size": "64mb"})
+    tcp = srv.client()
+    n = 3 * CS + 5
+    tokens = list(range(1000, 1000 + n))
+    kv = make_kv(n, seed=5)
+    later = tokens + [7, 8, 9]  # the sequence went on: the stored tail is its first 5 tokens after 3 chunks
+
+    def check_sync(c: KVCacheClient) -> list[bytes | None]:
+        assert c.store(tokens, kv, tail=True) == 4
+        assert c.store(tokens, kv, tail=True) == 0  # all present, the tail too
+        assert c.longest_tail(tokens) == (5, c.tail_keys(tokens)[4])
+        r, key = c.longest_tail(later)
+        assert r == 5 and key == c.tail_keys(later)[4]
+        assert c.longest_tail(later[:-4]) == (0, None)  # 4 tokens after the chunks: shorter than what is stored
+        assert c.longest_tail(tokens[:3 * CS]) == (0, None)  # nothing after the last full chunk
+        got, chunks = c.retrieve_chunks(later, keys=[*c.keys(later), key])
+        assert got == 4 * CS and chunks[3].shape[3] == 5  # the tail holds its 5 tokens
+        assert np.array_equal(np.concatenate(chunks, axis=3), kv)
+        assert c.lookup(later) == 3 * CS  # lookups and plain retrieves stay on full chunks
+        return [tcp.get(k) for k in [*c.keys(tokens), key]] if c.redis is not None else []
+
+    with KVCacheClient(f"unix://{path}", Namespace("tail-unix", kv_dtype="float32"), chunk_size=CS) as c:
+        via_segment = check_sync(c)
+        assert c._tls.arena is not None  # read out of the arena
+    assert _info(tcp)["stage_commits"] == 4  # the tail went through the staging segment as the chunks did
+    with KVCacheClient(f"redis://{srv.host}:{srv.port}", Namespace("tail-tcp", kv_dtype="float32"),
+                       chunk_size=CS, local_plane=False) as c:
+        over_tcp = check_sync(c)
+    assert via_segment == over_tcp and None not in over_tcp
+    with KVCacheClient(None, Namespace("tail-local", kv_dtype="float32"), chunk_size=CS,
+                       local_tier=LocalTier(1 << 24)) as c:
+        check_sync(c)
+
+    async def check_async(url: str | None, ns: str, **kw) -> None:
+        async with AsyncKVCacheClient(url, Namespace(ns, kv_dtype="float32"), chunk_size=CS, **kw) as c:
+            assert await c.store(tokens, kv, tail=True) == 4
+            r, key = await c.longest_tail(later)
+            assert r == 5 and key == c.tail_keys(later)[4]
+            assert await c.longest_tail(later[:-4]) == (0, None)
+            got, chunks = await c.retrieve_chunks(later, keys=[*c.keys(later), key])
+            assert got == 4 * CS and np.array_equal(np.concatenate(chunks, axis=3), kv)
+
+    asyncio.run(check_async(f"redis://{srv.host}:{srv.port}", "tail-async", local_plane=False))
+    asyncio.run(check_async(f"unix://{path}", "tail-async-unix"))
+    asyncio.run(check_async(None, "tail-async-local", local_tier=LocalTier(1 << 24)))
+    with KVCacheClient(f"redis://{srv.host}:{srv.port}", Namespace("tail-async", kv_dtype="float32"),
+                       chunk_size=CS, local_plane=False) as s:
+        # Byte for byte what the sync client wrote (a value does not carry its namespace).
+        assert [tcp.get(k) for k in [*s.keys(tokens), s.tail_keys(tokens)[4]]] == over_tcp
+    tcp.close()

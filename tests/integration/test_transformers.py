@@ -82,15 +82,46 @@ def test_stored_chunks_decode_bitwise(url, model):
         assert torch.equal(k[:, :, :64], rk) and torch.equal(v[:, :, :64], rv)
 
 
-def test_next_turn_reuses_prompt_and_reply(url, model):
+@pytest.mark.parametrize("tails", [True, False])
+def test_next_turn_reuses_prompt_and_reply(url, model, tails):
     ids = prompt(40, seed=5)
-    with CachedGenerator(model, fresh_client(url, model)) as gen, CachedGenerator(model) as plain:
-        r1 = gen.generate(ids, 12)
+    with CachedGenerator(model, fresh_client(url, model), tails=tails) as gen, CachedGenerator(model) as plain:
+        r1 = gen.generate(ids, 12, keep_cache=True)
         turn2 = ids + r1.tokens + prompt(10, seed=6)
-        r2 = gen.generate(turn2, 12)
-        assert r2.cached_tokens == (len(ids) + len(r1.tokens) - 1) // CS * CS
-        assert r2.cached_tokens > len(ids) - CS
+        r2 = gen.generate(turn2, 12, keep_cache=True)
+        seen = len(ids) + len(r1.tokens) - 1  # the tokens whose KV the first turn computed
+        if tails:
+            # Every token the first turn computed (48 in full chunks, a tail of 3): only the last reply token and
+            # the new message are computed.
+            assert r2.cached_tokens == seen and r2.computed_tokens == len(turn2) - seen
+        else:
+            assert r2.cached_tokens == seen // CS * CS and r2.cached_tokens > len(ids) - CS
         assert r2.tokens == plain.generate(turn2, 12).tokens
+        # The restored part, the tail's tokens too, is bitwise what the first turn computed.
+        for (k1, v1), (k2, v2) in zip(cache_layers(r1.cache), cache_layers(r2.cache), strict=True):
+            n = r2.cached_tokens
+            assert torch.equal(k1[:, :, :n], k2[:, :, :n]) and torch.equal(v1[:, :, :n], v2[:, :, :n])
+        # Its chunks are stored: the second turn's tail replaced nothing; the third turn finds the second's.
+        turn3 = turn2 + r2.tokens + prompt(5, seed=7)
+        r3 = gen.generate(turn3, 4)
+        if tails:
+            assert r3.cached_tokens == len(turn2) + len(r2.tokens) - 1
+        assert r3.tokens == plain.generate(turn3, 4).tokens
+
+
+def test_a_tail_is_read_only_after_every_full_chunk_before_it(url, model):
+    client = fresh_client(url, model)
+    ids = prompt(45, seed=8)  # two full chunks, a tail of 13
+    with CachedGenerator(model, client, background_store=False) as gen:
+        gen.generate(ids, 1)  # stores 2 chunks and the tail of 13 (a 1-token reply adds no KV)
+    assert client.longest_tail(ids) == (13, client.tail_keys(ids)[12])
+    longer = ids + prompt(2, seed=9)  # the next prompt: the tail of 13, then new tokens (still before 48)
+    assert client.longest_tail(longer[:-1], client.keys(longer[:-1]))[0] == 13
+    client.redis.delete(client.keys(ids)[1])  # a full chunk before the tail is gone
+    with CachedGenerator(model, client, background_store=False) as gen, CachedGenerator(model) as plain:
+        r = gen.generate(longer, 4)
+        assert r.cached_tokens == CS  # the first chunk only: the tail needs every chunk before it
+        assert r.tokens == plain.generate(longer, 4).tokens
 
 
 def test_partial_last_chunk_and_exact_multiple(url, model):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstrata.client.keys import Namespace, chunk_digests, chunk_keys
+from kvstrata.client.keys import Namespace, chunk_digests, chunk_keys, tail_digests, tail_keys
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "chunk-keys.md"
 
@@ -71,6 +71,51 @@ def test_partial_last_chunk_has_no_key():
     assert chunk_digests(list(range(7)), 4) == chunk_digests(list(range(4)), 4)
     assert len(chunk_digests(list(range(7)), 4)) == 1
     assert chunk_digests(list(range(3)), 4) == []
+
+
+TAIL_VECTORS = [
+    # (tokens, chunk_size, the digest of the tail of r tokens at r - 1)
+    (list(range(1, 11)), 4, ["0c433401cc95cf18e69ec4db4120530f5a2a260978ba6931bf6eec904adf8a1d",
+                             "6dc571acd2ccb712fb7a8b13854443ded3fba409ddd9aa84849d3840c1547ca3"]),
+    ([0, 1, 2], 4, ["df3f619804a92fdb4057192dc43dd748ea778adc52bc498ce80524c014b81119",
+                    "01acecb507abfe1a354aa8064f4af5d3f1acd019e37db3c11c97523b71c76e9d",
+                    "ad5dc1478de06a4c2728ea528bd9361a4b945e92a414bf4d180cedaaeaa5f4cc"]),
+]
+
+
+@pytest.mark.parametrize(("tokens", "chunk_size", "expected"), TAIL_VECTORS)
+def test_tail_vectors(tokens, chunk_size, expected):
+    ns = Namespace("m")
+    keys = tail_keys(tokens, ns, chunk_size)
+    assert [k.decode() for k in keys] == [ns.prefix.decode() + e for e in expected]
+    # The reference chaining, with the tail as the last "chunk" of its own length.
+    n_full = len(tokens) // chunk_size
+    parent = reference(tokens, chunk_size)[-1] if n_full else None
+    for r, digest in enumerate(expected, 1):
+        h = hashlib.sha256(bytes.fromhex(parent) if parent else b"")
+        for t in tokens[n_full * chunk_size:n_full * chunk_size + r]:
+            h.update(t.to_bytes(4, "little"))
+        assert h.hexdigest() == digest
+    assert all(e in DOC.read_text() for e in expected)
+
+
+def test_tail_keys_follow_the_full_chunks_and_fill_up_into_the_next():
+    ns = Namespace("m")
+    tokens = list(range(100, 111))  # two chunks of 4, a tail of 3
+    full = chunk_keys(tokens, ns, 4)
+    tails = tail_keys(tokens, ns, 4)
+    assert len(tails) == 3 and not set(tails) & set(full)
+    assert tail_keys(tokens, ns, 4, keys=full) == tails
+    assert tail_keys(tokens[:8], ns, 4) == []  # no tail: nothing after the last full chunk
+    # A tail that fills up is the full chunk the longer sequence gets; the chain is the full chunks'.
+    longer = chunk_keys(tokens + [111], ns, 4)
+    assert tail_digests(bytes.fromhex(full[-1][-64:].decode()), tokens[8:] + [111])[-1].hex() == \
+        longer[-1][-64:].decode()
+    # A different prefix gives different tails for the same last tokens.
+    assert not set(tail_keys([0] + tokens[1:], ns, 4)) & set(tails)
+    assert tail_keys(tokens, ns, 4, shard_key="u1")[0].startswith(ns.prefix + b"{u1}:")
+    with pytest.raises(ValueError, match="keys given"):
+        tail_keys(tokens, ns, 4, keys=full[:1])
 
 
 def test_prefix_property_and_chaining():

@@ -67,7 +67,7 @@ def test_asyncio_operations_are_awaitable() -> None:
         sync, aio = getattr(KVCacheClient, name), getattr(AsyncKVCacheClient, name)
         if inspect.isgeneratorfunction(inspect.unwrap(sync)):  # a context manager: async context manager
             assert inspect.isasyncgenfunction(inspect.unwrap(aio)), name
-        elif name not in ("keys", "ttl_ms", "encode_chunk", "concat"):  # pure planning, no I/O: shared, sync
+        elif name not in ("keys", "tail_keys", "ttl_ms", "encode_chunk", "concat"):  # pure planning, no I/O: shared
             assert inspect.iscoroutinefunction(aio), f"AsyncKVCacheClient.{name} is not a coroutine"
         else:
             assert sync is aio, f"{name} should be the one shared planning method"

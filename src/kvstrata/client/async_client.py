@@ -158,17 +158,28 @@ class AsyncKVCacheClient(_Base):
         self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
         return n * self.chunk_size
 
+    async def longest_tail(self, tokens: Sequence[int], keys: list[bytes] | None = None) -> tuple[int, bytes | None]:
+        """``KVCacheClient.longest_tail``."""
+        candidates = self.tail_keys(tokens, keys)
+        if not candidates:
+            return 0, None
+        if self._conns is None:
+            found = [self._local_get(k) is not None for k in candidates]
+        else:
+            found = await self._exists_each(candidates)
+        return self._longest_tail(candidates, found)
+
     async def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
                     ttl: float | None = None, start: int = 0, skip_existing: bool = True,
-                    keys: list[bytes] | None = None) -> int:
+                    keys: list[bytes] | None = None, tail: bool = False) -> int:
         """``KVCacheClient.store``: the same chunks, checks, batches and counters (one planning layer)."""
         if self.local is None and await self._plane():
             # A local server: the synchronous client's store, in a worker thread, as retrieve reads the arena.
             assert self._local is not None
             self._local.namespace = self.namespace
             return await asyncio.to_thread(self._local.store, tokens, kv, ttl_class=ttl_class, ttl=ttl,
-                                           start=start, skip_existing=skip_existing, keys=keys)
-        keys, todo = self._store_todo(tokens, start, keys)
+                                           start=start, skip_existing=skip_existing, keys=keys, tail=tail)
+        keys, todo = self._store_todo(tokens, start, keys, tail)
         if skip_existing and todo:
             if self._conns is None:
                 todo = self._local_absent(keys, todo)
@@ -183,7 +194,8 @@ class AsyncKVCacheClient(_Base):
         ttl_ms = self.ttl_ms(ttl_class, ttl)
         plain = self._conns is not None and await self._is_plain()
         for batch in self._batches(todo):
-            cmds = [self._store_command(keys[i], ttl_ms, self._sealed(keys[i], self._chunk_parts(kv, i), ttl_ms),
+            cmds = [self._store_command(keys[i], ttl_ms,
+                                        self._sealed(keys[i], self._chunk_parts(kv, i, end=len(tokens)), ttl_ms),
                                         plain) for i in batch]
             if self._conns is not None:
                 self._raise_first(await self._roundtrip(cmds))

@@ -2,7 +2,8 @@
 
 The exact specification, with test vectors, is ``docs/chunk-keys.md``. In short:
 
-* tokens are split into chunks of ``chunk_size``; only full chunks get keys;
+* tokens are split into chunks of ``chunk_size``; full chunks get keys, and the tokens after the last full chunk
+  may be stored as a *tail chunk* under a key of the same form (``tail_keys``), chained the same way;
 * ``digest_0 = SHA-256(le32(t_0) .. le32(t_{n-1}))`` and
   ``digest_i = SHA-256(digest_{i-1} || le32(tokens of chunk i))`` (each token id as a 4-byte little-endian
   unsigned integer, the previous digest as its 32 raw bytes);
@@ -92,6 +93,30 @@ class Namespace:
         return KEY_PREFIX + self.id.encode() + b":"
 
 
+def tail_digests(parent: bytes, tokens: Sequence[int]) -> list[bytes]:
+    """The digests of the tail chunks that may follow the chunk whose digest is ``parent`` (``b""``: at the
+    start of the sequence): entry ``r - 1`` is that of the tail made of the first ``r`` of ``tokens``. The rule
+    is a full chunk's (``SHA-256(parent || le32(tokens))``), so a tail that later fills up to ``chunk_size``
+    tokens has the digest that full chunk gets."""
+    data = _tokens_bytes(tokens)
+    h = hashlib.sha256(parent)
+    out: list[bytes] = []
+    for i in range(0, len(data), 4):
+        h.update(data[i:i + 4])
+        out.append(h.digest())
+    return out
+
+
+def key_prefix(namespace: Namespace, shard_key: str | None = None) -> bytes:
+    """What every key of ``namespace`` (and ``shard_key``) starts with, before the digest's hex."""
+    prefix = namespace.prefix
+    if shard_key:
+        if "{" in shard_key or "}" in shard_key:
+            raise ValueError("a shard key may not contain braces")
+        prefix += b"{" + shard_key.encode() + b"}:"
+    return prefix
+
+
 def chunk_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DEFAULT_CHUNK_SIZE,
                shard_key: str | None = None) -> list[bytes]:
     """The keys of the full chunks of ``tokens`` in ``namespace``.
@@ -100,10 +125,23 @@ def chunk_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DE
     ``kvs:<ns>:{<shard_key>}:<digest>``, so all chunks of that session land on one shard of a cluster pool.
     The tag changes the keys: chunks stored under one shard key are not found under another (docs/pool.md).
     """
-    prefix = namespace.prefix
-    if shard_key:
-        if "{" in shard_key or "}" in shard_key:
-            raise ValueError("a shard key may not contain braces")
-        prefix += b"{" + shard_key.encode() + b"}:"
+    prefix = key_prefix(namespace, shard_key)
     return [prefix + d.hex().encode() for d in chunk_digests(tokens, chunk_size)]
+
+
+def tail_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DEFAULT_CHUNK_SIZE,
+              shard_key: str | None = None, keys: Sequence[bytes] | None = None) -> list[bytes]:
+    """The keys a tail chunk of ``tokens`` may have: the ``m = len(tokens) mod chunk_size`` tokens after the last
+    full chunk; entry ``r - 1`` is the key of the tail of the first ``r`` of them (empty when ``m`` is 0).
+    ``keys``: ``chunk_keys`` of ``tokens`` when the caller has them (the last one's digest is the parent)."""
+    n_full = len(tokens) // chunk_size
+    if n_full * chunk_size == len(tokens):
+        return []
+    if keys is None:
+        keys = chunk_keys(tokens, namespace, chunk_size, shard_key)
+    if len(keys) != n_full:
+        raise ValueError(f"{len(keys)} keys given for {n_full} full chunks")
+    parent = bytes.fromhex(keys[-1][-64:].decode()) if n_full else b""
+    prefix = key_prefix(namespace, shard_key)
+    return [prefix + d.hex().encode() for d in tail_digests(parent, tokens[n_full * chunk_size:])]
 

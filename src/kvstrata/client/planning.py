@@ -27,7 +27,7 @@ from kvstrata.client.codec import (
     seal_parts,
 )
 from kvstrata.client.copypool import copy_threads as checked_copy_threads
-from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys
+from kvstrata.client.keys import DEFAULT_CHUNK_SIZE, Namespace, chunk_keys, tail_keys
 from kvstrata.client.local import LocalTier
 from kvstrata.client.resp import PROBE, mget_command
 from kvstrata.engine.entry import Entry
@@ -109,6 +109,11 @@ class _Base:
         """The keys of the full chunks of ``tokens`` (a partial last chunk has none)."""
         return chunk_keys(tokens, self.namespace, self.chunk_size, self.shard_key)
 
+    def tail_keys(self, tokens: Sequence[int], keys: Sequence[bytes] | None = None) -> list[bytes]:
+        """The keys a tail chunk of ``tokens`` (its tokens after the last full chunk) may have, the tail of ``r``
+        tokens at ``r - 1`` (``kvstrata.client.keys.tail_keys``); ``keys``: ``self.keys(tokens)``, when known."""
+        return tail_keys(tokens, self.namespace, self.chunk_size, self.shard_key, keys)
+
     def ttl_ms(self, ttl_class: str | None = None, ttl: float | None = None) -> int:
         """Milliseconds for TAIR.KV.SETEX (0 = no expiry): ``ttl`` seconds if given (0 = none), else the class's."""
         if ttl is not None:
@@ -176,11 +181,14 @@ class _Base:
         return isinstance(reply, redis.ResponseError)
 
     # ---- store planning (shared by the sync and the asyncio client) ----
-    def _store_todo(self, tokens: Sequence[int], start: int,
-                    keys: list[bytes] | None) -> tuple[list[bytes], list[int]]:
+    def _store_todo(self, tokens: Sequence[int], start: int, keys: list[bytes] | None,
+                    tail: bool = False) -> tuple[list[bytes], list[int]]:
         """The keys of ``tokens`` (``keys`` when the caller has them) and the indexes of the chunks a store from
-        token ``start`` covers, before the existence check."""
+        token ``start`` covers, before the existence check; with ``tail``, the tokens after the last full chunk
+        are one more chunk, under the last of their ``tail_keys``."""
         keys = self.keys(tokens) if keys is None else keys
+        if tail and len(tokens) % self.chunk_size:
+            keys = [*keys, self.tail_keys(tokens, keys)[-1]]
         return keys, list(range(start // self.chunk_size, len(keys)))
 
     def _batches(self, items: list[Any], size: int | None = None) -> Iterator[list[Any]]:
@@ -201,6 +209,12 @@ class _Base:
         return next((j for j, f in enumerate(found) if not f), len(found))
 
     @staticmethod
+    def _longest_tail(candidates: list[bytes], found: Sequence[Any]) -> tuple[int, bytes | None]:
+        """(r, key) of the longest of a sequence's tail keys (``tail_keys``) whose EXISTS said yes, or (0, None)."""
+        r = next((r for r in range(len(candidates), 0, -1) if found[r - 1]), 0)
+        return r, candidates[r - 1] if r else None
+
+    @staticmethod
     def _absent_of(batch: list[int], found: Sequence[Any]) -> list[int]:
         """The chunks of ``batch`` whose EXISTS said no."""
         return [i for i, f in zip(batch, found, strict=True) if not f]
@@ -208,11 +222,13 @@ class _Base:
     def _count_skipped(self, keys: list[bytes], start: int, todo: list[int]) -> None:
         self._count(skipped_chunks=max(0, len(keys) - start // self.chunk_size - len(todo)))
 
-    def _chunk_parts(self, kv: KVSource, i: int, strided: bool = False) -> list[Any]:
+    def _chunk_parts(self, kv: KVSource, i: int, strided: bool = False, end: int | None = None) -> list[Any]:
         """Chunk ``i`` of ``kv`` encoded, its checksum not yet filled in (``seal_parts``, or the staging copy;
-        ``strided``: a strided raw chunk as the array itself, for the staging copy, ``codec.prepare_parts``)."""
+        ``strided``: a strided raw chunk as the array itself, for the staging copy, ``codec.prepare_parts``).
+        ``end``: the number of tokens, where a tail chunk stops short of ``chunk_size``."""
         cs = self.chunk_size
-        return self.encode_chunk(self._chunk_value(kv, i * cs, (i + 1) * cs), sealed=False, strided=strided)
+        stop = (i + 1) * cs if end is None else min((i + 1) * cs, end)
+        return self.encode_chunk(self._chunk_value(kv, i * cs, stop), sealed=False, strided=strided)
 
     def _sealed(self, key: bytes, parts: list[Any], ttl_ms: int) -> list[Any]:
         """``parts`` sealed, and kept in the local tier when there is one."""

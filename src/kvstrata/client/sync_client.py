@@ -157,12 +157,13 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
 
     def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
               ttl: float | None = None, start: int = 0, skip_existing: bool = True,
-              keys: list[bytes] | None = None) -> int:
+              keys: list[bytes] | None = None, tail: bool = False) -> int:
         """Store the full chunks of ``tokens`` (from token ``start``, a multiple of chunk_size) that are not cached
         yet. ``kv`` is a tensor with a token axis (the ``T`` of the namespace's layout) covering ``tokens``, or
         a function ``kv(start, end)`` returning one chunk's tensor. ``keys``: ``self.keys(tokens)`` when the
-        caller has them already. Returns the number of chunks written."""
-        keys, todo = self._store_todo(tokens, start, keys)
+        caller has them already. ``tail``: the tokens after the last full chunk too, as a tail chunk (found by
+        ``longest_tail``; docs/chunk-keys.md). Returns the number of chunks written."""
+        keys, todo = self._store_todo(tokens, start, keys, tail)
         if skip_existing and todo:
             todo = self._absent(keys, todo)
         self._count_skipped(keys, start, todo)
@@ -176,7 +177,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             staged: list[tuple[bytes, int, list[Any]]] = []
             stager = self._stager() if self.redis is not None else None
             for i in batch:
-                parts = self._chunk_parts(kv, i, strided=stager is not None)
+                parts = self._chunk_parts(kv, i, strided=stager is not None, end=len(tokens))
                 size = parts_nbytes(parts)
                 self._size_hint = max(self._size_hint, size)
                 stage = stager is not None and stager.fits(size)
@@ -193,6 +194,16 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             written += len(batch)
         self._count(stored_chunks=written)
         return written
+
+    def longest_tail(self, tokens: Sequence[int], keys: list[bytes] | None = None) -> tuple[int, bytes | None]:
+        """(r, key): the longest tail chunk of ``tokens`` that is stored, the first ``r`` tokens after the last
+        full chunk (``store(tail=True)`` of a sequence that went on from there), or (0, None). One pipelined
+        EXISTS of every candidate (the local tier's without a server). ``keys``: ``self.keys(tokens)``."""
+        candidates = self.tail_keys(tokens, keys)
+        if not candidates:
+            return 0, None
+        absent = set(self._absent(candidates, list(range(len(candidates)))))
+        return self._longest_tail(candidates, [i not in absent for i in range(len(candidates))])
 
     def _absent(self, keys: list[bytes], idx: list[int]) -> list[int]:
         """The chunks of ``idx`` not stored yet (pipelined EXISTS per batch; the local tier alone without a

@@ -2,12 +2,14 @@
 
 ``CachedGenerator(model, client).generate(token_ids)``:
 
-1. looks up the longest cached prefix (whole chunks, leaving at least one prompt token to compute),
+1. looks up the longest cached prefix (whole chunks, then the longest stored tail chunk after them, leaving at
+   least one prompt token to compute),
 2. restores those chunks into a fresh ``DynamicCache``,
 3. prefills only the rest of the prompt, then decodes greedily,
-4. returns, and stores the new full chunks (prompt and reply) on a background thread, so the reply is never
-   delayed by the store. The next ``generate`` of the same generator waits for that store first (outside the
-   TTFT it measures), so a conversation's next turn always finds the previous turn's chunks.
+4. returns, and stores the new full chunks (prompt and reply) and the tokens after the last of them (a tail
+   chunk, docs/chunk-keys.md) on a background thread, so the reply is never delayed by the store. The next
+   ``generate`` of the same generator waits for that store first (outside the TTFT it measures), so a
+   conversation's next turn finds the whole of the previous turn and computes only what is new.
 
 A chunk's value is one tensor ``[layers, 2 (K, V), kv_heads, chunk_tokens, head_dim]`` (layout ``LKHTD``). Models
 whose cached K and V differ in width (MLA: DeepSeek V2/V3, whose cache holds full heads in transformers 4.57 and
@@ -254,7 +256,10 @@ class CachedGenerator:
     """Greedy generation with kvstrata prefix reuse. ``client=None`` recomputes everything (the baseline)."""
 
     def __init__(self, model: Any, client: KVCacheClient | None = None, *, background_store: bool = True,
-                 ttl_class: str | None = None, device_tier: TensorTier | None = None) -> None:
+                 ttl_class: str | None = None, device_tier: TensorTier | None = None, tails: bool = True) -> None:
+        """``tails``: also store the tokens after a turn's last full chunk (a tail chunk), and restore the
+        longest stored tail of a prompt, so that the next turn of a conversation recomputes only its new tokens,
+        not the up to ``chunk_size - 1`` before them (one EXISTS per turn for the candidates)."""
         check_version()
         self.model = model
         self.client = client
@@ -268,6 +273,7 @@ class CachedGenerator:
         self.device = next(model.parameters()).device
         self.ttl_class = ttl_class
         self.background_store = background_store
+        self.tails = tails
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvstrata-store") if background_store else None
         self._pending: Future | None = None
         self._lock = threading.Lock()
@@ -310,13 +316,14 @@ class CachedGenerator:
         layers = cache_layers(cache)
         tier = self.device_tier
         keys = self.client.keys(tokens)
+        cs = self.client.chunk_size
         if tier is not None:
-            cs = self.client.chunk_size
             for i, key in enumerate(keys):
                 if not tier.contains(key):
                     tier.put(key, Entry(chunk_tensor(layers, i * cs, (i + 1) * cs), 0))
-        self.client.store(tokens, lambda s, e: chunk_from_cache(layers, s, e), start=start,
-                          ttl_class=self.ttl_class, keys=keys)
+        # From the chunk holding ``start``: a restored tail ended inside it, and that chunk is full now.
+        self.client.store(tokens, lambda s, e: chunk_from_cache(layers, s, e), start=start // cs * cs,
+                          ttl_class=self.ttl_class, keys=keys, tail=self.tails)
         self.last_store_s = time.perf_counter() - t0
 
     @torch.inference_mode()
@@ -336,17 +343,25 @@ class CachedGenerator:
         if self.client is not None:
             cs = self.client.chunk_size
             limit = (len(ids) - 1) // cs * cs  # keep at least one token to compute the next-token logits
-            if limit:
+            keys = self.client.keys(ids[:limit])
+            tail, tail_key = 0, None
+            if self.tails and len(ids) - 1 > limit:
+                # The previous turn's last tokens, stored as a tail chunk: found only when they are all still
+                # here, in order (the longest stored tail of this prompt after its last full chunk).
+                tail, tail_key = self.client.longest_tail(ids[:-1], keys)
+            if keys or tail_key is not None:
                 held: list[torch.Tensor] = []
-                keys = self.client.keys(ids[:limit])
                 if self.device_tier is not None:
                     for key in keys:
                         entry = self.device_tier.get(key)
                         if entry is None:
                             break
                         held.append(entry.value)
+                wanted = keys if tail_key is None else [*keys, tail_key]
                 n_cached, chunks = self.client.retrieve_chunks(ids[:limit], skip_chunks=len(held),
-                                                               reuse_buffers=True, keys=keys)  # copied below
+                                                               reuse_buffers=True, keys=wanted)  # copied below
+                if n_cached > limit:  # every full chunk and then the tail
+                    n_cached = limit + tail
                 if n_cached:
                     cache = restore_cache([*held, *chunks], self.dtype, self.device, self.k_width)
                     restored_bytes = sum(c.nbytes for c in chunks) + sum(
