@@ -237,6 +237,9 @@ def test_tail_chunks_store_and_read_alike_in_both_clients_and_on_every_path(make
         assert r == 5 and key == c.tail_keys(later)[4]
         assert c.longest_tail(later[:-4]) == (0, None)  # 4 tokens after the chunks: shorter than what is stored
         assert c.longest_tail(tokens[:3 * CS]) == (0, None)  # nothing after the last full chunk
+        much_later = later + list(range(40))  # two more full chunks after the stored tail's boundary
+        assert c.lookup_tail(much_later) == (3 * CS + 5, key)  # the full chunks, then the tail at their end
+        assert c.lookup_tail(tokens[:2 * CS + 3]) == (2 * CS, None)  # no tail there
         got, chunks = c.retrieve_chunks(later, keys=[*c.keys(later), key])
         assert got == 4 * CS and chunks[3].shape[3] == 5  # the tail holds its 5 tokens
         assert np.array_equal(np.concatenate(chunks, axis=3), kv)
@@ -261,6 +264,7 @@ def test_tail_chunks_store_and_read_alike_in_both_clients_and_on_every_path(make
             r, key = await c.longest_tail(later)
             assert r == 5 and key == c.tail_keys(later)[4]
             assert await c.longest_tail(later[:-4]) == (0, None)
+            assert await c.lookup_tail(later + list(range(40))) == (3 * CS + 5, key)
             got, chunks = await c.retrieve_chunks(later, keys=[*c.keys(later), key])
             assert got == 4 * CS and np.array_equal(np.concatenate(chunks, axis=3), kv)
 

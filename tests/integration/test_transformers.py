@@ -87,7 +87,9 @@ def test_next_turn_reuses_prompt_and_reply(url, model, tails):
     ids = prompt(40, seed=5)
     with CachedGenerator(model, fresh_client(url, model), tails=tails) as gen, CachedGenerator(model) as plain:
         r1 = gen.generate(ids, 12, keep_cache=True)
-        turn2 = ids + r1.tokens + prompt(10, seed=6)
+        # A new message longer than a chunk: the first turn's tail (at 48) lies before this prompt's last full
+        # chunk boundary (80).
+        turn2 = ids + r1.tokens + prompt(30, seed=6)
         r2 = gen.generate(turn2, 12, keep_cache=True)
         seen = len(ids) + len(r1.tokens) - 1  # the tokens whose KV the first turn computed
         if tails:
@@ -101,7 +103,8 @@ def test_next_turn_reuses_prompt_and_reply(url, model, tails):
         for (k1, v1), (k2, v2) in zip(cache_layers(r1.cache), cache_layers(r2.cache), strict=True):
             n = r2.cached_tokens
             assert torch.equal(k1[:, :, :n], k2[:, :, :n]) and torch.equal(v1[:, :, :n], v2[:, :, :n])
-        # Its chunks are stored: the second turn's tail replaced nothing; the third turn finds the second's.
+        # The third turn (a short message: its tail and its last full chunk boundary are the same) finds the
+        # second turn's tail.
         turn3 = turn2 + r2.tokens + prompt(5, seed=7)
         r3 = gen.generate(turn3, 4)
         if tails:
@@ -117,6 +120,7 @@ def test_a_tail_is_read_only_after_every_full_chunk_before_it(url, model):
     assert client.longest_tail(ids) == (13, client.tail_keys(ids)[12])
     longer = ids + prompt(2, seed=9)  # the next prompt: the tail of 13, then new tokens (still before 48)
     assert client.longest_tail(longer[:-1], client.keys(longer[:-1]))[0] == 13
+    assert client.lookup_tail(longer + prompt(30, seed=10)) == (45, client.tail_keys(ids)[12])
     client.redis.delete(client.keys(ids)[1])  # a full chunk before the tail is gone
     with CachedGenerator(model, client, background_store=False) as gen, CachedGenerator(model) as plain:
         r = gen.generate(longer, 4)

@@ -146,8 +146,8 @@ class AsyncKVCacheClient(_Base):
         self._raise_first(replies)
         return [bool(x) for x in replies]
 
-    async def lookup(self, tokens: Sequence[int]) -> int:
-        keys = self.keys(tokens)
+    async def _leading_present(self, keys: list[bytes]) -> int:
+        """How many leading ``keys`` are cached (the local tier, then pipelined EXISTS), counted as a lookup."""
         n = self._local_leading(keys)
         if self._conns is not None:
             for batch in self._batches(keys[n:]):
@@ -156,7 +156,16 @@ class AsyncKVCacheClient(_Base):
                 if hit < len(batch):
                     break
         self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
-        return n * self.chunk_size
+        return n
+
+    async def lookup(self, tokens: Sequence[int]) -> int:
+        return await self._leading_present(self.keys(tokens)) * self.chunk_size
+
+    async def lookup_tail(self, tokens: Sequence[int], keys: list[bytes] | None = None) -> tuple[int, bytes | None]:
+        """``KVCacheClient.lookup_tail``."""
+        keys = self.keys(tokens) if keys is None else keys
+        j = await self._leading_present(keys)
+        return self._with_tail(j, *await self.longest_tail(self._tail_span(tokens, j), keys[:j]))
 
     async def longest_tail(self, tokens: Sequence[int], keys: list[bytes] | None = None) -> tuple[int, bytes | None]:
         """``KVCacheClient.longest_tail``."""

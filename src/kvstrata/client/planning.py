@@ -214,6 +214,14 @@ class _Base:
         r = next((r for r in range(len(candidates), 0, -1) if found[r - 1]), 0)
         return r, candidates[r - 1] if r else None
 
+    def _tail_span(self, tokens: Sequence[int], j: int) -> Sequence[int]:
+        """The tokens up to the longest tail that may follow ``j`` full chunks (less than a chunk after them)."""
+        return tokens[:j * self.chunk_size + min(self.chunk_size - 1, len(tokens) - j * self.chunk_size)]
+
+    def _with_tail(self, j: int, r: int, key: bytes | None) -> tuple[int, bytes | None]:
+        """``lookup_tail``'s answer: ``j`` full chunks and a tail of ``r`` tokens under ``key``."""
+        return j * self.chunk_size + r, key
+
     @staticmethod
     def _absent_of(batch: list[int], found: Sequence[Any]) -> list[int]:
         """The chunks of ``batch`` whose EXISTS said no."""

@@ -146,14 +146,17 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         return n
 
     # ---- operations ----
-    def lookup(self, tokens: Sequence[int]) -> int:
-        """Number of leading tokens of ``tokens`` whose chunks are all cached (a multiple of chunk_size)."""
-        keys = self.keys(tokens)
+    def _leading_present(self, keys: list[bytes]) -> int:
+        """How many leading ``keys`` are cached (the local tier, then the server), counted as a lookup."""
         n = self._local_leading(keys)
         if n < len(keys) and self.redis is not None:
             n += self._server_leading(keys[n:])
         self._count(lookups=1, hit_chunks=n, miss_chunks=min(1, len(keys) - n))
-        return n * self.chunk_size
+        return n
+
+    def lookup(self, tokens: Sequence[int]) -> int:
+        """Number of leading tokens of ``tokens`` whose chunks are all cached (a multiple of chunk_size)."""
+        return self._leading_present(self.keys(tokens)) * self.chunk_size
 
     def store(self, tokens: Sequence[int], kv: KVSource, *, ttl_class: str | None = None,
               ttl: float | None = None, start: int = 0, skip_existing: bool = True,
@@ -194,6 +197,15 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             written += len(batch)
         self._count(stored_chunks=written)
         return written
+
+    def lookup_tail(self, tokens: Sequence[int], keys: list[bytes] | None = None) -> tuple[int, bytes | None]:
+        """(n, key): ``lookup`` that counts a stored tail chunk after the leading cached full chunks (``n``: their
+        tokens and the tail's; ``key``: the tail's, to read after those chunks, or None). The full chunks first
+        (the previous turn of a conversation may have ended chunks before the new prompt's last full one), then
+        ``longest_tail`` at the boundary where they stop. ``keys``: ``self.keys(tokens)``."""
+        keys = self.keys(tokens) if keys is None else keys
+        j = self._leading_present(keys)
+        return self._with_tail(j, *self.longest_tail(self._tail_span(tokens, j), keys[:j]))
 
     def longest_tail(self, tokens: Sequence[int], keys: list[bytes] | None = None) -> tuple[int, bytes | None]:
         """(r, key): the longest tail chunk of ``tokens`` that is stored, the first ``r`` tokens after the last

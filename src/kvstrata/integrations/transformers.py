@@ -344,11 +344,13 @@ class CachedGenerator:
             cs = self.client.chunk_size
             limit = (len(ids) - 1) // cs * cs  # keep at least one token to compute the next-token logits
             keys = self.client.keys(ids[:limit])
-            tail, tail_key = 0, None
-            if self.tails and len(ids) - 1 > limit:
-                # The previous turn's last tokens, stored as a tail chunk: found only when they are all still
-                # here, in order (the longest stored tail of this prompt after its last full chunk).
-                tail, tail_key = self.client.longest_tail(ids[:-1], keys)
+            hit, tail_key = 0, None
+            if self.tails:
+                # The previous turn's last tokens, stored as a tail chunk after its last full chunk (which may be
+                # chunks before this prompt's): found only when all of them are here, in order.
+                hit, tail_key = self.client.lookup_tail(ids[:-1], keys)
+                if tail_key is not None:
+                    keys = keys[:hit // cs]
             if keys or tail_key is not None:
                 held: list[torch.Tensor] = []
                 if self.device_tier is not None:
@@ -360,8 +362,8 @@ class CachedGenerator:
                 wanted = keys if tail_key is None else [*keys, tail_key]
                 n_cached, chunks = self.client.retrieve_chunks(ids[:limit], skip_chunks=len(held),
                                                                reuse_buffers=True, keys=wanted)  # copied below
-                if n_cached > limit:  # every full chunk and then the tail
-                    n_cached = limit + tail
+                if tail_key is not None and n_cached > len(keys) * cs:  # the full chunks and then the tail
+                    n_cached = hit
                 if n_cached:
                     cache = restore_cache([*held, *chunks], self.dtype, self.device, self.k_width)
                     restored_bytes = sum(c.nbytes for c in chunks) + sum(
