@@ -138,7 +138,8 @@ class _Mode:
         later = [r for r in records if r["turn"] >= 2 and r["cached_tokens"]]
         if later:
             # What the cache cannot remove: the model's forward over the uncached rest of the prompt (the new
-            # message and the partly filled last chunk), which bounds the speedup on this machine.
+            # message and the last reply token; the previous turn's tail chunk is restored), which bounds the
+            # speedup on this machine.
             out["restore_share_median"] = statistics.median(r["restore_s"] / max(r["ttft_s"], 1e-9) for r in later)
             out["uncached_forward_median_s"] = statistics.median(r["ttft_s"] - r["restore_s"] for r in later)
             out["uncached_tokens_median"] = statistics.median(r["computed_tokens"] for r in later)

@@ -165,7 +165,7 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         yet. ``kv`` is a tensor with a token axis (the ``T`` of the namespace's layout) covering ``tokens``, or
         a function ``kv(start, end)`` returning one chunk's tensor. ``keys``: ``self.keys(tokens)`` when the
         caller has them already. ``tail``: the tokens after the last full chunk too, as a tail chunk (found by
-        ``longest_tail``; docs/chunk-keys.md). Returns the number of chunks written."""
+        ``lookup_tail``; docs/chunk-keys.md). Returns the number of chunks written."""
         keys, todo = self._store_todo(tokens, start, keys, tail)
         if skip_existing and todo:
             todo = self._absent(keys, todo)
