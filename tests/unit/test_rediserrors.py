@@ -7,7 +7,8 @@ import pytest
 import redis.exceptions as rx
 from redis._parsers.base import BaseParser
 
-from kvstrata.client.rediserrors import reply_error, socket_error
+from kvstrata.client.fast import RespError
+from kvstrata.client.rediserrors import acl_refused, reply_error, socket_error
 
 REPLIES = [
     "OOM command not allowed when used memory > 'maxmemory'.",
@@ -42,3 +43,13 @@ def test_socket_errors() -> None:
     err = socket_error(ConnectionRefusedError(111, "refused"), "connecting")
     assert type(err) is rx.ConnectionError and "refused" in str(err)
     assert type(socket_error(ConnectionError("server closed the connection"), "while storing")) is rx.ConnectionError
+
+
+@pytest.mark.parametrize("text", REPLIES)
+def test_acl_refused_in_both_forms(text: str) -> None:
+    """An ACL refusal is told apart the same way as redis-py's exception (its text without the code) and as the
+    transport's RespError (with it); no other reply is one."""
+    refused = text.startswith("NOPERM")
+    assert acl_refused(reply_error(text)) is refused
+    assert acl_refused(BaseParser.parse_error(text)) is refused
+    assert acl_refused(RespError(text)) is refused

@@ -153,9 +153,9 @@ class _Base:
         """The error reply to a read window's PREFETCH: the read goes on without it (a prefetch only hints at
         what comes next). Refused by ACL (NOPERM: a user allowed to read but not to move data between tiers),
         this client stops sending it, and says so once."""
-        import redis
+        from kvstrata.client.rediserrors import acl_refused
 
-        if isinstance(exc, redis.exceptions.NoPermissionError) or str(exc).startswith("NOPERM"):
+        if acl_refused(exc):
             if not self._prefetch_refused:
                 log.info("kvstrata: TAIR.KV.PREFETCH refused (%s); reading without prefetch hints", exc)
             self._prefetch_refused = True
@@ -174,7 +174,9 @@ class _Base:
         not; any other failure (connection, authentication, loading...) is raised."""
         import redis
 
-        if isinstance(reply, redis.exceptions.NoPermissionError):
+        from kvstrata.client.rediserrors import acl_refused
+
+        if isinstance(reply, Exception) and acl_refused(reply):
             return False
         if isinstance(reply, Exception) and type(reply) is not redis.ResponseError:
             raise reply

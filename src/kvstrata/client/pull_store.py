@@ -27,6 +27,7 @@ import numpy as np
 import xxhash
 
 from kvstrata.client.fast import FastClient, RespError
+from kvstrata.client.rediserrors import acl_refused
 
 log = logging.getLogger("kvstrata.client")
 
@@ -41,7 +42,7 @@ class PullRefused(RespError):
 
 def _refusal(exc: RespError) -> bool:
     text = str(exc)
-    return (text.startswith("NOPERM") or "pull stores are disabled" in text or "unknown command" in text.lower()
+    return (acl_refused(exc) or "pull stores are disabled" in text or "unknown command" in text.lower()
             or "only on the Unix socket" in text)
 
 

@@ -40,6 +40,13 @@ def reply_error(text: str) -> rx.RedisError:
     return rx.ResponseError(text)
 
 
+def acl_refused(exc: BaseException) -> bool:
+    """Whether an error reply was ``-NOPERM`` (the server knows the command; its ACL refused it), in either form
+    the SDK meets: redis-py's ``NoPermissionError`` (the code dropped from its text) or a transport's ``RespError``
+    (the text with its code)."""
+    return isinstance(exc, rx.NoPermissionError) or str(exc).startswith("NOPERM")
+
+
 def socket_error(exc: OSError, doing: str) -> rx.RedisError:
     """A socket failure while ``doing`` something, as redis-py's TimeoutError or ConnectionError."""
     if isinstance(exc, TimeoutError):  # socket.timeout too
