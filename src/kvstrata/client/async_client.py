@@ -202,9 +202,9 @@ class AsyncKVCacheClient(_Base):
             return 0
         ttl_ms = self.ttl_ms(ttl_class, ttl)
         plain = self._conns is not None and await self._is_plain()
+        end = len(tokens) if tail else None
         for batch in self._batches(todo):
-            cmds = [self._store_command(keys[i], ttl_ms,
-                                        self._sealed(keys[i], self._chunk_parts(kv, i, end=len(tokens)), ttl_ms),
+            cmds = [self._store_command(keys[i], ttl_ms, self._sealed(keys[i], self._chunk_parts(kv, i, end=end), ttl_ms),
                                         plain) for i in batch]
             if self._conns is not None:
                 self._raise_first(await self._roundtrip(cmds))

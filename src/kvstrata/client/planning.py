@@ -235,7 +235,8 @@ class _Base:
     def _chunk_parts(self, kv: KVSource, i: int, strided: bool = False, end: int | None = None) -> list[Any]:
         """Chunk ``i`` of ``kv`` encoded, its checksum not yet filled in (``seal_parts``, or the staging copy;
         ``strided``: a strided raw chunk as the array itself, for the staging copy, ``codec.prepare_parts``).
-        ``end``: the number of tokens, where a tail chunk stops short of ``chunk_size``."""
+        ``end``: with a tail chunk, the number of tokens (where it stops short of ``chunk_size``); None otherwise
+        (a caller that gives only keys, as the vLLM connector, stores full chunks with no tokens at all)."""
         cs = self.chunk_size
         stop = (i + 1) * cs if end is None else min((i + 1) * cs, end)
         return self.encode_chunk(self._chunk_value(kv, i * cs, stop), sealed=False, strided=strided)

@@ -174,13 +174,14 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
             return 0
         ttl_ms = self.ttl_ms(ttl_class, ttl)
         plain = self.redis is not None and self._is_plain()
+        end = len(tokens) if tail else None  # where a tail chunk stops
         written = 0
         for batch in self._batches(todo):
             cmds = []
             staged: list[tuple[bytes, int, list[Any]]] = []
             stager = self._stager() if self.redis is not None else None
             for i in batch:
-                parts = self._chunk_parts(kv, i, strided=stager is not None, end=len(tokens))
+                parts = self._chunk_parts(kv, i, strided=stager is not None, end=end)
                 size = parts_nbytes(parts)
                 self._size_hint = max(self._size_hint, size)
                 stage = stager is not None and stager.fits(size)
