@@ -106,6 +106,7 @@ def test_tail_keys_follow_the_full_chunks_and_fill_up_into_the_next():
     tails = tail_keys(tokens, ns, 4)
     assert len(tails) == 3 and not set(tails) & set(full)
     assert tail_keys(tokens, ns, 4, keys=full) == tails
+    assert tail_keys(tokens, ns, 4, longest_only=True) == tails[-1:]  # what a store writes
     assert tail_keys(tokens[:8], ns, 4) == []  # no tail: nothing after the last full chunk
     # A tail that fills up is the full chunk the longer sequence gets; the chain is the full chunks'.
     longer = chunk_keys(tokens + [111], ns, 4)

@@ -93,13 +93,17 @@ class Namespace:
         return KEY_PREFIX + self.id.encode() + b":"
 
 
-def tail_digests(parent: bytes, tokens: Sequence[int]) -> list[bytes]:
+def tail_digests(parent: bytes, tokens: Sequence[int], longest_only: bool = False) -> list[bytes]:
     """The digests of the tail chunks that may follow the chunk whose digest is ``parent`` (``b""``: at the
     start of the sequence): entry ``r - 1`` is that of the tail made of the first ``r`` of ``tokens``. The rule
     is a full chunk's (``SHA-256(parent || le32(tokens))``), so a tail that later fills up to ``chunk_size``
-    tokens has the digest that full chunk gets."""
+    tokens has the digest that full chunk gets. ``longest_only``: just the tail of all of ``tokens`` (what a
+    store writes; a lookup needs every length)."""
     data = _tokens_bytes(tokens)
     h = hashlib.sha256(parent)
+    if longest_only:
+        h.update(data)
+        return [h.digest()]
     out: list[bytes] = []
     for i in range(0, len(data), 4):
         h.update(data[i:i + 4])
@@ -130,10 +134,12 @@ def chunk_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DE
 
 
 def tail_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DEFAULT_CHUNK_SIZE,
-              shard_key: str | None = None, keys: Sequence[bytes] | None = None) -> list[bytes]:
+              shard_key: str | None = None, keys: Sequence[bytes] | None = None,
+              longest_only: bool = False) -> list[bytes]:
     """The keys a tail chunk of ``tokens`` may have: the ``m = len(tokens) mod chunk_size`` tokens after the last
     full chunk; entry ``r - 1`` is the key of the tail of the first ``r`` of them (empty when ``m`` is 0).
-    ``keys``: ``chunk_keys`` of ``tokens`` when the caller has them (the last one's digest is the parent)."""
+    ``keys``: ``chunk_keys`` of ``tokens`` when the caller has them (the last one's digest is the parent).
+    ``longest_only``: only the key of the tail of all ``m`` tokens."""
     n_full = len(tokens) // chunk_size
     if n_full * chunk_size == len(tokens):
         return []
@@ -143,5 +149,5 @@ def tail_keys(tokens: Sequence[int], namespace: Namespace, chunk_size: int = DEF
         raise ValueError(f"{len(keys)} keys given for {n_full} full chunks")
     parent = bytes.fromhex(keys[-1][-64:].decode()) if n_full else b""
     prefix = key_prefix(namespace, shard_key)
-    return [prefix + d.hex().encode() for d in tail_digests(parent, tokens[n_full * chunk_size:])]
+    return [prefix + d.hex().encode() for d in tail_digests(parent, tokens[n_full * chunk_size:], longest_only)]
 

@@ -109,10 +109,12 @@ class _Base:
         """The keys of the full chunks of ``tokens`` (a partial last chunk has none)."""
         return chunk_keys(tokens, self.namespace, self.chunk_size, self.shard_key)
 
-    def tail_keys(self, tokens: Sequence[int], keys: Sequence[bytes] | None = None) -> list[bytes]:
+    def tail_keys(self, tokens: Sequence[int], keys: Sequence[bytes] | None = None,
+                  longest_only: bool = False) -> list[bytes]:
         """The keys a tail chunk of ``tokens`` (its tokens after the last full chunk) may have, the tail of ``r``
-        tokens at ``r - 1`` (``kvstrata.client.keys.tail_keys``); ``keys``: ``self.keys(tokens)``, when known."""
-        return tail_keys(tokens, self.namespace, self.chunk_size, self.shard_key, keys)
+        tokens at ``r - 1`` (``kvstrata.client.keys.tail_keys``); ``keys``: ``self.keys(tokens)``, when known;
+        ``longest_only``: only the tail of them all."""
+        return tail_keys(tokens, self.namespace, self.chunk_size, self.shard_key, keys, longest_only)
 
     def ttl_ms(self, ttl_class: str | None = None, ttl: float | None = None) -> int:
         """Milliseconds for TAIR.KV.SETEX (0 = no expiry): ``ttl`` seconds if given (0 = none), else the class's."""
@@ -190,7 +192,7 @@ class _Base:
         are one more chunk, under the last of their ``tail_keys``."""
         keys = self.keys(tokens) if keys is None else keys
         if tail and len(tokens) % self.chunk_size:
-            keys = [*keys, self.tail_keys(tokens, keys)[-1]]
+            keys = [*keys, *self.tail_keys(tokens, keys, longest_only=True)]
         return keys, list(range(start // self.chunk_size, len(keys)))
 
     def _batches(self, items: list[Any], size: int | None = None) -> Iterator[list[Any]]:

@@ -215,8 +215,9 @@ class KVCacheClient(_SocketReads, _ArenaReads, _StorePath):
         candidates = self.tail_keys(tokens, keys)
         if not candidates:
             return 0, None
-        absent = set(self._absent(candidates, list(range(len(candidates)))))
-        return self._longest_tail(candidates, [i not in absent for i in range(len(candidates))])
+        every = range(len(candidates))
+        absent = set(self._absent(candidates, list(every)))
+        return self._longest_tail(candidates, [i not in absent for i in every])
 
     def _absent(self, keys: list[bytes], idx: list[int]) -> list[int]:
         """The chunks of ``idx`` not stored yet (pipelined EXISTS per batch; the local tier alone without a
