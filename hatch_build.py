@@ -1,12 +1,18 @@
-"""Build hook: compiles kvstrata's native copy helper (src/kvstrata/native/ntcopy.c) at install time.
+"""Build hook: compiles kvstrata's native parts at install time.
 
-A plain shared library (no Python headers), loaded with ctypes by ``kvstrata.native.ntcopy``. Editable installs
-(``pip install -e .``: scripts/test.sh, scripts/serve.sh) build it next to its source, where the package is
-imported from; a wheel carries it and is then tagged for its platform (``py3-none-<platform>``: one library for
-every Python version). No compiler, or a failed build: the install still succeeds, without the library (the
-client then copies with numpy), and the hook says so. ``KVSTRATA_BUILD_NATIVE=0`` skips the build.
+* The copy helper (src/kvstrata/native/ntcopy.c): a plain shared library (no Python headers), loaded with ctypes
+  by ``kvstrata.native.ntcopy``.
+* The predictor's hot path (src/kvstrata/native/_predict.c): a CPython extension module,
+  ``kvstrata.native._predict``, which ``kvstrata.engine.predict`` uses when it imports.
 
-``python3 hatch_build.py`` builds it in place without installing anything (a source tree run with
+Editable installs (``pip install -e .``: scripts/test.sh, scripts/serve.sh) build them next to their sources,
+where the package is imported from; a wheel carries them and is then tagged for its platform
+(``py3-none-<platform>`` with the copy helper alone; ``cpXY-cpXY-<platform>`` with the extension, which is built
+for one Python). No compiler, no Python headers, or a failed build: the install still succeeds without that part
+(the client then copies with numpy; the predictor runs in Python), and the hook says so.
+``KVSTRATA_BUILD_NATIVE=0`` skips both.
+
+``python3 hatch_build.py`` builds them in place without installing anything (a source tree run with
 ``PYTHONPATH=src``).
 """
 
@@ -33,6 +39,9 @@ LIB_NAME = "libkvstrata_ntcopy.so"
 WHEEL_PATH = "kvstrata/native/" + LIB_NAME
 # Portable flags only (no -march=native): the AVX2 loop carries its own target attribute and is chosen on load.
 CFLAGS = ["-O2", "-fPIC", "-shared", "-Wall"]
+EXT_SOURCE = Path("src", "kvstrata", "native", "_predict.c")
+EXT_NAME = "_predict" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
+EXT_WHEEL_PATH = "kvstrata/native/" + EXT_NAME
 
 
 def compiler() -> list[str] | None:
@@ -45,17 +54,34 @@ def compiler() -> list[str] | None:
     return None
 
 
-def compile_library(source: Path, out: Path) -> str | None:
+def python_include() -> str | None:
+    """The directory of this Python's headers (Python.h), or None when they are not installed."""
+    for key in ("include", "platinclude"):
+        path = sysconfig.get_paths().get(key)
+        if path and Path(path, "Python.h").exists():
+            return path
+    return None
+
+
+def compile_extension(source: Path, out: Path) -> str | None:
+    """Compile the CPython extension ``source`` into ``out`` (as compile_library); None when built, else why not."""
+    include = python_include()
+    if include is None:
+        return "no Python.h for this Python (install python3-dev)"
+    return compile_library(source, out, ["-I", include, "-fno-strict-aliasing"])
+
+
+def compile_library(source: Path, out: Path, extra: list[str] | None = None) -> str | None:
     """Compile ``source`` into the shared library ``out``; None when built, else why not. The library is written
     beside ``out`` and renamed over it, so a process that has the old one loaded keeps its mapping intact."""
     cc = compiler()
     if cc is None:
         return "no C compiler found (set CC, or install gcc)"
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ntcopy-", suffix=".so", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}-", suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([*cc, *CFLAGS, "-o", tmp, str(source)], capture_output=True, text=True,
+        proc = subprocess.run([*cc, *CFLAGS, *(extra or []), "-o", tmp, str(source)], capture_output=True, text=True,
                               timeout=300, check=False)
         if proc.returncode != 0:
             return (f"{' '.join(cc)} failed (exit status {proc.returncode})"
@@ -75,6 +101,10 @@ def platform_tag() -> str:
     return sysconfig.get_platform().replace("-", "_").replace(".", "_")
 
 
+def python_tag() -> str:
+    return f"cp{sys.version_info.major}{sys.version_info.minor}"
+
+
 class NativeBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
     """hatchling's custom build hook (``[tool.hatch.build.hooks.custom]`` in pyproject.toml)."""
 
@@ -88,11 +118,26 @@ class NativeBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
                                      "the client copies with numpy")
             return
         source = Path(self.root, SOURCE)
-        if version == "editable":  # imported from src/: the library goes next to its source
+        ext_source = Path(self.root, EXT_SOURCE)
+        if version == "editable":  # imported from src/: the libraries go next to their sources
             out = source.with_name(LIB_NAME)
+            ext_out = ext_source.with_name(EXT_NAME)
         else:
             self._tmp = tempfile.mkdtemp(prefix="kvstrata-native-")
             out = Path(self._tmp, LIB_NAME)
+            ext_out = Path(self._tmp, EXT_NAME)
+        built_ext = False
+        why = compile_extension(ext_source, ext_out)
+        if why is not None:
+            self.app.display_warning(f"kvstrata: the predictor's native module not built ({why}); installing "
+                                     "without it: the predictor runs in Python")
+        else:
+            built_ext = True
+            self.app.display_info(f"kvstrata: built the predictor's native module {ext_out}")
+            if version != "editable":
+                build_data["force_include"][str(ext_out)] = EXT_WHEEL_PATH
+                build_data["pure_python"] = False
+                build_data["tag"] = f"{python_tag()}-{python_tag()}-{platform_tag()}"
         why = compile_library(source, out)
         if why is not None:
             self.app.display_warning(f"kvstrata: native copy helper not built ({why}); installing without it: "
@@ -102,7 +147,8 @@ class NativeBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
         if version != "editable":
             build_data["force_include"][str(out)] = WHEEL_PATH
             build_data["pure_python"] = False
-            build_data["tag"] = f"py3-none-{platform_tag()}"
+            if not built_ext:
+                build_data["tag"] = f"py3-none-{platform_tag()}"
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         tmp = getattr(self, "_tmp", None)
@@ -113,4 +159,6 @@ class NativeBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
 if __name__ == "__main__":
     problem = compile_library(ROOT / SOURCE, (ROOT / SOURCE).with_name(LIB_NAME))
     print(problem or f"built {(ROOT / SOURCE).with_name(LIB_NAME)}", file=sys.stderr)
-    sys.exit(1 if problem else 0)
+    ext_problem = compile_extension(ROOT / EXT_SOURCE, (ROOT / EXT_SOURCE).with_name(EXT_NAME))
+    print(ext_problem or f"built {(ROOT / EXT_SOURCE).with_name(EXT_NAME)}", file=sys.stderr)
+    sys.exit(1 if problem or ext_problem else 0)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: python3-venv (for the project's .venv), redis-server/redis-tools (the
 # Redis peer, redis-cli, redis-benchmark, and the Redis Cluster for the pool tests), chromium (the dashboard
-# test), prometheus (promtool for the alert rules), gcc (the client's native copy helper, compiled by
-# `pip install -e .`), and valkey-server 8 from bookworm-backports (the pool tests run against it with
+# test), prometheus (promtool for the alert rules), gcc and python3-dev (the client's native copy helper and the
+# predictor's extension module, compiled by `pip install -e .`), and valkey-server 8 from bookworm-backports (the pool tests run against it with
 # KVSTRATA_POOL_SERVER=valkey-server; skipped where backports cannot be reached). Installs only what is missing;
 # as root directly, otherwise through sudo.
 set -euo pipefail
@@ -17,6 +17,10 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 # gcc: `pip install -e .` compiles the client's native copy helper (hatch_build.py); without it, numpy copies.
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+# Python.h: `pip install -e .` also compiles the predictor's extension module; without the headers the predictor
+# runs in Python.
+python3 -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    >/dev/null 2>&1 || missing+=(python3-dev)
 prometheus=0
 command -v promtool >/dev/null 2>&1 || prometheus=1
 

@@ -76,3 +76,5 @@ def test_predictor_cost_is_measured_against_no_predictor() -> None:
     assert cost["get_us_without"] > 0 and cost["get_us_with"] > 0
     # Each figure is rounded to 0.001 on its own, so their difference may be off by one in the last digit.
     assert cost["cost_us"] == pytest.approx(cost["get_us_with"] - cost["get_us_without"], abs=2.5e-3)
+    # The server's predictor is the compiled one, and the Python one is measured beside it.
+    assert cost["native"] is True and cost["python_cost_us"] > -cost["get_us_without"]

@@ -1,11 +1,14 @@
 """The build hook (hatch_build.py) through pip, as an install runs it: a wheel carries the native copy helper and
-is tagged for its platform; with a compiler that fails, the wheel is still built, pure, without the helper."""
+the predictor's extension module and is tagged for this Python and platform; with a compiler that fails, the wheel
+is still built, pure, without either."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -15,6 +18,8 @@ from tests.native_libs import REPO
 pytestmark = pytest.mark.slow
 
 LIB = "kvstrata/native/libkvstrata_ntcopy.so"
+EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
+EXT = "kvstrata/native/_predict" + EXT_SUFFIX
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +50,27 @@ def _purelib(wheel: zipfile.ZipFile) -> str:
     return next(line for line in wheel.read(meta).decode().splitlines() if line.startswith("Root-Is-Purelib"))
 
 
-def test_the_wheel_carries_the_library_and_a_platform_tag(tmp_path, hatchling_dir) -> None:
+def test_the_wheel_carries_both_libraries_and_a_python_and_platform_tag(tmp_path, hatchling_dir) -> None:
     path, _ = _wheel(tmp_path, hatchling_dir)
-    assert not path.name.endswith("-none-any.whl") and "-py3-none-" in path.name
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert f"-{tag}-{tag}-" in path.name and not path.name.endswith("-any.whl")
     with zipfile.ZipFile(path) as whl:
-        assert LIB in whl.namelist()
+        assert LIB in whl.namelist() and EXT in whl.namelist()
         assert _purelib(whl) == "Root-Is-Purelib: false"
         lib = tmp_path / "lib.so"
         lib.write_bytes(whl.read(LIB))
+        ext = tmp_path / ("_predict" + EXT_SUFFIX)
+        ext.write_bytes(whl.read(EXT))
     from kvstrata.native import ntcopy
 
     native, why = ntcopy.load(lib, "1")
     assert native is not None, why
+    # The wheel's extension module imports (under its own name, from the wheel's copy) and predicts.
+    spec = importlib.util.spec_from_file_location("kvstrata.native._predict", ext)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.LINK_MIN == 16 and mod.Lane(b"kvs:ns").fam == b"kvs:ns"
 
 
 def test_a_failed_compile_still_builds_a_pure_wheel(tmp_path, hatchling_dir) -> None:
@@ -64,5 +78,7 @@ def test_a_failed_compile_still_builds_a_pure_wheel(tmp_path, hatchling_dir) -> 
     assert path.name.endswith("-py3-none-any.whl")
     with zipfile.ZipFile(path) as whl:
         assert LIB not in whl.namelist() and "kvstrata/native/ntcopy.py" in whl.namelist()
+        assert EXT not in whl.namelist() and "kvstrata/native/_predict.c" in whl.namelist()
         assert _purelib(whl) == "Root-Is-Purelib: true"
     assert "native copy helper not built" in log  # the hook says so
+    assert "the predictor's native module not built" in log

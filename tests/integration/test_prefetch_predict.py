@@ -51,6 +51,7 @@ def test_a_returning_reader_finds_its_chain_prefetched(srv: Any) -> None:
     assert after["prefetch_accuracy"] == 1.0
     assert 0 < after["prefetch_coverage"] <= 1.0
     assert after["profiled_keys"] >= len(chain)
+    assert after["predict_native"] == 1  # the server ran the compiled predictor (kvstrata.native._predict)
 
 
 def test_prefetch_of_missing_and_expired_keys_is_harmless(srv: Any) -> None:

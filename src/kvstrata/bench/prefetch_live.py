@@ -246,16 +246,21 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
       batch of commands went out (``Connection._run``), so before the reply only the logging is paid (``log_us``);
       ``cost_us`` is still the CPU each access costs the server's one event loop;
     * ``batched_us``: the predictor's cost per read when its predictions are taken once every ``batch`` reads
-      (one command reading many chunks: the log is processed in one batch).
+      (one command reading many chunks: the log is processed in one batch);
+    * ``native``: whether the server's predictor is the compiled one (``kvstrata.native._predict``); if so,
+      ``python_cost_us`` is ``cost_us`` of the Python predictor (``PurePredictor``, the same predictions), measured
+      in the same rounds.
     """
-    from kvstrata.engine.predict import Predictor
+    from kvstrata.engine.predict import Predictor, PurePredictor
     from kvstrata.engine.store import Store
 
     value = b"v" * 8192
     keyed = [[b"kvs:ns:%04d-%02d" % (c, i) for i in range(chain_len)] for c in range(chains)]
-    stores = {"off": Store(1 << 30), "batch": Store(1 << 30), "each": Store(1 << 30)}
-    for name in ("batch", "each"):
-        stores[name].predictor = Predictor(stores[name].clock)
+    native = Predictor is not PurePredictor
+    kinds = {"batch": Predictor, "each": Predictor} | ({"python": PurePredictor} if native else {})
+    stores = {"off": Store(1 << 30)} | {name: Store(1 << 30) for name in kinds}
+    for name, kind in kinds.items():
+        stores[name].predictor = kind(stores[name].clock)
         stores[name].predictor.attach(stores[name].dram.entries)
     for store in stores.values():
         for sid, chain in enumerate(keyed):
@@ -265,10 +270,11 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
         if store.predictor is not None:
             store.predictor.take()
     clock = time.thread_time_ns
-    times: dict[str, list[float]] = {"off": [], "get": [], "drain": [], "each": []}
+    times: dict[str, list[float]] = {"off": [], "get": [], "drain": [], "each": [], "python": []}
     accesses = chains * chain_len
+    order = list(stores)
     for r in range(rounds):
-        for name in (("off", "batch", "each") if r % 2 == 0 else ("each", "batch", "off")):
+        for name in (order if r % 2 == 0 else order[::-1]):
             store = stores[name]
             predictor = store.predictor
             get = store.get
@@ -279,14 +285,14 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
                     for key in chain:
                         get(key)
                 times["off"].append((clock() - t0) / accesses / 1000)
-            elif name == "each":
+            elif name in ("each", "python"):
                 for sid, chain in enumerate(keyed):
                     store.command.stream = 1000 + sid
                     for key in chain:
                         get(key)
                         if predictor.pending:
                             predictor.take()
-                times["each"].append((clock() - t0) / accesses / 1000)
+                times[name].append((clock() - t0) / accesses / 1000)
             else:
                 drained = 0
                 n = 0
@@ -308,8 +314,22 @@ def predictor_cost(*, chains: int = 200, chain_len: int = 16, rounds: int = 7, b
     off, each = statistics.median(times["off"]), statistics.median(times["each"])
     logged = statistics.median(times["get"])
     batched = statistics.median([g + d for g, d in zip(times["get"], times["drain"], strict=True)])
-    return {"get_us_without": round(off, 3), "get_us_with": round(each, 3), "cost_us": round(each - off, 3),
-            "log_us": round(logged - off, 3), "reply_us": round(logged - off, 3), "batched_us": round(batched - off, 3)}
+    out: dict[str, float] = {
+        "get_us_without": round(off, 3), "get_us_with": round(each, 3), "cost_us": round(each - off, 3),
+        "log_us": round(logged - off, 3), "reply_us": round(logged - off, 3), "batched_us": round(batched - off, 3),
+        "native": native}
+    if native:
+        out["python_cost_us"] = round(statistics.median(times["python"]) - off, 3)
+    return out
+
+
+def _python(cost: dict[str, Any]) -> str:
+    """What the cost line says of the predictor measured: compiled (with the Python one's cost) or Python."""
+    if "native" not in cost:
+        return ""
+    if cost["native"]:
+        return f"; compiled predictor (the Python one, same rounds: {cost['python_cost_us']} us)"
+    return "; Python predictor (kvstrata.native._predict not in use)"
 
 
 def run_live(traces: Sequence[str] = LIVE_TRACES, fractions: Sequence[float] = LIVE_FRACTIONS, *,
@@ -321,7 +341,7 @@ def run_live(traces: Sequence[str] = LIVE_TRACES, fractions: Sequence[float] = L
     started = time.perf_counter()
     cost = predictor_cost()
     say(f"predictor cost: {cost['cost_us']} us per DRAM-hit GET ({cost['get_us_without']} -> {cost['get_us_with']}; "
-        f"logging the read {cost['log_us']} us; {cost['batched_us']} us per read taken in batches)")
+        f"logging the read {cost['log_us']} us; {cost['batched_us']} us per read taken in batches){_python(cost)}")
     rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {}
     pair = 0
@@ -444,7 +464,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines += ["", f"predictor cost: {cost['cost_us']} us per DRAM-hit GET "
                   f"({cost['get_us_without']} us without, {cost['get_us_with']} us with; logging the read "
                   f"{cost['log_us']} us, which is all a reply waits for; {cost['batched_us']} us per read taken "
-                  "in batches)", ""]
+                  f"in batches){_python(cost)}", ""]
     for k, v in result["targets"].items():
         if k != "missed":
             lines.append(f"{'PASS' if v else 'MISS'}  {k}")
@@ -488,7 +508,7 @@ def write_markdown(result: dict[str, Any]) -> str:
                 f"time): {cost['get_us_without']} us without, {cost['get_us_with']} us with: {cost['cost_us']} us "
                 f"(logging the read: {cost['log_us']} us, which is all a GET's reply waits for: the server takes "
                 f"the predictions after the replies went out; per read when the predictions are taken once per 16 "
-                f"reads: {cost['batched_us']} us).", "",
+                f"reads: {cost['batched_us']} us){_python(cost)}.", "",
             "| target (5% DRAM, every trace, both rates) | met |", "|---|---|"]
     for k, v in result["targets"].items():
         if k != "missed":

@@ -35,16 +35,22 @@ the predictions are asked for (the server does so after each command, once its r
 pays once), with the same predictions as processing each access at once. A read that continues its lane's
 walk, with nothing logged before it, is processed at once instead (the short path, :meth:`Predictor._continue`:
 the same steps), and leaves nothing to take unless the window was topped up.
+
+:class:`PurePredictor` is all of this in Python, the definition. :data:`Predictor`, what the server runs, is the
+same class with ``read``, ``write``, ``take`` and the processing of the log in C (``kvstrata.native._predict``,
+built at install time; tests/unit/test_predict_native.py holds it to PurePredictor's predictions), or
+PurePredictor itself where that module was not built or ``KVSTRATA_NATIVE_PREDICT=0`` (``NATIVE_WHY`` says why).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Collection, Iterable
 from itertools import islice
 
 from kvstrata.clock import Clock, SystemClock
-from kvstrata.engine.profile import BOUNDARY, BRANCH, COUNT_MAX, PRIOR_WEIGHT, AccessProfiles
+from kvstrata.engine.profile import BOUNDARY, BRANCH, COUNT_MAX, HEAD, PRIOR_WEIGHT, AccessProfiles
 
 LANES_PER_STREAM = 16
 """Key families one stream follows at once (the least recently used lane is dropped beyond)."""
@@ -112,7 +118,15 @@ class _Stream:
         self.tick = 0
 
 
-class Predictor:
+class PurePredictor:
+    """The predictor in Python: the definition of what it predicts. :data:`Predictor` is this class with its hot
+    path compiled (``kvstrata.native._predict``) where that module was built, else this class itself."""
+
+    # The classes of its per-stream state (the compiled predictor has its own, with the same attributes).
+    Lane: type = _Lane
+    Stream: type = _Stream
+    NATIVE = False  # whether read, write, take and the walks are compiled (INFO prefetch predict_native)
+
     def __init__(self, clock: Clock, *, max_keys: int = 262_144, window: int = 8, session_max: int = 64,
                  min_confidence: float = 0.6, link_window: float = 8.0, half_life: float = 1.0,
                  max_streams: int = 4096, trust_streak: int = TRUST_STREAK, trust_ahead: int = TRUST_AHEAD,
@@ -147,6 +161,7 @@ class Predictor:
         # a property, as the server asks after every command; take() resets it.
         self.pending = False
         self._due: dict[bytes, tuple[int, float]] = {}
+        self.due_max = DUE_MAX
         self.walks = 0
         self.session_walks = 0
         self.lookups = 0
@@ -173,7 +188,7 @@ class Predictor:
         if st is None:
             if len(self._streams) >= self.max_streams:
                 self._forget(next(iter(self._streams)))
-            st = self._streams[sid] = _Stream(self.gap)
+            st = self._streams[sid] = self.Stream(self.gap)
         return st
 
     def _lane(self, st: _Stream, fam: bytes) -> _Lane:
@@ -185,7 +200,7 @@ class Predictor:
                 self._dirty.pop(id(old), None)
                 if st.hot is old:
                     st.hot = None
-            lane = lanes[fam] = _Lane(fam)
+            lane = lanes[fam] = self.Lane(fam)
         return lane
 
     def clear(self) -> None:
@@ -537,7 +552,7 @@ class Predictor:
         lane = st.lanes.get(family(key)) if st is not None else None
         if lane is not None and key in lane.ahead:
             return  # a continuation: what follows is predicted already
-        scratch = _Lane()
+        scratch = self.Lane()
         scratch.budget = self._reach(s)[0]
         self._grow(scratch, s, 1.0)
         if scratch.ahead:
@@ -687,10 +702,10 @@ class Predictor:
                     out.append(key)
                 lane.sent = n
             dirty.clear()
-        if len(due) > DUE_MAX:
+        if len(due) > self.due_max:
             # The oldest quarter goes at once, into a new dict: deleting one key at a time from the front leaves
             # deleted slots that every later next(iter()) scans again until the dict resizes.
-            self._due = dict(islice(due.items(), len(due) - DUE_MAX * 3 // 4, None))
+            self._due = dict(islice(due.items(), len(due) - self.due_max * 3 // 4, None))
         self.pending = False
         return out
 
@@ -754,6 +769,7 @@ class Predictor:
             "profile_capacity": p.max_keys,
             "profiles_aged_out": p.aged_out,
             "profile_streams": len(self._streams),
+            "predict_native": int(self.NATIVE),
             "predict_walks": self.walks,
             "predict_session_walks": self.session_walks,
             "predict_lookups": self.lookups,
@@ -763,3 +779,36 @@ class Predictor:
             "session_score": round(p.session_score, 4),
             "interior_link_score": round(p.interior.prior, 4),
         }
+
+
+def _compiled() -> tuple[type[PurePredictor] | None, str]:
+    """(PurePredictor with its hot path compiled, or None; why not, or "")."""
+    setting = os.environ.get(NATIVE_ENV, "").strip().lower()
+    if setting in ("0", "off", "no", "false"):
+        return None, f"{NATIVE_ENV}={setting}"
+    try:
+        from kvstrata.native import _predict
+    except ImportError as exc:
+        return None, f"kvstrata.native._predict not built ({exc})"
+    # The C file carries these numbers as #defines: a change on one side only must not change predictions.
+    mine = {"LANES_PER_STREAM": LANES_PER_STREAM, "LINK_MIN": LINK_MIN, "FAMILIES_MAX": FAMILIES_MAX, "LOG_MAX": LOG_MAX, "COUNT_MAX": COUNT_MAX, "BRANCH": BRANCH,
+            "BOUNDARY": BOUNDARY, "HEAD": HEAD, "PRIOR_WEIGHT": PRIOR_WEIGHT}
+    differ = sorted(k for k, v in mine.items() if getattr(_predict, k, None) != v)
+    if differ:
+        return None, f"kvstrata.native._predict is stale ({', '.join(differ)} differ): rebuild it"
+
+    class CompiledPredictor(_predict.Core, PurePredictor):  # type: ignore[misc]
+        """PurePredictor with read, write, take and the walks in C (kvstrata.native._predict): the same
+        predictions (tests/unit/test_predict_native.py)."""
+
+        Lane = _predict.Lane
+        Stream = _predict.Stream
+        NATIVE = True
+
+    return CompiledPredictor, ""
+
+
+NATIVE_ENV = "KVSTRATA_NATIVE_PREDICT"
+CompiledPredictor, NATIVE_WHY = _compiled()
+Predictor: type[PurePredictor] = CompiledPredictor or PurePredictor
+"""The predictor the server uses: compiled where it could be, else :class:`PurePredictor`."""
