@@ -203,3 +203,28 @@ def test_bad_input_is_an_exception_not_a_crash() -> None:
     lane.ahead = []
     pred.read(b"kvs:ns:e", 1)
     pred.take()
+
+
+def test_a_server_without_the_compiled_predictor_says_so(tmp_path, monkeypatch, caplog) -> None:
+    from kvstrata.config import Config
+    from kvstrata.server import app
+
+    def build() -> PurePredictor:
+        cfg = Config()
+        cfg.set("essd-path", str(tmp_path / "ssd"))
+        store = app.build_store(cfg)
+        try:
+            assert store.predictor is not None
+            return store.predictor
+        finally:
+            for tier in store.lower:
+                tier.close()
+
+    with caplog.at_level("WARNING", logger="kvstrata.prefetch"):
+        assert build().NATIVE and not caplog.records
+        monkeypatch.setattr(app, "Predictor", PurePredictor)
+        monkeypatch.setattr(predict, "NATIVE_WHY", "KVSTRATA_NATIVE_PREDICT=0")
+        assert not build().NATIVE
+    assert [r.getMessage() for r in caplog.records] == [
+        "the prefetch predictor runs in Python (KVSTRATA_NATIVE_PREDICT=0): 4-5x the CPU per read of the compiled "
+        "one"]

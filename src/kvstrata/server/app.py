@@ -19,6 +19,7 @@ from kvstrata.commands import REGISTRY, CommandSpec
 from kvstrata.commands.waits import Commit, Offload, PoolAck, PoolVersions, Wait
 from kvstrata.config import Config
 from kvstrata.cpulist import usable_cpus
+from kvstrata.engine import predict
 from kvstrata.engine.policy import create_policy
 from kvstrata.engine.policy.chain import ScanGuard
 from kvstrata.engine.predict import Predictor
@@ -55,6 +56,10 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
                               min_confidence=float(config.get("prefetch-min-confidence")),
                               link_window=float(config.get("prefetch-link-window")),
                               half_life=float(config.get("prefetch-half-life")))
+        if not predictor.NATIVE:
+            logging.getLogger("kvstrata.prefetch").warning(
+                "the prefetch predictor runs in Python (%s): 4-5x the CPU per read of the compiled one",
+                predict.NATIVE_WHY)
     return Store(
         int(config.get("dram-size")),
         predictor=predictor,
