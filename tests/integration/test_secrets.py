@@ -35,7 +35,8 @@ def test_passwords_never_reach_slowlog_http_or_log(make_server, tmp_path):
     srv = make_server({"requirepass": PASSWORD, "slowlog-log-slower-than": 0, "http-port": http_port,
                        "essd-path": tmp_path / "ssd", "pool": f"redis://user:{POOL_PASSWORD}@127.0.0.1:{pool_port}",
                        "pool-connect-timeout": 50, "pool-timeout": 50,
-                       "pool-start-degraded": "yes"})  # an unreachable pool refuses startup without it
+                       "pool-start-degraded": "yes",  # an unreachable pool refuses startup without it
+                       "pool-ack": "local"})  # writes answered while the pool is away (pool: -TRYAGAIN)
     r = srv.client(password=PASSWORD)
     r3 = srv.client(protocol=3, username="default", password=PASSWORD)  # HELLO 3 AUTH default <password>
     try:

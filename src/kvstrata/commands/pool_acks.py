@@ -1,5 +1,9 @@
 """Replies that wait for the pool: a write is acknowledged only at the level ``pool-ack`` asks for.
 
+Every command's writes are: a handler acknowledges its own (``after_pool_write``, ``after_pool_delete``: the
+KV-cache commands, DEL and friends), and the server acknowledges the rest once the handler returned
+(``after_command_writes``: SET, MSET, INCR, ...). An outcome nobody will take is abandoned, never left behind.
+
 ``after_pool_write`` turns the pool write a command just queued (``ctx.command.pool_ack``) into a ``Suspend`` whose
 continuation reads the write's outcome (``PoolTier.take_outcome``): the command's reply, a ``-VERMISMATCH`` for a
 compare-and-set the pool refused, or ``-TRYAGAIN`` when the pool did not take the write. A write the pool refused
@@ -30,6 +34,7 @@ def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expe
     store = ctx.store
     pool = store.pool
     seq = ctx.command.pool_ack
+    ctx.command.took(key)  # acknowledged here, not by after_command_writes
     if pool is None or ctx.server is None:
         return reply
     if not seq:
@@ -58,9 +63,48 @@ def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expe
         raise PoolUnavailableError(f"the pool did not take the write ({detail}); it is kept on this node only")
 
     def release() -> None:
-        pool.outcomes.pop(seq, None)
+        pool.abandon([seq])
 
     return Suspend(PoolAck(seq, ssd_seq), then, cancel=release)
+
+
+def after_command_writes(ctx: Context, reply: Any, writes: list[tuple[bytes, int, int]], ssd_seq: int = 0) -> Any:
+    """``reply`` once the pool holds every write the command made without acknowledging it itself (``writes``:
+    SET, MSET, INCR, APPEND, COPY, RENAME's new key, ...), as ``after_pool_write`` does for TAIR.KV.SETEX: at once
+    under pool-ack local, else -TRYAGAIN when the pool is away for one of the keys or did not take one of the
+    writes (that value is not served here either). A write refused because the pool holds a higher version (another
+    node's, ahead by its clock) is not written again here: the client's retry gets a version above it."""
+    store = ctx.store
+    pool = store.pool
+    if pool is None or ctx.server is None or not writes or pool.ack == "local":
+        return reply
+    seqs = [seq for _, _, seq in writes if seq]
+    for key, version, seq in writes:
+        if not seq and not pool.usable(key):
+            pool.abandon(seqs)
+            store.pool_refused(key, version)
+            raise PoolUnavailableError(f"the pool is unavailable ({pool.down_reason(key)}); the write is kept on "
+                                       "this node only")
+    if not seqs:
+        return reply
+
+    def then(_: Any) -> Any:
+        failed = store.ssd.failed.get(ssd_seq) if ssd_seq and store.ssd is not None else None
+        outcomes = [pool.take_outcome(seq) for seq in seqs]
+        if failed is not None:
+            raise CommandError(f"SSD write failed: {failed}")
+        refused = [(outcome, detail) for outcome, detail in outcomes if outcome != OK]
+        if not refused:
+            return reply
+        for outcome, detail in refused:
+            if outcome == OLDER:
+                store.observe_version(int(detail))
+        outcome, detail = refused[0]
+        what = "holds a newer version" if outcome == OLDER else f"did not take the write ({detail})"
+        raise PoolUnavailableError(f"the pool {what} of {len(refused)} of the {len(seqs)} key(s) written; "
+                                   "retry the command")
+
+    return Suspend(PoolAck(max(seqs), ssd_seq), then, cancel=lambda: pool.abandon(seqs))
 
 
 def delete_tracked(ctx: Context, keys: list[bytes]) -> tuple[int, list[int]]:
@@ -100,7 +144,6 @@ def after_pool_delete(ctx: Context, reply: Any, seqs: list[int], _tries: int = 0
         return reply
 
     def release() -> None:
-        for s in seqs:
-            pool.outcomes.pop(s, None)
+        pool.abandon(seqs)
 
     return Suspend(PoolAck(wait), then, cancel=release)

@@ -278,11 +278,17 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             tier.delete(key)
 
     def _pool_put(self, key: bytes, entry: Entry, expected: int | None, fallback: int) -> int:
-        """Publish a write to the pool; tracked (its outcome kept for the reply) unless acks are local."""
+        """Publish a write to the pool; tracked (its outcome kept for the reply) unless acks are local. Recorded in
+        the command's ``pool_writes``: its reply waits for it (``pool_acks``)."""
         pool = self.pool
         assert pool is not None
-        return pool.put(key, entry, track=expected is not None or pool.ack != "local", expected=expected,
-                        fallback=fallback)
+        seq = pool.put(key, entry, track=expected is not None or pool.ack != "local", expected=expected,
+                       fallback=fallback)
+        state = self.command
+        if state.pool_writes is None:
+            state.pool_writes = []
+        state.pool_writes.append((key, entry.version, seq))
+        return seq
 
     def _ack(self, seq: int) -> None:
         if self.write_through:

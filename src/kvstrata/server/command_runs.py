@@ -14,6 +14,7 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+from kvstrata.commands.pool_acks import after_command_writes
 from kvstrata.commands.registry import CommandSpec
 from kvstrata.commands.waits import Suspend
 from kvstrata.protocol.encoder import encode
@@ -73,7 +74,14 @@ class CommandRuns:
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
+            if state.pool_writes:
+                if reply.__class__ is Suspend:  # a handler that waits acknowledges its writes itself
+                    store.pool.abandon([seq for _, _, seq in state.pool_writes if seq])  # type: ignore[union-attr]
+                else:
+                    reply = after_command_writes(self.ctx, reply, state.pool_writes, state.ack_seq)
         except Exception as exc:
+            if state.pool_writes and store.pool is not None:
+                store.pool.abandon([seq for _, _, seq in state.pool_writes if seq])
             self._fail(spec, counts, exc, step is None)
             return None
         finally:

@@ -25,7 +25,7 @@ delete writes a versioned *tombstone* (kept ``tombstone_ttl_ms``, longer than an
 (``VER``) compares the expected version with the pool's inside the same script. The outcome of a write a client
 waits for (``put(..., track=True)``) is kept in ``outcomes`` until the command takes it: ``OK``, ``OLDER`` (the
 pool holds a higher version), ``MISMATCH`` (CAS refused) or ``FAILED`` (the pool refused it, e.g. ``-OOM``, or could
-not be reached). Every change is published on the invalidation channel; a subscriber thread hands
+not be reached); a command that will not take it (failed, cancelled) abandons it (``abandon``). Every change is published on the invalidation channel; a subscriber thread hands
 ``(key, version)`` to ``on_invalidate`` so this node drops older local copies (docs/pool.md).
 
 Faults: a connection error or timeout (``CLUSTERDOWN``...) marks the pool *degraded*; a command the pool refuses
@@ -128,6 +128,8 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         self.channel = b"__kvstrata_invalidate__:" + prefix
         # seq -> (outcome, pool version or error text), for the writes a client waits for (track=True).
         self.outcomes: dict[int, tuple[str, Any]] = {}
+        # Tracked writes whose command will not take the outcome (PoolIndex.abandon): dropped when it comes.
+        self.abandoned: set[int] = set()
         # Set by the engine: drop local copies older than a version the pool now holds (another node's write or
         # delete), and a local write the pool refused.
         self.on_invalidate: Callable[[bytes, int, bool], None] = lambda key, version, deleted: None
@@ -229,6 +231,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
             "expired": self.expired, "ttl_ms": self.ttl_ms, "refused_writes": self.refused_writes,
             "cas_refused": self.cas_refused, "tombstones": self.tombstones, "invalidations": self.invalidations, "dropped_copies": self.dropped_copies,
             "deletes_to_replay": len(self.replay), "deletes_replayed": self.replayed,
+            "acks_held": len(self.outcomes),
             "invalidation_gaps": self.invalidation_gaps, "replica_waits_short": self.replica_waits_short,
             "ack": self.ack, "maxmemory_policy": self.maxmemory_policy,
             "masters_degraded": len(self.masters_down), "master_recoveries": self.master_recoveries,

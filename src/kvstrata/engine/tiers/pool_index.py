@@ -29,6 +29,7 @@ class PoolIndex:
     index: OrderedDict[bytes, tuple[int, int, int]]
     replay: dict[bytes, int]
     outcomes: dict[int, tuple[str, Any]]
+    abandoned: set[int]
 
     def lookup_pending(self, key: bytes) -> tuple[bool, Entry | None]:
         found = self.pending.get(key)
@@ -94,6 +95,15 @@ class PoolIndex:
     def take_outcome(self, seq: int) -> tuple[str, Any]:
         """The outcome of tracked write ``seq`` (owner's thread); FAILED when none came (the pool went away)."""
         return self.outcomes.pop(seq, None) or (FAILED, self.degraded or "the pool did not answer")
+
+    def abandon(self, seqs: list[int]) -> None:
+        """Nobody will take the outcomes of these tracked writes (their command failed or its client went away):
+        drop those already in, and have the writer drop the others when they come (``_outcome``), so that
+        ``outcomes`` holds only what a command still waits for."""
+        for seq in seqs:
+            self.abandoned.add(seq)
+            if self.outcomes.pop(seq, None) is not None:
+                self.abandoned.discard(seq)
 
     def note(self, key: bytes, version: int) -> None:
         """Remember that the pool holds ``version`` of ``key`` (read from it, written by another node), so a

@@ -26,6 +26,17 @@ class PoolWriter(BatchWriter):
 
     degraded: str | None
     pending: dict[bytes, Any]
+    outcomes: dict[int, tuple[str, Any]]
+    abandoned: set[int]
+
+    def _outcome(self, seq: int, outcome: tuple[str, Any]) -> None:
+        """Keep a tracked write's outcome for the command that waits for it, unless that command is gone
+        (``abandon``): then nobody would ever take it. Recorded first and dropped after, so that an ``abandon``
+        on the owner's thread at any moment in between leaves neither the outcome nor the mark behind."""
+        self.outcomes[seq] = outcome
+        if seq in self.abandoned:
+            self.outcomes.pop(seq, None)
+            self.abandoned.discard(seq)
 
     def _process(self, batch: list[tuple[Any, ...]]) -> None:
         error: str | None = None
@@ -115,7 +126,7 @@ class PoolWriter(BatchWriter):
                 if got is not None and got[0] == version:
                     self._forget(key)
                 if tracked:
-                    self.outcomes[origin] = (FAILED, text)
+                    self._outcome(origin, (FAILED, text))
                     if kind != _TOMB and (self.ack != "local" or kind == _CAS):
                         # The client hears that the write failed: this node does not serve it either.
                         self.on_refused(key, version)
@@ -126,7 +137,7 @@ class PoolWriter(BatchWriter):
                 self.tombstones += 1
             if res == 1:
                 if tracked:
-                    self.outcomes[origin] = (OK, version)
+                    self._outcome(origin, (OK, version))
                 continue
             # Refused: the pool holds a higher version (or, for a CAS, another one than expected).
             if isinstance(res, list):
@@ -151,8 +162,8 @@ class PoolWriter(BatchWriter):
                         self.pending[key] = snap
                     self._enqueue((_TOMB, key, snap, (pool_version + 1, tracked, arg[2] + 1, origin)))
                 elif tracked:
-                    self.outcomes[origin] = (OLDER, pool_version)  # the DEL did not take: -TRYAGAIN
+                    self._outcome(origin, (OLDER, pool_version))  # the DEL did not take: -TRYAGAIN
                 continue
             self.on_refused(key, version)
             if tracked:
-                self.outcomes[seq] = (outcome, pool_version)
+                self._outcome(seq, (outcome, pool_version))

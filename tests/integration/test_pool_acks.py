@@ -1,0 +1,126 @@
+"""Every write command's reply waits for the pool under ``pool-ack pool`` (the default), not only TAIR.KV.SETEX's.
+
+Plain Redis writes (SET, MSET, INCR, APPEND, SETRANGE, COPY, RENAME's new key...) were acknowledged at once while
+the pool write followed, and the outcome the pool writer kept for each of them was never taken: one dict entry
+per write, forever (INFO tier_pool ``acks_held``). Now the server acknowledges them once the handler returned
+(``pool_acks.after_command_writes``): the reply comes once the pool holds every key the command wrote, and is
+-TRYAGAIN when the pool is away or did not take a write; nothing is left in ``acks_held``. Real 3-master Redis
+Cluster (or a standalone Redis for the faults); waits are polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import redis
+from polling import wait_for
+from tests.integration.support import pool_info
+
+from kvstrata.bench.cluster import LocalCluster
+from kvstrata.engine.tiers.pool import decode_record
+
+pytestmark = [
+    pytest.mark.kvstrata_only,
+    pytest.mark.skipif(shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
+                       reason="needs redis-server and redis-cli (.ci/run installs them)"),
+]
+
+PREFIX = b"kvs:"
+POOL_CFG = {"dram-size": "256kb", "pool-timeout": 500, "pool-connect-timeout": 200, "pool-backoff-max": 300,
+            "http-port": 0}
+
+
+def pool_value(pool_client, key: bytes) -> bytes | None:
+    raw = pool_client.get(PREFIX + key)
+    return None if raw is None else decode_record(key, raw).value
+
+
+def test_plain_writes_are_in_the_pool_when_acknowledged_and_leave_no_outcome_behind(make_server, cluster,
+                                                                                     pool_client):
+    r = make_server({**POOL_CFG, "pool": cluster.url}).client()
+    # Each reply comes once the pool holds what the command wrote: read straight from the pool right after it.
+    assert r.set("ack:set", b"s1")
+    assert pool_value(pool_client, b"ack:set") == b"s1"
+    assert r.mset({"ack:m1": b"a", "ack:m2": b"b", "ack:m3": b"c"})
+    assert [pool_value(pool_client, k) for k in (b"ack:m1", b"ack:m2", b"ack:m3")] == [b"a", b"b", b"c"]
+    assert r.incr("ack:n") == 1 and r.incr("ack:n") == 2
+    assert pool_value(pool_client, b"ack:n") == b"2"
+    assert r.append("ack:set", b"+") == 3
+    assert pool_value(pool_client, b"ack:set") == b"s1+"
+    assert r.setrange("ack:set", 0, b"S") == 3
+    assert pool_value(pool_client, b"ack:set") == b"S1+"
+    assert r.copy("ack:set", "ack:copy")
+    assert pool_value(pool_client, b"ack:copy") == b"S1+"
+    assert r.rename("ack:copy", "ack:renamed")
+    assert pool_value(pool_client, b"ack:renamed") == b"S1+"
+    assert r.execute_command("SETEX", "ack:ex", 100, b"e") and r.getset("ack:ex", b"f") == b"e"
+    assert pool_value(pool_client, b"ack:ex") == b"f"
+    # Many writes, pipelined, and the KV-cache commands that acknowledge their own writes.
+    pipe = r.pipeline(transaction=False)
+    for i in range(300):
+        pipe.set(f"ack:bulk:{i}", b"v%d" % i)
+    assert all(pipe.execute())
+    assert r.execute_command("TAIR.KV.SETEX", "ack:kv", 0, b"kv") > 0
+    assert r.delete("ack:m1") == 1
+    assert pool_value(pool_client, b"ack:bulk:299") == b"v299"
+    wait_for(lambda: pool_info(r)["pending"] == 0, what="the pool writer to drain")
+    info = pool_info(r)
+    assert info["acks_held"] == 0, info  # every outcome was taken by the reply that waited for it
+    assert info["writes"] >= 300
+
+
+def test_plain_writes_are_refused_while_the_pool_is_away(make_server):
+    single = LocalCluster(standalone=True).start()
+    try:
+        r = make_server({**POOL_CFG, "pool": single.url}).client()
+        assert r.set("away:k", b"v")
+        single.kill(0)
+        wait_for(lambda: pool_info(r)["pool_degraded"] == 1 or _refused(lambda: r.set("away:probe", b"x")),
+                 timeout=10, what="the pool to be seen away")
+        wait_for(lambda: pool_info(r)["pool_degraded"] == 1, timeout=10, what="degraded")
+        for write in (lambda: r.set("away:new", b"n"), lambda: r.mset({"away:a": b"1", "away:b": b"2"}),
+                      lambda: r.incr("away:n")):
+            with pytest.raises(redis.exceptions.TryAgainError, match="the pool is unavailable"):
+                write()
+        # A write the client was told failed is not served by this node either.
+        assert r.get("away:new") is None and r.get("away:n") is None
+        assert r.ping()
+        assert pool_info(r)["acks_held"] == 0
+    finally:
+        single.stop()
+
+
+def _refused(fn) -> bool:
+    try:
+        fn()
+    except redis.ResponseError:
+        return True
+    return False
+
+
+def test_a_write_the_pool_refuses_is_an_error_not_an_acknowledgement(make_server):
+    single = LocalCluster(standalone=True, maxmemory="3mb").start()
+    try:
+        r = make_server({**POOL_CFG, "dram-size": "64mb", "pool": single.url, "pool-timeout": 1000}).client()
+        refused = 0
+        for i in range(40):
+            try:
+                r.set(f"big:{i}", b"z" * 200_000)
+            except redis.exceptions.TryAgainError as exc:
+                assert "did not take the write" in str(exc) and "maxmemory" in str(exc), str(exc)
+                refused += 1
+        assert refused > 0
+        info = pool_info(r)
+        assert info["pool_degraded"] == 0 and info["refused_writes"] >= refused and info["acks_held"] == 0
+        assert r.set("small", b"s")  # not an outage
+    finally:
+        single.stop()
+
+
+def test_under_pool_ack_local_plain_writes_answer_at_once_and_hold_nothing(make_server, cluster):
+    r = make_server({**POOL_CFG, "pool": cluster.url, "pool-ack": "local"}).client()
+    for i in range(100):
+        assert r.set(f"local:{i}", b"v")
+    wait_for(lambda: pool_info(r)["pending"] == 0, what="the pool writer to drain")
+    assert pool_info(r)["acks_held"] == 0
