@@ -11,8 +11,9 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-# gcc: hatch_build.py compiles the client's native copy helper into kvstrata's wheel (without it the wheel is
-# built without the helper, and the client copies with numpy). Only in this stage: the image gets the wheel.
+# gcc: hatch_build.py compiles the client's native copy helper and the prefetch predictor's extension module into
+# kvstrata's wheel (the python image has Python's headers; without gcc the wheel is built without them: the client
+# copies with numpy, the predictor runs in Python). Only in this stage: the image gets the wheel.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
