@@ -114,8 +114,8 @@ class NativeBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
         if self.target_name != "wheel":
             return
         if os.environ.get("KVSTRATA_BUILD_NATIVE", "1").strip().lower() in ("0", "no", "off", "false"):
-            self.app.display_warning("kvstrata: KVSTRATA_BUILD_NATIVE=0: native copy helper not built; "
-                                     "the client copies with numpy")
+            self.app.display_warning("kvstrata: KVSTRATA_BUILD_NATIVE=0: native copy helper and predictor not "
+                                     "built; the client copies with numpy, the predictor runs in Python")
             return
         source = Path(self.root, SOURCE)
         ext_source = Path(self.root, EXT_SOURCE)

@@ -791,8 +791,9 @@ def _compiled() -> tuple[type[PurePredictor] | None, str]:
     except ImportError as exc:
         return None, f"kvstrata.native._predict not built ({exc})"
     # The C file carries these numbers as #defines: a change on one side only must not change predictions.
-    mine = {"LANES_PER_STREAM": LANES_PER_STREAM, "LINK_MIN": LINK_MIN, "FAMILIES_MAX": FAMILIES_MAX, "LOG_MAX": LOG_MAX, "COUNT_MAX": COUNT_MAX, "BRANCH": BRANCH,
-            "BOUNDARY": BOUNDARY, "HEAD": HEAD, "PRIOR_WEIGHT": PRIOR_WEIGHT}
+    mine = {"LANES_PER_STREAM": LANES_PER_STREAM, "LINK_MIN": LINK_MIN, "FAMILIES_MAX": FAMILIES_MAX,
+            "LOG_MAX": LOG_MAX, "COUNT_MAX": COUNT_MAX, "BRANCH": BRANCH, "BOUNDARY": BOUNDARY, "HEAD": HEAD,
+            "PRIOR_WEIGHT": PRIOR_WEIGHT}
     differ = sorted(k for k, v in mine.items() if getattr(_predict, k, None) != v)
     if differ:
         return None, f"kvstrata.native._predict is stale ({', '.join(differ)} differ): rebuild it"
