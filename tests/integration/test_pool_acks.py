@@ -124,3 +124,83 @@ def test_under_pool_ack_local_plain_writes_answer_at_once_and_hold_nothing(make_
         assert r.set(f"local:{i}", b"v")
     wait_for(lambda: pool_info(r)["pending"] == 0, what="the pool writer to drain")
     assert pool_info(r)["acks_held"] == 0
+
+
+def _raw(port: int, payload: bytes, replies: int, timeout: float = 20.0) -> list[bytes]:
+    """Send ``payload`` (several commands at once: one pipeline) and read ``replies`` RESP2 simple lines
+    (+, -, :) or bulk strings, in order."""
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        sock.sendall(payload)
+        f = sock.makefile("rb")
+        out = []
+        for _ in range(replies):
+            line = f.readline()
+            if line.startswith(b"$") and line != b"$-1\r\n":
+                n = int(line[1:])
+                line = line + f.read(n + 2)
+            out.append(line)
+        sock.settimeout(0.3)
+        try:
+            extra = sock.recv(1 << 16)
+        except TimeoutError:
+            extra = b""
+        assert extra == b"", f"more replies than commands: {extra!r}"
+        return out
+    finally:
+        sock.close()
+
+
+def _cmd(*args: bytes | str | int) -> bytes:
+    parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def test_a_pipeline_of_writes_waits_once_and_answers_in_order(make_server, cluster, pool_client, tmp_path):
+    """The replies of a pipeline's writes are held in place while the commands after them run, and are sent, in
+    order, once the pool holds every write of the batch: errors in their places, reads of what the batch wrote,
+    a read that has to load from the SSD tier after held writes, CLIENT REPLY SKIP in the middle."""
+    srv = make_server({**POOL_CFG, "pool": cluster.url, "essd-path": str(tmp_path / "ssd"), "dram-size": "64kb"})
+    r = srv.client()
+    cold = [f"pipe:cold:{i}" for i in range(12)]
+    for k in cold:  # 12 x 16 KB through 64 KB of DRAM: the first ones are on the SSD now
+        r.set(k, k.encode() * (16384 // len(k)))
+    assert r.execute_command("TAIR.KV.TIER", cold[0]) in (b"ssd", b"pool")
+    payload = b"".join([
+        _cmd("SET", "pipe:a", "1"), _cmd("INCR", "pipe:a"), _cmd("GET", "pipe:a"), _cmd("INCR", "pipe:s"),
+        _cmd("SET", "pipe:s", "text"), _cmd("INCR", "pipe:s"), _cmd("TAIR.KV.SETEX", "pipe:kv", 0, "kv"),
+        _cmd("GET", cold[0]), _cmd("SET", "pipe:b", "2"), _cmd("CLIENT", "REPLY", "SKIP"), _cmd("SET", "pipe:c", "3"),
+        _cmd("MSET", "pipe:d", "4", "pipe:e", "5"), _cmd("DEL", "pipe:a"), _cmd("GET", "pipe:a"), _cmd("PING"),
+    ])
+    got = _raw(srv.port, payload, 13)  # CLIENT REPLY SKIP answers nothing and skips the next reply
+    expected_cold = cold[0].encode() * (16384 // len(cold[0]))
+    assert got[:7] == [b"+OK\r\n", b":2\r\n", b"$1\r\n2\r\n", b":1\r\n", b"+OK\r\n",
+                       b"-ERR value is not an integer or out of range\r\n", got[6]]
+    assert got[6].startswith(b":") and int(got[6][1:]) > 0  # TAIR.KV.SETEX's version
+    assert got[7] == b"$%d\r\n%s\r\n" % (len(expected_cold), expected_cold)
+    assert got[8:] == [b"+OK\r\n", b"+OK\r\n", b":1\r\n", b"$-1\r\n", b"+PONG\r\n"]
+    for key, value in ((b"pipe:b", b"2"), (b"pipe:c", b"3"), (b"pipe:d", b"4"), (b"pipe:e", b"5"),
+                       (b"pipe:s", b"text"), (b"pipe:kv", b"kv")):
+        assert pool_value(pool_client, key) == value, key
+    wait_for(lambda: pool_info(r)["pending"] == 0, what="the pool writer to drain")
+    assert pool_info(r)["acks_held"] == 0
+
+
+def test_a_pipeline_of_writes_to_a_pool_that_is_away_answers_each_in_place(make_server):
+    single = LocalCluster(standalone=True).start()
+    try:
+        srv = make_server({**POOL_CFG, "pool": single.url})
+        r = srv.client()
+        assert r.set("gone:warm", b"w")
+        single.kill(0)
+        wait_for(lambda: pool_info(r)["pool_degraded"] == 1 or _refused(lambda: r.set("gone:probe", b"x")),
+                 timeout=10, what="the pool to be seen away")
+        payload = b"".join([_cmd("SET", "gone:a", "1"), _cmd("PING"), _cmd("SET", "gone:b", "2"), _cmd("ECHO", "e")])
+        got = _raw(srv.port, payload, 4)
+        assert got[0].startswith(b"-TRYAGAIN ") and got[2].startswith(b"-TRYAGAIN "), got
+        assert got[1] == b"+PONG\r\n" and got[3] == b"$1\r\ne\r\n"
+        assert r.get("gone:a") is None and r.get("gone:b") is None
+    finally:
+        single.stop()

@@ -5,8 +5,9 @@ returns a typed wait): ``_tiered`` decides whether the command can run now (its 
 behind); ``_slow`` performs the waits the command declares (writer backpressure, a settled SSD, its keys loaded,
 with the prefetcher told what the read will want next); ``_invoke_sync`` runs the handler or a continuation with
 the command's state, stats and slowlog; ``_continue`` performs a handler's typed wait (``Suspend``) off the loop;
-``_ack_after`` holds a reply until the SSD writer acknowledged the write. The I/O half (buffers, replies, flow
-control) is ``kvstrata.server.connection``.
+``_ack_after`` holds a reply until the SSD writer acknowledged the write; ``settle_pool_acks`` the replies of a
+pipeline's writes until the pool holds them. The I/O half (buffers, replies, flow control) is
+``kvstrata.server.connection``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvstrata.commands.pool_acks import after_command_writes
 from kvstrata.commands.registry import CommandSpec
-from kvstrata.commands.waits import Suspend
-from kvstrata.protocol.encoder import encode
+from kvstrata.commands.waits import PoolAck, Suspend
+from kvstrata.errors import CommandError
+from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.server.cmdstats import CommandStats
 
 if TYPE_CHECKING:
@@ -25,6 +27,36 @@ if TYPE_CHECKING:
     from kvstrata.engine.store import Store
     from kvstrata.protocol.parser import RequestParser
     from kvstrata.server.app import Server
+
+
+class PoolAckWait:
+    """What a command whose reply waits only for the pool (``pool-ack``: a ``Suspend`` on ``PoolAck``) returns to
+    the connection. Awaiting it performs the wait and runs the continuation, as any other wait; a connection
+    running a pipeline instead keeps the reply's place and runs the next commands, then waits once for all the
+    pool writes of the batch (``Connection._run``, ``settle_pool_acks``): a pipeline of writes costs one pool
+    round trip, not one per command."""
+
+    __slots__ = ("args", "counts", "runs", "spec", "sus")
+
+    def __init__(self, runs: CommandRuns, spec: CommandSpec, args: list[Any], counts: CommandStats,
+                 sus: Suspend) -> None:
+        self.runs = runs
+        self.spec = spec
+        self.args = args
+        self.counts = counts
+        self.sus = sus
+
+    def __await__(self) -> Any:
+        return self.runs._continue(self.spec, self.args, self.counts, self.sus).__await__()
+
+
+class HeldReply:
+    """The place of a reply in a connection's output while its command waits for the pool (see PoolAckWait)."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return 0
 
 
 class CommandRuns:
@@ -104,6 +136,8 @@ class CommandRuns:
             if spec.noauth:
                 self.parser.refresh()
         if reply.__class__ is Suspend:
+            if reply.wait.__class__ is PoolAck and not reply.reload:
+                return PoolAckWait(self, spec, args, counts, reply)
             return self._continue(spec, args, counts, reply)
         seq = state.ack_seq
         if seq and ssd is not None and seq > ssd.committed_seq:
@@ -124,6 +158,55 @@ class CommandRuns:
         waiter = self._invoke_sync(spec, args, counts, sus.then, result)
         if waiter is not None:
             await waiter
+
+    async def settle_pool_acks(self, held: list[tuple[HeldReply, PoolAckWait]]) -> None:
+        """The replies a pipeline's commands held for the pool (``Connection._run``): one wait for the highest pool
+        write among them (the writer commits in order), then each continuation in order, its reply written in its
+        place; the output is flushed once every place is filled."""
+        seq = max(w.sus.wait.seq for _, w in held)
+        ssd_seq = max(w.sus.wait.ssd_seq for _, w in held)
+        try:
+            await self.server.wait(PoolAck(seq, ssd_seq))
+        except Exception as exc:  # each held command answers this error (one reply each, in its place)
+            for slot, w in held:
+                w.sus.release()
+                self._fill(slot, [ErrorReply(exc.message if isinstance(exc, CommandError) else
+                                             f"ERR internal error: {type(exc).__name__}")])
+            self._flush()
+            return
+        except BaseException:  # cancelled: the connection or the server is going away
+            for _, w in held:
+                w.sus.release()
+            raise
+        for slot, w in held:
+            # Encoded into a list of its own, then put in its place: the replies after it are in ``out`` already.
+            out, self.out = self.out, []
+            try:
+                waiter = self._invoke_sync(w.spec, w.args, w.counts, w.sus.then, None)
+                if waiter is not None:
+                    await waiter  # the continuation waits again (a write sent again above the pool's version)
+            except CommandError as exc:  # decided while waiting again (as Connection._resume)
+                self._error(exc.message)
+            finally:
+                mine, self.out = self.out, out
+            self._fill(slot, mine, encoded=True)
+        self._flush()
+
+    def _fill(self, slot: HeldReply, parts: list[Any], encoded: bool = False) -> None:
+        """Put a held reply in its place in ``out`` (``parts``: encoded chunks, or replies to encode)."""
+        if not encoded:
+            chunks: list[Any] = []
+            for reply in parts:
+                encode(reply, self.client.proto, chunks)
+            parts = chunks
+        out = self.out
+        for i, part in enumerate(out):
+            if part is slot:
+                out[i:i + 1] = parts
+                return
+
+    def _flush(self) -> None:
+        raise NotImplementedError  # Connection's
 
     async def _load(self, keys: list[bytes], meta: bool = False) -> None:
         """Load ``keys`` from the lower tiers for the command about to run (its reads then stay off the loop); with

@@ -24,7 +24,7 @@ from kvstrata.protocol.alloc import untouched
 from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import RequestParser
 from kvstrata.server.cmdstats import CommandStats
-from kvstrata.server.command_runs import CommandRuns
+from kvstrata.server.command_runs import CommandRuns, HeldReply, PoolAckWait
 
 if TYPE_CHECKING:
     from kvstrata.server.app import Server
@@ -93,6 +93,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.client.memory = self.memory
         self.transport: asyncio.Transport | None = None
         self.out: list[Any] = []
+        self._holding = False  # replies held for the pool are being settled: nothing is flushed before them
         # The arguments of the command running (or last run): CLIENT LIST counts them while it runs, as Redis
         self._argv: list[Any] = []
         self.backlog: deque[list[bytes]] = deque()
@@ -307,13 +308,18 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         execute = self.execute
         client = self.client
         self._predict_later = True  # [prefetch hook, issue 19]
+        # Replies held for the pool (PoolAckWait): the commands after them run meanwhile, and one wait settles all.
+        held: list[tuple[HeldReply, PoolAckWait]] = []
         if backlog:
             backlog.extend(cmds)
             while backlog:
                 mark = len(self.out)
                 waiter = execute(backlog.popleft())
                 if waiter is not None:
-                    self._suspend(waiter)
+                    if self._hold(waiter, held):
+                        continue
+                    self._suspend(self._after_held(held, waiter) if held else waiter)
+                    held = []
                     break
                 if client.reply:
                     self._reply_done(mark)
@@ -325,15 +331,21 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                 mark = len(self.out)
                 waiter = execute(args)
                 if waiter is not None:
+                    if self._hold(waiter, held):
+                        continue
                     backlog.extend(cmds[i + 1 :])
-                    self._suspend(waiter)
+                    self._suspend(self._after_held(held, waiter) if held else waiter)
+                    held = []
                     break
                 if client.reply:
                     self._reply_done(mark)
                 if client.closing:
                     break
         self._predict_later = False
-        self._flush()
+        if held:
+            self._suspend(self._after_held(held, None))
+        if not self._holding:  # held replies: settle_pool_acks flushes once their places are filled
+            self._flush()
         if self._predicted:  # [prefetch hook, issue 19] off the reply's path
             self._predicted = False
             self.server.prefetcher.submit_predicted()
@@ -341,6 +353,31 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self._release_recv()
         if self._pending_error is not None and not self.busy:
             self._protocol_error(self._pending_error)
+
+    def _hold(self, waiter: Any, held: list[tuple[HeldReply, PoolAckWait]]) -> bool:
+        """Keep the place of a reply that waits only for the pool and go on with the next command (True), when the
+        client takes every reply and is not closing (CLIENT REPLY and QUIT need the replies in their order now)."""
+        if waiter.__class__ is not PoolAckWait or self.client.reply or self.client.closing:
+            return False
+        slot = HeldReply()
+        self.out.append(slot)
+        held.append((slot, waiter))
+        return True
+
+    def _after_held(self, held: list[tuple[HeldReply, PoolAckWait]], waiter: Any) -> Any:
+        """The held replies settled (flushed in order), then ``waiter``, the command that stopped the batch. Nothing
+        is flushed from now until they are (``_holding``)."""
+        self._holding = True
+
+        async def run() -> None:
+            try:
+                await self.settle_pool_acks(held)
+            finally:
+                self._holding = False
+            if waiter is not None:
+                await waiter
+
+        return run()
 
     def _reply_done(self, mark: int) -> None:
         """CLIENT REPLY, as Redis's resetClient: the command that just ended keeps no reply while replies are
