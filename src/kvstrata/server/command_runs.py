@@ -12,6 +12,8 @@ pipeline's writes until the pool holds them. The I/O half (buffers, replies, flo
 
 from __future__ import annotations
 
+import logging
+import traceback
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
     from kvstrata.engine.store import Store
     from kvstrata.protocol.parser import RequestParser
     from kvstrata.server.app import Server
+
+
+log = logging.getLogger("kvstrata.conn")  # as Connection's: a command that failed on a connection
 
 
 class PoolAckWait:
@@ -187,6 +192,9 @@ class CommandRuns:
                     await waiter  # the continuation waits again (a write sent again above the pool's version)
             except CommandError as exc:  # decided while waiting again (as Connection._resume)
                 self._error(exc.message)
+            except Exception as exc:  # a fault: this command's reply says so, the others still go out
+                log.error("held command failed: %s", traceback.format_exc())
+                self._error(f"ERR internal error: {type(exc).__name__}")
             finally:
                 mine, self.out = self.out, out
             self._fill(slot, mine, encoded=True)
