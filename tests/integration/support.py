@@ -46,3 +46,15 @@ def pool_info(r: Any) -> dict[str, Any]:
 def memory_info(r: Any) -> dict[str, Any]:
     """``INFO memory`` as a dict."""
     return r.info("memory")
+
+
+def refused(fn: Any) -> bool:
+    """Whether ``fn()`` got an error reply (redis-py's ResponseError) instead of an answer."""
+    import redis
+
+    try:
+        fn()
+    except redis.ResponseError:
+        return True
+    return False
+

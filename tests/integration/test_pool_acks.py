@@ -15,7 +15,7 @@ import shutil
 import pytest
 import redis
 from polling import wait_for
-from tests.integration.support import pool_info
+from tests.integration.support import pool_info, refused
 
 from kvstrata.bench.cluster import LocalCluster
 from kvstrata.engine.tiers.pool import decode_record
@@ -76,7 +76,7 @@ def test_plain_writes_are_refused_while_the_pool_is_away(make_server):
         r = make_server({**POOL_CFG, "pool": single.url}).client()
         assert r.set("away:k", b"v")
         single.kill(0)
-        wait_for(lambda: pool_info(r)["pool_degraded"] == 1 or _refused(lambda: r.set("away:probe", b"x")),
+        wait_for(lambda: pool_info(r)["pool_degraded"] == 1 or refused(lambda: r.set("away:probe", b"x")),
                  timeout=10, what="the pool to be seen away")
         wait_for(lambda: pool_info(r)["pool_degraded"] == 1, timeout=10, what="degraded")
         for write in (lambda: r.set("away:new", b"n"), lambda: r.mset({"away:a": b"1", "away:b": b"2"}),
@@ -89,14 +89,6 @@ def test_plain_writes_are_refused_while_the_pool_is_away(make_server):
         assert pool_info(r)["acks_held"] == 0
     finally:
         single.stop()
-
-
-def _refused(fn) -> bool:
-    try:
-        fn()
-    except redis.ResponseError:
-        return True
-    return False
 
 
 def test_a_write_the_pool_refuses_is_an_error_not_an_acknowledgement(make_server):
@@ -195,7 +187,7 @@ def test_a_pipeline_of_writes_to_a_pool_that_is_away_answers_each_in_place(make_
         r = srv.client()
         assert r.set("gone:warm", b"w")
         single.kill(0)
-        wait_for(lambda: pool_info(r)["pool_degraded"] == 1 or _refused(lambda: r.set("gone:probe", b"x")),
+        wait_for(lambda: pool_info(r)["pool_degraded"] == 1 or refused(lambda: r.set("gone:probe", b"x")),
                  timeout=10, what="the pool to be seen away")
         payload = b"".join([_cmd("SET", "gone:a", "1"), _cmd("PING"), _cmd("SET", "gone:b", "2"), _cmd("ECHO", "e")])
         got = _raw(srv.port, payload, 4)

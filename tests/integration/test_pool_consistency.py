@@ -20,6 +20,7 @@ import time
 import pytest
 import redis
 from polling import wait_for
+from tests.integration.support import refused
 
 from kvstrata.bench.cluster import LocalCluster, free_port
 from kvstrata.engine.tiers import pool_scripts
@@ -177,7 +178,7 @@ def test_pool_away_refuses_deletes_cas_and_strong_reads(make_server):
         single.kill(0)
         # The first request that needs the pool finds it gone; from then on it is degraded.
         wait_for(lambda: r.info("tier_pool")["pool_degraded"] == 1 or
-                 _raises(lambda: r.execute_command("TAIR.KV.MGET", "away:k", "CONSISTENCY_LEVEL", "STRONG")),
+                 refused(lambda: r.execute_command("TAIR.KV.MGET", "away:k", "CONSISTENCY_LEVEL", "STRONG")),
                  timeout=10, what="the pool to be seen away")
         wait_for(lambda: r.info("tier_pool")["pool_degraded"] == 1, timeout=10, what="degraded")
         assert "the pool is unavailable" in err(r.delete, "away:k")
@@ -188,14 +189,6 @@ def test_pool_away_refuses_deletes_cas_and_strong_reads(make_server):
         assert r.execute_command("TAIR.KV.SETEX", "away:other", 0, b"o") > 0
     finally:
         single.stop()
-
-
-def _raises(fn) -> bool:
-    try:
-        fn()
-    except redis.ResponseError:
-        return True
-    return False
 
 
 def test_oom_in_the_pool_is_a_refused_write_not_an_outage(make_server):
@@ -274,7 +267,7 @@ def test_master_killed_with_replica_promoted_loses_no_replica_acked_write(make_s
         # The replicas need their first sync before WAIT can count them: wait until a write on every master is
         # confirmed (one key per master through hash tags).
         warm = [f"{{w{i}}}" for i in range(64)]
-        wait_for(lambda: all(not _raises(lambda k=k: a.execute_command("TAIR.KV.SETEX", k, 0, b"w")) for k in warm),
+        wait_for(lambda: all(not refused(lambda k=k: a.execute_command("TAIR.KV.SETEX", k, 0, b"w")) for k in warm),
                  timeout=30, what="the replicas to be in sync")
         acked = {}
         for i in range(150):
