@@ -24,6 +24,20 @@ from kvstrata.errors import CommandError, VersionMismatchError
 WRITE_RETRIES = 3
 
 
+def _away(store: Any, key: bytes, version: int) -> PoolUnavailableError:
+    """A write skipped because the pool is away for ``key``: not served here either; the error its client hears."""
+    store.pool_refused(key, version)
+    return PoolUnavailableError(f"the pool is unavailable ({store.pool.down_reason(key)}); the write is kept on "
+                                "this node only")
+
+
+def _check_ssd(store: Any, ssd_seq: int) -> None:
+    """-ERR when the SSD write the reply also waited for (write-through, ``ssd_seq``) failed."""
+    failed = store.ssd.failed.get(ssd_seq) if ssd_seq and store.ssd is not None else None
+    if failed is not None:
+        raise CommandError(f"SSD write failed: {failed}")
+
+
 def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expected: int | None = None,
                      ssd_seq: int = 0, rewrite: Callable[[int], Any] | None = None, tries: int = 0) -> Any:
     """``reply`` once the pool holds the write of ``key`` at ``version`` queued by the current command (or at
@@ -40,18 +54,14 @@ def after_pool_write(ctx: Context, key: bytes, version: int, reply: Any, *, expe
     if not seq:
         if pool.ack != "local" or expected is not None:
             if not pool.usable(key):
-                store.pool_refused(key, version)
-                raise PoolUnavailableError(f"the pool is unavailable ({pool.down_reason(key)}); the write is kept on "
-                                           "this node only")
+                raise _away(store, key, version)
         return reply
     if pool.ack == "local" and expected is None:
         return reply
 
     def then(_: Any) -> Any:
-        failed = store.ssd.failed.get(ssd_seq) if ssd_seq and store.ssd is not None else None
-        if failed is not None:
-            raise CommandError(f"SSD write failed: {failed}")
-        outcome, detail = pool.take_outcome(seq)
+        outcome, detail = pool.take_outcome(seq)  # taken first: an SSD failure must not leave it behind
+        _check_ssd(store, ssd_seq)
         if outcome == OK:
             return reply
         if outcome == MISMATCH:
@@ -82,17 +92,13 @@ def after_command_writes(ctx: Context, reply: Any, writes: list[tuple[bytes, int
     for key, version, seq in writes:
         if not seq and not pool.usable(key):
             pool.abandon(seqs)
-            store.pool_refused(key, version)
-            raise PoolUnavailableError(f"the pool is unavailable ({pool.down_reason(key)}); the write is kept on "
-                                       "this node only")
+            raise _away(store, key, version)
     if not seqs:
         return reply
 
     def then(_: Any) -> Any:
-        failed = store.ssd.failed.get(ssd_seq) if ssd_seq and store.ssd is not None else None
         outcomes = [pool.take_outcome(seq) for seq in seqs]
-        if failed is not None:
-            raise CommandError(f"SSD write failed: {failed}")
+        _check_ssd(store, ssd_seq)
         refused = [(outcome, detail) for outcome, detail in outcomes if outcome != OK]
         if not refused:
             return reply
@@ -105,6 +111,13 @@ def after_command_writes(ctx: Context, reply: Any, writes: list[tuple[bytes, int
                                    "retry the command")
 
     return Suspend(PoolAck(max(seqs), ssd_seq), then, cancel=lambda: pool.abandon(seqs))
+
+
+def abandon_writes(store: Any, writes: list[tuple[bytes, int, int]]) -> None:
+    """Nobody will take the outcomes of ``writes`` (a CommandState's ``pool_writes``): the command failed, or its
+    handler waits for something else."""
+    if store.pool is not None:
+        store.pool.abandon([seq for _, _, seq in writes if seq])
 
 
 def delete_tracked(ctx: Context, keys: list[bytes]) -> tuple[int, list[int]]:

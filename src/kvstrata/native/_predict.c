@@ -400,20 +400,15 @@ static inline long py_floordiv(long a, long b) {
 /* the slot of ``key``, allocated by AccessProfiles.slot when it has none; -1 with an exception on error */
 static long slot_of(Core *c, PyObject *key) {
     PyObject *v = PyDict_GetItemWithError(c->slots, key);
-    if (!v) {
+    if (v) {
+        Py_INCREF(v);
+    } else {
         if (PyErr_Occurred()) return -1;
         v = PyObject_CallMethodOneArg(c->profiles, s_slot, key);
         if (!v) return -1;
-        long s = PyLong_AsLong(v);
-        Py_DECREF(v);
-        if (s == -1 && PyErr_Occurred()) return -1;
-        if (s < 0 || s >= c->max_keys) {
-            PyErr_SetString(PyExc_IndexError, "profile slot out of range");
-            return -1;
-        }
-        return s;
     }
     long s = PyLong_AsLong(v);
+    Py_DECREF(v);
     if (s == -1 && PyErr_Occurred()) return -1;
     if (s < 0 || s >= c->max_keys) {
         PyErr_SetString(PyExc_IndexError, "profile slot out of range");

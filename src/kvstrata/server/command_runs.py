@@ -17,7 +17,7 @@ import traceback
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
-from kvstrata.commands.pool_acks import after_command_writes
+from kvstrata.commands.pool_acks import abandon_writes, after_command_writes
 from kvstrata.commands.registry import CommandSpec
 from kvstrata.commands.waits import PoolAck, Suspend
 from kvstrata.errors import CommandError
@@ -113,12 +113,12 @@ class CommandRuns:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
             if state.pool_writes:
                 if reply.__class__ is Suspend:  # a handler that waits acknowledges its writes itself
-                    store.pool.abandon([seq for _, _, seq in state.pool_writes if seq])  # type: ignore[union-attr]
+                    abandon_writes(store, state.pool_writes)
                 else:
                     reply = after_command_writes(self.ctx, reply, state.pool_writes, state.ack_seq)
         except Exception as exc:
-            if state.pool_writes and store.pool is not None:
-                store.pool.abandon([seq for _, _, seq in state.pool_writes if seq])
+            if state.pool_writes:
+                abandon_writes(store, state.pool_writes)
             self._fail(spec, counts, exc, step is None)
             return None
         finally:

@@ -309,17 +309,19 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         client = self.client
         self._predict_later = True  # [prefetch hook, issue 19]
         # Replies held for the pool (PoolAckWait): the commands after them run meanwhile, and one wait settles all.
-        held: list[tuple[HeldReply, PoolAckWait]] = []
+        # None until the first (most batches hold none: no list on the small-request path).
+        held: list[tuple[HeldReply, PoolAckWait]] | None = None
         if backlog:
             backlog.extend(cmds)
             while backlog:
                 mark = len(self.out)
                 waiter = execute(backlog.popleft())
                 if waiter is not None:
-                    if self._hold(waiter, held):
+                    if waiter.__class__ is PoolAckWait and not (client.reply or client.closing):
+                        held = self._hold(waiter, held)
                         continue
                     self._suspend(self._after_held(held, waiter) if held else waiter)
-                    held = []
+                    held = None
                     break
                 if client.reply:
                     self._reply_done(mark)
@@ -331,11 +333,12 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                 mark = len(self.out)
                 waiter = execute(args)
                 if waiter is not None:
-                    if self._hold(waiter, held):
+                    if waiter.__class__ is PoolAckWait and not (client.reply or client.closing):
+                        held = self._hold(waiter, held)
                         continue
                     backlog.extend(cmds[i + 1 :])
                     self._suspend(self._after_held(held, waiter) if held else waiter)
-                    held = []
+                    held = None
                     break
                 if client.reply:
                     self._reply_done(mark)
@@ -354,15 +357,17 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         if self._pending_error is not None and not self.busy:
             self._protocol_error(self._pending_error)
 
-    def _hold(self, waiter: Any, held: list[tuple[HeldReply, PoolAckWait]]) -> bool:
-        """Keep the place of a reply that waits only for the pool and go on with the next command (True), when the
-        client takes every reply and is not closing (CLIENT REPLY and QUIT need the replies in their order now)."""
-        if waiter.__class__ is not PoolAckWait or self.client.reply or self.client.closing:
-            return False
+    def _hold(self, waiter: PoolAckWait, held: list[tuple[HeldReply, PoolAckWait]] | None
+              ) -> list[tuple[HeldReply, PoolAckWait]]:
+        """Keep the place of ``waiter``'s reply (it waits only for the pool) and let the batch go on with the next
+        command; only while the client takes every reply and is not closing (CLIENT REPLY and QUIT need the replies
+        in their order now: the caller checks)."""
         slot = HeldReply()
         self.out.append(slot)
+        if held is None:
+            held = []
         held.append((slot, waiter))
-        return True
+        return held
 
     def _after_held(self, held: list[tuple[HeldReply, PoolAckWait]], waiter: Any) -> Any:
         """The held replies settled (flushed in order), then ``waiter``, the command that stopped the batch. Nothing

@@ -25,8 +25,9 @@ delete writes a versioned *tombstone* (kept ``tombstone_ttl_ms``, longer than an
 (``VER``) compares the expected version with the pool's inside the same script. The outcome of a write a client
 waits for (``put(..., track=True)``) is kept in ``outcomes`` until the command takes it: ``OK``, ``OLDER`` (the
 pool holds a higher version), ``MISMATCH`` (CAS refused) or ``FAILED`` (the pool refused it, e.g. ``-OOM``, or could
-not be reached); a command that will not take it (failed, cancelled) abandons it (``abandon``). Every change is published on the invalidation channel; a subscriber thread hands
-``(key, version)`` to ``on_invalidate`` so this node drops older local copies (docs/pool.md).
+not be reached); a command that will not take it (failed, cancelled) abandons it (``abandon``). Every change is
+published on the invalidation channel; a subscriber thread hands ``(key, version)`` to ``on_invalidate`` so this
+node drops older local copies (docs/pool.md).
 
 Faults: a connection error or timeout (``CLUSTERDOWN``...) marks the pool *degraded*; a command the pool refuses
 (``-OOM``, a script error) fails that write only. While degraded, reads
