@@ -2,15 +2,16 @@
 
 * The copy helper (src/kvstrata/native/ntcopy.c): a plain shared library (no Python headers), loaded with ctypes
   by ``kvstrata.native.ntcopy``.
-* The predictor's hot path (src/kvstrata/native/_predict.c): a CPython extension module,
-  ``kvstrata.native._predict``, which ``kvstrata.engine.predict`` uses when it imports.
+* CPython extension modules (``EXTENSIONS``): the predictor's hot path (src/kvstrata/native/_predict.c,
+  ``kvstrata.native._predict``, which ``kvstrata.engine.predict`` uses when it imports) and the page-residency
+  check of the SSD tier's reads on the event loop (``_pages.c``, used by ``kvstrata.engine.tiers.resident``).
 
 Editable installs (``pip install -e .``: scripts/test.sh, scripts/serve.sh) build them next to their sources,
 where the package is imported from; a wheel carries them and is then tagged for its platform
 (``py3-none-<platform>`` with the copy helper alone; ``cpXY-cpXY-<platform>`` with the extension, which is built
 for one Python). No compiler, no Python headers, or a failed build: the install still succeeds without that part
-(the client then copies with numpy; the predictor runs in Python), and the hook says so.
-``KVSTRATA_BUILD_NATIVE=0`` skips both.
+(the client then copies with numpy; the predictor runs in Python; residency is checked with numpy), and the hook
+says so. ``KVSTRATA_BUILD_NATIVE=0`` skips them all.
 
 ``python3 hatch_build.py`` builds them in place without installing anything (a source tree run with
 ``PYTHONPATH=src``).
@@ -39,9 +40,20 @@ LIB_NAME = "libkvstrata_ntcopy.so"
 WHEEL_PATH = "kvstrata/native/" + LIB_NAME
 # Portable flags only (no -march=native): the AVX2 loop carries its own target attribute and is chosen on load.
 CFLAGS = ["-O2", "-fPIC", "-shared", "-Wall"]
-EXT_SOURCE = Path("src", "kvstrata", "native", "_predict.c")
-EXT_NAME = "_predict" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so")
-EXT_WHEEL_PATH = "kvstrata/native/" + EXT_NAME
+EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+# Extension module -> what runs in Python without it (the hook's warning).
+EXTENSIONS = {
+    "_predict": "the predictor runs in Python",
+    "_pages": "the SSD tier's residency checks run in numpy",
+}
+
+
+def ext_source(name: str) -> Path:
+    return Path("src", "kvstrata", "native", name + ".c")
+
+
+def ext_name(name: str) -> str:
+    return name + EXT_SUFFIX
 
 
 def compiler() -> list[str] | None:
@@ -114,28 +126,29 @@ class NativeBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
         if self.target_name != "wheel":
             return
         if os.environ.get("KVSTRATA_BUILD_NATIVE", "1").strip().lower() in ("0", "no", "off", "false"):
-            self.app.display_warning("kvstrata: KVSTRATA_BUILD_NATIVE=0: native copy helper and predictor not "
-                                     "built; the client copies with numpy, the predictor runs in Python")
+            self.app.display_warning("kvstrata: KVSTRATA_BUILD_NATIVE=0: native copy helper, predictor and "
+                                     "residency check not built; the client copies with numpy, the predictor "
+                                     "runs in Python")
             return
         source = Path(self.root, SOURCE)
-        ext_source = Path(self.root, EXT_SOURCE)
         if version == "editable":  # imported from src/: the libraries go next to their sources
             out = source.with_name(LIB_NAME)
-            ext_out = ext_source.with_name(EXT_NAME)
         else:
             self._tmp = tempfile.mkdtemp(prefix="kvstrata-native-")
             out = Path(self._tmp, LIB_NAME)
-            ext_out = Path(self._tmp, EXT_NAME)
         built_ext = False
-        why = compile_extension(ext_source, ext_out)
-        if why is not None:
-            self.app.display_warning(f"kvstrata: the predictor's native module not built ({why}); installing "
-                                     "without it: the predictor runs in Python")
-        else:
+        for name, without in EXTENSIONS.items():
+            src = Path(self.root, ext_source(name))
+            ext_out = src.with_name(ext_name(name)) if version == "editable" else Path(self._tmp, ext_name(name))
+            why = compile_extension(src, ext_out)
+            if why is not None:
+                self.app.display_warning(f"kvstrata: native module {name} not built ({why}); installing without "
+                                         f"it: {without}")
+                continue
             built_ext = True
-            self.app.display_info(f"kvstrata: built the predictor's native module {ext_out}")
+            self.app.display_info(f"kvstrata: built the native module {ext_out}")
             if version != "editable":
-                build_data["force_include"][str(ext_out)] = EXT_WHEEL_PATH
+                build_data["force_include"][str(ext_out)] = "kvstrata/native/" + ext_name(name)
                 build_data["pure_python"] = False
                 build_data["tag"] = f"{python_tag()}-{python_tag()}-{platform_tag()}"
         why = compile_library(source, out)
@@ -159,6 +172,10 @@ class NativeBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
 if __name__ == "__main__":
     problem = compile_library(ROOT / SOURCE, (ROOT / SOURCE).with_name(LIB_NAME))
     print(problem or f"built {(ROOT / SOURCE).with_name(LIB_NAME)}", file=sys.stderr)
-    ext_problem = compile_extension(ROOT / EXT_SOURCE, (ROOT / EXT_SOURCE).with_name(EXT_NAME))
-    print(ext_problem or f"built {(ROOT / EXT_SOURCE).with_name(EXT_NAME)}", file=sys.stderr)
-    sys.exit(1 if problem or ext_problem else 0)
+    failed = bool(problem)
+    for ext in EXTENSIONS:
+        target = (ROOT / ext_source(ext)).with_name(ext_name(ext))
+        ext_problem = compile_extension(ROOT / ext_source(ext), target)
+        print(ext_problem or f"built {target}", file=sys.stderr)
+        failed = failed or bool(ext_problem)
+    sys.exit(1 if failed else 0)

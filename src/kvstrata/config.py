@@ -292,6 +292,11 @@ PARAMS: tuple[Param, ...] = (
           "head-keep times longer than other keys. Needs prefetch-predict.", mutable=True),
     Param("head-keep", _float, 2.0, "How many times longer chain heads stay in DRAM under chain-evict.",
           mutable=True),
+    Param("ssd-inline-max", parse_size, 256 * 1024,
+          "A load of SSD records whose pages are all in memory (page cache) and that hold at most this many bytes "
+          "is read on the event loop instead of a loader thread (0: always a thread; docs/architecture.md, "
+          "'Disk I/O off the event loop').",
+          mutable=True),
     Param("ssd-write-queue", parse_size, 64 * 1024**2,
           "Bytes of demoted values waiting for the SSD writer before writers are made to wait.", mutable=True),
     Param("proto-max-bulk-len", parse_size, 512 * 1024**2, "Largest bulk string a client may send.",

@@ -211,7 +211,7 @@ def test_tiered_metrics_and_alert_names(make_server, tmp_path):
 
 
 def test_per_tier_counters_match_info_on_a_damaged_ssd(make_server, tmp_path):
-    """INFO tier_ssd's ``reads``, ``unreadable_pages`` and ``expired`` are on /metrics too
+    """INFO tier_ssd's ``reads``, ``unreadable_pages``, ``expired`` and the inline counts are on /metrics too
     (kvstrata_tier_<field>_total{tier="ssd"}), scraped from the real endpoint of a server whose LMDB file has
     flipped bits: a listing meets damaged pages, and each GET of a key not in DRAM is one LMDB read."""
     pristine = tmp_path / "pristine"
@@ -239,7 +239,11 @@ def test_per_tier_counters_match_info_on_a_damaged_ssd(make_server, tmp_path):
     after = scrape(port)
     assert metric(after, "kvstrata_tier_reads_total", tier="ssd") - metric(
         before, "kvstrata_tier_reads_total", tier="ssd") == 5
-    assert metric(after, "kvstrata_tier_reads_total", tier="ssd") == r.info("tier_ssd")["reads"]
+    info = r.info("tier_ssd")
+    assert metric(after, "kvstrata_tier_reads_total", tier="ssd") == info["reads"]
+    # Whether those GETs ran on the event loop or in a thread, /metrics counts them as INFO does.
+    for field in ("reads_inline", "inline_declined", "inline_unknown", "inline_moved"):
+        assert metric(after, f"kvstrata_tier_{field}_total", tier="ssd") == info[field], field
     status, _, body = http_get(port, "/metrics")
     assert "# HELP kvstrata_tier_unreadable_pages_total Damaged LMDB pages" in body.decode()
     assert "# TYPE kvstrata_tier_reads_total counter" in body.decode()

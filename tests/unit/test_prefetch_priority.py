@@ -54,7 +54,8 @@ def _server(tmp_path: Path, keys: int = 24) -> tuple[Server, Store]:
         store.put(b"k%02d" % i, VALUE)
     store.make_room(store.dram.budget)  # everything on SSD
     assert not store.dram.entries
-    srv = Server(build_config({}, {}), store=store)
+    # Every load through a loader thread (whose reads these tests gate), none on the event loop.
+    srv = Server(build_config({"ssd-inline-max": "0"}, {}), store=store)
     return srv, store
 
 

@@ -201,6 +201,10 @@ def run_one(requests: list[tuple[float, list[bytes], list[bytes]]], budget: int,
         # What the run cost the SSD in writes (demotions of entries it did not hold, SSD-bound SETs).
         "ssd_writes": int(_num(ssd, "writes")),
         "ssd_write_bytes": int(_num(ssd, "write_bytes")),
+        # Records loaded on the event loop (pages in memory) and loads sent to a loader thread instead.
+        "ssd_reads_inline": int(_num(ssd, "reads_inline")),
+        "ssd_inline_declined": int(_num(ssd, "inline_declined")),
+        "ssd_inline_unknown": int(_num(ssd, "inline_unknown")),
         "errors": len(failed),
         "first_error": failed[0] if failed else None,
         "p50_us": round(percentile(lat, 0.5) / 1000, 1),

@@ -1,6 +1,7 @@
 """Loading lower tiers off the event loop: which keys a command needs read, the loader thread's batched read of
-LMDB and the pool, watch tickets so that a load raced by a write is never installed, and the overlay that serves
-the loaded records to the next command. Also what a read finds below DRAM (``_below``), and probes: commands that
+LMDB and the pool (or, for SSD records in the page cache, a read on the loop itself: ``read_inline``), watch
+tickets so that a load raced by a write is never installed, and the overlay that serves the loaded records to the
+next command. Also what a read finds below DRAM (``_below``), and probes: commands that
 need only a key's metadata (EXISTS, TYPE, the TTL family: ``load="meta"``) have the loader read record headers
 (``probe_lower``) into a second overlay (``_probed``) and answer from it (``probe``), the values left unread.
 """
@@ -49,8 +50,13 @@ class LoadTicket:
         return any(t.stale for _, t in self.tickets)
 
 
+INLINE_MAX = 256 * 1024  # the default of `ssd-inline-max`
+
+
 class LoaderMixin:
-    """Store's loads (state: ``_overlay``, ``_probed``, ``sync_reads``)."""
+    """Store's loads (state: ``_overlay``, ``_probed``, ``sync_reads``; ``inline_max``: ``read_inline``'s cap)."""
+
+    inline_max = INLINE_MAX
 
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """Keys whose state is unknown without reading a lower tier (not in DRAM nor in pending writes)."""
@@ -89,6 +95,21 @@ class LoaderMixin:
             look = tier.lookup_pending
             plan.append((tier, [k for k in keys if (k in refetch or tier.likely(k)) and not look(k)[0]]))
         return LoadTicket(list(keys), plan, tickets)
+
+    def read_inline(self, ticket: LoadTicket, probe: bool = False) -> dict[bytes, Any] | None:
+        """``read_lower`` (``probe_lower`` with ``probe``) on the caller's thread, the event loop, when that cannot
+        wait for a disk: the load reads the SSD tier alone and every record's pages are in memory, at most
+        ``inline_max`` bytes in all (``ssd-inline-max``). None, having read nothing the caller must undo, when not:
+        the caller then reads in a loader thread, as every load did before. A load done here costs a few
+        microseconds a record where a thread's cost two thread switches and, while the loop runs Python, a wait for
+        the GIL for each record (py-lmdb lets go of it inside every read)."""
+        if self.inline_max <= 0 or len(ticket.plan) != 1:
+            return None
+        tier, first = ticket.plan[0]
+        read = getattr(tier, "read_resident", None)
+        if first is not None or read is None or not tier.authoritative:
+            return None
+        return read(ticket.keys, self.inline_max, probe)
 
     def probe_lower(self, ticket: LoadTicket) -> dict[bytes, Any]:
         """The loader: record headers (``Meta``) of a planned load, as ``read_lower`` reads records (a tier

@@ -37,6 +37,14 @@ TIER_OPTIONAL_COUNTERS = (
               "loads, prefetches and synchronous reads."),
     ("probes", "Record headers looked up below DRAM, no value read (EXISTS, TYPE, the TTL family; "
                "SSD)."),
+    ("reads_inline", "Of reads and probes, those done on the event loop: SSD records whose pages were in memory "
+                     "(--ssd-inline-max)."),
+    ("inline_declined", "Loads that could have been read on the event loop but went to a loader thread: a record's "
+                        "place unknown or its pages on the disk, or more bytes than --ssd-inline-max (SSD)."),
+    ("inline_unknown", "Of the loads sent to a loader thread instead of the event loop, those for a key whose "
+                       "record's place was unknown (never found since a restart, forgotten, or no record at all; SSD)."),
+    ("inline_moved", "Records read on the event loop that had moved since their place was remembered (the residency "
+                     "check looked at other pages; SSD)."),
     ("unreadable_pages", "Damaged LMDB pages met by reads and listings (skipped; run `kvstrata check`)."),
     ("expired", "Records the tier dropped because their TTL passed (SSD: the reclaim sweep; pool: its index)."),
     ("writes", "Records written to the tier below DRAM (SSD: committed puts: demotions of entries it lacks, "

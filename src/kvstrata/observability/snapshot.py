@@ -153,7 +153,8 @@ def tier_rows(store: Any) -> list[dict[str, Any]]:
         for field in ("hits", "misses", "promotions", "demotions", "evictions", "corrupt_reads"):
             row[field] = int(info.get(field, 0))
         for field in ("pinned_bytes", "pending", "queued_bytes", "write_errors", "expired", "reads",
-                      "probes", "unreadable_pages", "writes", "write_bytes"):
+                      "probes", "reads_inline", "inline_declined", "inline_unknown", "inline_moved",
+                      "unreadable_pages", "writes", "write_bytes"):
             if field in info:
                 row[field] = int(info[field])
         rows.append(row)

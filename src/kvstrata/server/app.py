@@ -91,6 +91,7 @@ class Server:
         self._unix: asyncio.base_events.Server | None = None
         if self.store.ssd is not None:
             self.store.ssd.stuck_limit = int(config.get("ssd-write-queue"))
+        self.store.inline_max = int(config.get("ssd-inline-max"))
         # TLS contexts are built before anything listens, so a bad certificate stops the start with its reason.
         self._tls = server_context(config) if tls_wanted(config) else None
         self.tls_port = int(config.get("tls-port"))
@@ -207,7 +208,8 @@ class Server:
 
     async def load(self, keys: list[bytes], *, meta: bool = False, background: bool = False) -> bool:
         """Read lower-tier records of ``keys`` (LMDB, the pool) in a thread and install them for the next command;
-        with ``meta``, only their headers (a probe: EXISTS, TYPE, the TTL family declare ``load="meta"``).
+        with ``meta``, only their headers (a probe: EXISTS, TYPE, the TTL family declare ``load="meta"``). A load
+        of SSD records whose pages are in memory is read right here instead (``Store.read_inline``).
 
         True when every key's state is now known without LMDB. False when the load was raced by a write (its
         records are not installed) or a key left the SSD's pending writes meanwhile: the caller loads again.
@@ -230,6 +232,11 @@ class Server:
             return read(t)
 
         t0 = time.perf_counter_ns()
+        found = store.read_inline(ticket, probe=meta)
+        if found is not None:
+            if not background:
+                self.prefetcher.waits.add("load", (time.perf_counter_ns() - t0) // 1000)
+            return self._finish_load(ticket, found, keys, meta)
         try:
             found = await self.loop.run_in_executor(self._prefetch_io if background else self._io,
                                                     read if background else timed, ticket)
@@ -240,6 +247,10 @@ class Server:
             waits = self.prefetcher.waits
             waits.add("load", (time.perf_counter_ns() - t0) // 1000)
             waits.add("queued", (started[0] - t0) // 1000 if started else 0)
+        return self._finish_load(ticket, found, keys, meta)
+
+    def _finish_load(self, ticket: LoadTicket, found: dict[bytes, Any], keys: list[bytes], meta: bool) -> bool:
+        store = self.store
         if meta:
             return store.finish_probe(ticket, found) and all(store.probed(k) for k in keys)
         return store.finish_load(ticket, found) and all(store.loaded(k) for k in keys)
@@ -256,6 +267,7 @@ class Server:
         store.profile_min_bytes = int(self.config.get("prefetch-min-value"))
         store.chain_evict = bool(self.config.get("chain-evict")) and store.predictor is not None
         store.head_keep = float(self.config.get("head-keep"))
+        store.inline_max = int(self.config.get("ssd-inline-max"))
         self.prefetcher.along = int(self.config.get("prefetch-along"))
         if store.predictor is not None:
             store.predictor.min_confidence = float(self.config.get("prefetch-min-confidence"))

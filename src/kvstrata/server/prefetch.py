@@ -3,7 +3,8 @@
 Two producers: clients (``TAIR.KV.PREFETCH``, hot-key marking) and the engine's predictor, whose keys go in at
 ``PREDICTED_PRIORITY``, below every client request, nearest expected use first (the predictor's due access
 number, so every reader's next chunk goes before any reader's far ones). One batch is loaded at a time (bounded
-concurrency: the loader thread reads it off the event loop), so prefetching never competes with more than one
+concurrency: the loader thread reads it, or the event loop when its records are in the page cache and short,
+``Store.read_inline``), so prefetching never competes with more than one
 batch of reads. Batches start small and double while the queue stays busy (``FIRST_BATCH`` up to ``batch``):
 the chunks needed first land after a short load instead of behind a full batch. A command that needs a key
 still waiting here takes it over (the key leaves the queue and the command reads it itself); one that needs a

@@ -11,7 +11,8 @@ Writes go through a queue to one writer thread that applies everything waiting i
 commit) and forces it to disk according to ``fsync``. Until a write is committed it sits in ``pending`` (the
 newest state of each key, or None for a delete) so readers on the event loop never see a half-moved entry and
 never block on the disk for a key that is on its way down. Reads are LMDB read transactions, safe from any
-thread; the server runs them off the event loop.
+thread; the server runs them in a loader thread, or on the event loop when every page they copy is in memory
+and they are short (``read_resident``), where a thread would cost more than the read.
 
 Which record leaves when the budget is reached is ``--ssd-policy``'s choice: ``fifo``, the oldest write first
 (the ``order`` index alone), or a ranking of the records by access (``ssd_rank``: reads and returns count).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -34,6 +36,7 @@ from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.base import TierRoles
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
+from kvstrata.engine.tiers.resident import address, resident_at
 from kvstrata.engine.tiers.ssd_rank import SsdRanking, create_ssd_ranking
 from kvstrata.engine.tiers.ssd_record import (
     _BUCKET,
@@ -61,6 +64,9 @@ __all__ = [
     "_record_key", "data_key", "decode_record", "encode_record",
 ]
 
+
+# Records whose place in the map a read found, remembered for ``read_resident`` (most recent reads; ~200 bytes each).
+LOCATIONS = 1 << 16
 
 class SsdTier(SsdWriter, TierRoles):
     """LMDB-backed last tier with a byte budget; over it, evicts by ``policy`` (``fifo``: oldest write first)."""
@@ -133,6 +139,19 @@ class SsdTier(SsdWriter, TierRoles):
         self.reads = 0
         # Keys whose record header alone was looked up (EXISTS, TYPE, the TTL family: ``probe_many``).
         self.probes = 0
+        # Of reads and probes, those done on the event loop (``read_resident``); loads that could have been but
+        # found a record's pages on the disk, or more bytes than the cap, and went to a loader thread.
+        self.inline_reads = 0
+        self.inline_declined = 0
+        self.inline_moved = 0
+        # Of the declined, those with a record whose place no read or write has found (or no record at all: a
+        # lookup of a missing key cannot be told from one of an unknown place without reading).
+        self.inline_unknown = 0
+        # data key -> address * 2**32 + length of its record in the map, as the last read found it. Read on the
+        # event loop and by loader threads, forgotten by the writer thread as it removes a record (``_remove``):
+        # single dict operations, atomic under the GIL. A stale place only misleads the residency check, which
+        # ``read_resident`` then notices; the read itself always looks the record up.
+        self._where: OrderedDict[bytes, int] = OrderedDict()
         # Damaged LMDB pages met by reads and listings (each occurrence counts).
         self.unreadable_pages = 0
         self.corrupt_reads = 0
@@ -165,8 +184,33 @@ class SsdTier(SsdWriter, TierRoles):
 
     def _read_in(self, txn: lmdb.Transaction, key: bytes) -> Entry | Corrupt | None:
         """One record in a read transaction; a damaged page answers Corrupt for the key, never an exception."""
+        lkey = data_key(key)
         try:
-            rec = txn.get(data_key(key), db=self._data)
+            rec = txn.get(lkey, db=self._data)
+        except lmdb.Error as exc:
+            self._unreadable(f"reading {key[:64]!r}", exc)
+            return Corrupt(key, f"unreadable page: {exc}")
+        if rec is not None:
+            self._learn(lkey, rec)
+        return self._decode(key, rec)
+
+    def _learn(self, lkey: bytes, rec: Any) -> None:
+        """Remember where a record lies in the map (``rec``: a view of it); not one of 4 GiB or more, which is
+        never read on the loop (and whose length would not fit)."""
+        where = self._where
+        where.pop(lkey, None)
+        if len(rec) >> 32:
+            return
+        where[lkey] = address(rec) << 32 | len(rec)
+        if len(where) > LOCATIONS:
+            try:
+                where.popitem(last=False)
+            except KeyError:  # emptied meanwhile (a flush)
+                pass
+
+    def _decode(self, key: bytes, rec: Any) -> Entry | Corrupt | None:
+        """A record read in a transaction still open (``rec`` is a view of the map) as ``read`` answers it."""
+        try:
             if rec is None:
                 return None
             found = decode_record(key, rec)
@@ -186,6 +230,65 @@ class SsdTier(SsdWriter, TierRoles):
                 out[key] = self._read_in(txn, key)
         return out
 
+    def read_resident(self, keys: list[bytes], max_bytes: int,
+                      probe: bool = False) -> dict[bytes, Entry | Meta | Corrupt | None] | None:
+        """``read_many`` (``probe``: ``probe_many``) of records whose pages are all in memory, for a caller that
+        must not wait for the disk (the event loop); None, having read nothing, when one is not or may not be
+        (the caller reads them in a thread instead), when the records hold more than ``max_bytes`` (a copy that
+        long would hold the loop), or when LMDB fails (the thread's read reports it).
+
+        The pages are checked before the lookup, which touches them all (py-lmdb faults a value in as it returns
+        it), at the place an earlier read found the record (``_where``): a key no read has found since it was
+        written goes to a thread. The B-tree pages a lookup walks are not checked: every lookup walks them, so
+        they stay cached.
+        """
+        where = self._where
+        places: list[tuple[bytes, int, int]] = []
+        total = 0
+        for key in keys:
+            lkey = data_key(key)
+            loc = where.get(lkey)
+            if loc is None:
+                self.inline_declined += 1
+                self.inline_unknown += 1
+                return None
+            start, n = loc >> 32, loc & 0xFFFFFFFF
+            # A probe reads the header and a long key's stored copy only; the value stays in the map.
+            need = min(n, HEADER_SIZE + (len(key) if len(key) > MAX_INLINE_KEY else 0)) if probe else n
+            total += need
+            if total > max_bytes or not resident_at(start, need):
+                self.inline_declined += 1
+                return None
+            places.append((lkey, start, n))
+        recs: list[Any] = []
+        with self.env.begin(buffers=True) as txn:
+            try:
+                for lkey, start, n in places:
+                    rec = txn.get(lkey, db=self._data)
+                    if rec is None:
+                        where.pop(lkey, None)
+                    elif address(rec) != start or len(rec) != n:
+                        # Moved since it was remembered (rewritten, or the map was remapped): the check looked
+                        # at the wrong pages, this once.
+                        self.inline_moved += 1
+                        self._learn(lkey, rec)
+                    recs.append(rec)
+            except lmdb.Error:
+                return None
+            self.inline_reads += len(keys)
+            if probe:
+                self.probes += len(keys)
+                return {key: self._decode_meta(key, rec) for key, rec in zip(keys, recs, strict=True)}
+            self.reads += len(keys)
+            return {key: self._decode(key, rec) for key, rec in zip(keys, recs, strict=True)}
+
+    def _decode_meta(self, key: bytes, rec: Any) -> Meta | Corrupt | None:
+        try:
+            return None if rec is None else decode_meta(key, rec)
+        except struct.error as exc:
+            self._unreadable(f"probing {key[:64]!r}", exc)
+            return Corrupt(key, f"unreadable page: {exc}")
+
     def probe_many(self, keys: Iterable[bytes]) -> dict[bytes, Meta | Corrupt | None]:
         """Headers of ``keys``' records (version, expiry, value length): the value stays in the map, uncopied."""
         out: dict[bytes, Meta | Corrupt | None] = {}
@@ -193,12 +296,16 @@ class SsdTier(SsdWriter, TierRoles):
         self.probes += len(keys)
         with self.env.begin(buffers=True) as txn:
             for key in keys:
+                lkey = data_key(key)
                 try:
-                    rec = txn.get(data_key(key), db=self._data)
-                    out[key] = None if rec is None else decode_meta(key, rec)
-                except (lmdb.Error, struct.error) as exc:
+                    rec = txn.get(lkey, db=self._data)
+                except lmdb.Error as exc:
                     self._unreadable(f"probing {key[:64]!r}", exc)
                     out[key] = Corrupt(key, f"unreadable page: {exc}")
+                    continue
+                if rec is not None:
+                    self._learn(lkey, rec)
+                out[key] = self._decode_meta(key, rec)
         return out
 
     def _unreadable(self, what: str, exc: Exception) -> None:
@@ -340,4 +447,6 @@ class SsdTier(SsdWriter, TierRoles):
         rank = self._rank.info() if self._rank is not None else {"eviction_policy": "fifo"}
         return {**rank, "pending": len(self.pending), "queued_bytes": self.queued_bytes, "write_errors": self.write_errors,
                 "expired": self.expired, "reads": self.reads, "writes": self.writes,
-                "write_bytes": self.write_bytes, "probes": self.probes, "unreadable_pages": self.unreadable_pages}
+                "write_bytes": self.write_bytes, "probes": self.probes, "reads_inline": self.inline_reads,
+                "inline_declined": self.inline_declined, "inline_moved": self.inline_moved,
+                "inline_unknown": self.inline_unknown, "unreadable_pages": self.unreadable_pages}

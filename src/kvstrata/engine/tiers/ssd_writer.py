@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import lmdb
@@ -45,6 +47,8 @@ class SsdWriter(BatchWriter):
     env: lmdb.Environment
     pending: dict[bytes, Any]
     _rank: SsdRanking | None
+    _where: OrderedDict[bytes, int]
+    _learn: Callable[[bytes, Any], None]
 
     def _process(self, batch: list[tuple[Any, ...]]) -> None:
         error: str | None = None
@@ -55,12 +59,29 @@ class SsdWriter(BatchWriter):
             self._apply_with_room(batch, evicted)
             if self.fsync != "always" and any(op[2] == _SYNC for op in batch):
                 self.env.sync(True)  # under "always" the commit itself was synchronous
+            self._learn_written(batch)
         except Exception as exc:  # disk errors must not kill the writer; the batch is reported as failed
             error = f"{type(exc).__name__}: {exc}"
             self._rank_done(False)
             self.write_errors += 1
             log.error("SSD write of %d operations failed: %s", len(batch), error)
         self._deliver(lambda: self._committed(batch, error, evicted))
+
+    def _learn_written(self, batch: list[tuple[Any, ...]]) -> None:
+        """Find where the records just committed lie in the map (``SsdTier._learn``), so that their first read
+        can run on the event loop while their pages are still in the page cache. Here, not on the loop: the
+        lookup touches every page of the value (py-lmdb), which were just written, but a loop must not bet on it."""
+        keys = [data_key(op[3]) for op in batch if op[2] == _PUT]
+        if not keys:
+            return
+        try:
+            with self.env.begin(buffers=True) as txn:
+                for lkey in keys:
+                    rec = txn.get(lkey, db=self._data)
+                    if rec is not None:
+                        self._learn(lkey, rec)
+        except lmdb.Error:
+            pass  # the records stay unknown: their first read goes to a loader thread
 
     def _rank_done(self, committed: bool) -> None:
         """Keep the ranking in step with the transaction that just ended (committed or failed)."""
@@ -156,6 +177,7 @@ class SsdWriter(BatchWriter):
 
     def _remove(self, txn: lmdb.Transaction, lkey: bytes, old: bytes | None = None) -> bool:
         """Delete a record and its index entries (``old``: the record, when the caller has just read it)."""
+        self._where.pop(lkey, None)
         if old is None:
             old = txn.get(lkey, db=self._data)
         if old is None:
@@ -188,6 +210,7 @@ class SsdWriter(BatchWriter):
                 elif kind == _FLUSH:
                     for db in (self._data, self._order, self._exp):
                         txn.drop(db, delete=False)
+                    self._where.clear()
                     if self._rank is not None:
                         self._rank.clear()
                     self.used = 0
