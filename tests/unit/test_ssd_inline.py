@@ -1,5 +1,6 @@
 """SsdTier.read_resident: reads on the event loop only of records whose pages are in memory (resident.py)."""
 
+import ctypes
 import mmap
 import os
 
@@ -39,11 +40,29 @@ def tier(tmp_path):
         t.close()
 
 
+def drop_cached(path: str, ranges: tuple[tuple[int, int], ...] = ()) -> None:
+    """Put a file's pages back on the disk: ``ranges`` ((address, length) of this process's mapping of it) are
+    unmapped from this process first (``MADV_DONTNEED``: the kernel keeps pages a process maps), then the clean
+    cached pages are dropped (``POSIX_FADV_DONTNEED``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    for start, n in ranges:
+        first = start - start % res.PAGE
+        if libc.madvise(first, start + n - first, mmap.MADV_DONTNEED) != 0:
+            raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def evict(t: SsdTier) -> None:
     """Put every record whose place the tier knows back on the disk: unmapped from this process, then dropped
     from the page cache."""
     ranges = tuple((loc >> 32, loc & 0xFFFFFFFF) for loc in t._where.values())
-    res.drop_cached(os.path.join(t.path, "data.mdb"), ranges)
+    drop_cached(os.path.join(t.path, "data.mdb"), ranges)
 
 
 def test_the_writer_finds_the_records_it_wrote(tier) -> None:
@@ -136,7 +155,7 @@ def test_native_and_numpy_checks_agree(tmp_path) -> None:
     assert res.resident(b"x" * 10000) and res.resident_numpy(b"x" * 10000) and res.resident(b"")
     path = tmp_path / "f"
     path.write_bytes(b"\1" * (8 * res.PAGE))
-    res.drop_cached(str(path))
+    drop_cached(str(path))
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         mmap_random = getattr(mmap, "MADV_RANDOM", None)
         if mmap_random is not None:

@@ -98,18 +98,15 @@ class LoaderMixin:
 
     def read_inline(self, ticket: LoadTicket, probe: bool = False) -> dict[bytes, Any] | None:
         """``read_lower`` (``probe_lower`` with ``probe``) on the caller's thread, the event loop, when that cannot
-        wait for a disk: the load reads the SSD tier alone and every record's pages are in memory, at most
-        ``inline_max`` bytes in all (``ssd-inline-max``). None, having read nothing the caller must undo, when not:
+        wait for a disk: the load reads one tier alone, and that tier's ``read_resident`` answers (the SSD's, when
+        every record's pages are in memory), at most ``inline_max`` bytes in all (``ssd-inline-max``). None, having read nothing the caller must undo, when not:
         the caller then reads in a loader thread, as every load did before. A load done here costs a few
         microseconds a record where a thread's cost two thread switches and, while the loop runs Python, a wait for
         the GIL for each record (py-lmdb lets go of it inside every read)."""
         if self.inline_max <= 0 or len(ticket.plan) != 1:
             return None
         tier, first = ticket.plan[0]
-        read = getattr(tier, "read_resident", None)
-        if first is not None or read is None or not tier.authoritative:
-            return None
-        return read(ticket.keys, self.inline_max, probe)
+        return None if first is not None else tier.read_resident(ticket.keys, self.inline_max, probe)
 
     def probe_lower(self, ticket: LoadTicket) -> dict[bytes, Any]:
         """The loader: record headers (``Meta``) of a planned load, as ``read_lower`` reads records (a tier

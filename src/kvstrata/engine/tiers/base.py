@@ -1,7 +1,8 @@
 """The interface the tiers below DRAM share, and the roles a tier declares, so the engine walks them as one list.
 
 Each lower tier keeps its newest not-yet-applied state in memory (``lookup_pending``), reads in batches off the
-event loop (``read_many``, called from the loader thread; ``probe_many``: record headers only), queues writes and
+event loop (``read_many``, called from the loader thread; ``probe_many``: record headers only; ``read_resident``:
+either on the loop, when it cannot wait for a disk), queues writes and
 answers with a completion sequence number (``put``, ``delete``), tells the engine when a key it is loading changed (``watch``/``unwatch``), has a
 byte budget, and describes itself for INFO and the metrics (``info``; ``info_row`` is the whole INFO section).
 
@@ -64,6 +65,12 @@ class TierRoles:
         without a cheaper way reads the whole records."""
         return self.read_many(keys)
 
+    def read_resident(self, keys: list[bytes], max_bytes: int,
+                      probe: bool = False) -> dict[bytes, Meta | Entry | Corrupt | None] | None:
+        """``read_many`` (``probe_many`` with ``probe``) on the event loop when it cannot wait (at most ``max_bytes``
+        copied); None when it could: the loader thread reads instead. A tier that cannot tell answers None."""
+        return None
+
     def lookup_pending(self, key: bytes) -> tuple[bool, Entry | None]:
         return False, None
 
@@ -116,6 +123,11 @@ class LowerTier(Protocol):
 
     def probe_many(self, keys: list[bytes]) -> dict[bytes, Meta | Entry | Corrupt | None]:
         """Record headers (``Meta``) of ``keys``, or whole records where the tier has no cheaper way (loader)."""
+        ...
+
+    def read_resident(self, keys: list[bytes], max_bytes: int,
+                      probe: bool = False) -> dict[bytes, Meta | Entry | Corrupt | None] | None:
+        """``read_many`` or ``probe_many`` on the event loop, or None when that could wait for a disk."""
         ...
 
     def put(self, key: bytes, entry: Entry) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +28,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _mincore = _libc.mincore
 _mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 _mincore.restype = ctypes.c_int
-_madvise = _libc.madvise
-_madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_madvise.restype = ctypes.c_int
 
 
 def address_numpy(buf: Any) -> int:
@@ -56,23 +52,6 @@ def resident_numpy(buf: Any) -> bool:
     return resident_at_numpy(address_numpy(buf), len(buf)) if len(buf) else True
 
 
-def drop_cached(path: str, ranges: tuple[tuple[int, int], ...] = ()) -> None:
-    """Ask the kernel to drop a file's clean cached pages (``POSIX_FADV_DONTNEED``). Pages a process has mapped
-    stay: ``ranges`` ((address, length) of this process's mapping of the file) are unmapped from it first
-    (``MADV_DONTNEED``: the next touch maps them again, from the cache or the disk). Used by tests and
-    benchmarks to put records back on the disk."""
-    for start, n in ranges:
-        first = start - start % PAGE
-        if _madvise(first, start + n - first, mmap.MADV_DONTNEED) != 0:
-            raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) failed")
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 try:
     from kvstrata.native._pages import address as _native_address
     from kvstrata.native._pages import resident as _native_resident
@@ -80,7 +59,6 @@ try:
 except ImportError:  # built without a compiler or Python headers (hatch_build.py)
     _native_address = _native_resident = _native_resident_at = None
 
-NATIVE = _native_resident is not None
 resident: Callable[[Any], bool] = _native_resident if _native_resident is not None else resident_numpy
 """Whether every page under a buffer is in memory, so reading it cannot wait for a disk. An empty buffer is; a
 range the kernel will not report on (``mincore`` failing) is not."""

@@ -65,8 +65,10 @@ __all__ = [
 ]
 
 
-# Records whose place in the map a read found, remembered for ``read_resident`` (most recent reads; ~200 bytes each).
+# Records whose place in the map is remembered for ``read_resident``: the most recently written or read (~200 bytes
+# each).
 LOCATIONS = 1 << 16
+
 
 class SsdTier(SsdWriter, TierRoles):
     """LMDB-backed last tier with a byte budget; over it, evicts by ``policy`` (``fifo``: oldest write first)."""
@@ -140,15 +142,16 @@ class SsdTier(SsdWriter, TierRoles):
         # Keys whose record header alone was looked up (EXISTS, TYPE, the TTL family: ``probe_many``).
         self.probes = 0
         # Of reads and probes, those done on the event loop (``read_resident``); loads that could have been but
-        # found a record's pages on the disk, or more bytes than the cap, and went to a loader thread.
+        # met a record's pages on the disk, its place unknown, or more bytes than the cap, and went to a thread.
         self.inline_reads = 0
         self.inline_declined = 0
         self.inline_moved = 0
         # Of the declined, those with a record whose place no read or write has found (or no record at all: a
         # lookup of a missing key cannot be told from one of an unknown place without reading).
         self.inline_unknown = 0
-        # data key -> address * 2**32 + length of its record in the map, as the last read found it. Read on the
-        # event loop and by loader threads, forgotten by the writer thread as it removes a record (``_remove``):
+        # data key -> address * 2**32 + length of its record in the map, as the writer (after its commit) or the
+        # last read found it. Read on the event loop, learnt by the writer and loader threads, forgotten by the
+        # writer as it removes a record (``_remove``):
         # single dict operations, atomic under the GIL. A stale place only misleads the residency check, which
         # ``read_resident`` then notices; the read itself always looks the record up.
         self._where: OrderedDict[bytes, int] = OrderedDict()
@@ -238,8 +241,8 @@ class SsdTier(SsdWriter, TierRoles):
         long would hold the loop), or when LMDB fails (the thread's read reports it).
 
         The pages are checked before the lookup, which touches them all (py-lmdb faults a value in as it returns
-        it), at the place an earlier read found the record (``_where``): a key no read has found since it was
-        written goes to a thread. The B-tree pages a lookup walks are not checked: every lookup walks them, so
+        it), at the place the writer or an earlier read found the record (``_where``): a key whose place is
+        unknown (not found since a restart, forgotten, or without a record) goes to a thread. The B-tree pages a lookup walks are not checked: every lookup walks them, so
         they stay cached.
         """
         where = self._where
