@@ -297,6 +297,11 @@ PARAMS: tuple[Param, ...] = (
           "is read on the event loop instead of a loader thread (0: always a thread; docs/architecture.md, "
           "'Disk I/O off the event loop').",
           mutable=True),
+    Param("ssd-writer-pause", _int, 200,
+          "Microseconds of work after which the SSD writer thread sleeps 50 us, so that the event loop, waiting for "
+          "the interpreter (GIL) with a client's request in hand, runs first (0: never; docs/architecture.md, "
+          "'Disk I/O off the event loop').",
+          mutable=True, bounds=(0, 1_000_000)),
     Param("ssd-write-queue", parse_size, 64 * 1024**2,
           "Bytes of demoted values waiting for the SSD writer before writers are made to wait.", mutable=True),
     Param("proto-max-bulk-len", parse_size, 512 * 1024**2, "Largest bulk string a client may send.",

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from polling import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.test_ssd_check import N, flipped, key_of, value_of
@@ -268,6 +269,34 @@ def test_ssd_writes_are_counted_in_info_and_metrics(make_server, tmp_path):
     got = scrape(port)
     assert metric(got, "kvstrata_tier_writes_total", tier="ssd") == info["writes"]
     assert metric(got, "kvstrata_tier_write_bytes_total", tier="ssd") == info["write_bytes"]
+    r.close()
+
+
+def test_ssd_writer_pauses_are_counted_and_set_at_run_time(make_server, tmp_path):
+    """INFO tier_ssd's ``writer_pauses`` counts the SSD writer thread's pauses for the event loop and /metrics
+    exports it; ``CONFIG SET ssd-writer-pause`` changes them at run time (1 us: a pause between nearly every two
+    operations; 0: none), and a value out of bounds is refused."""
+    port = free_port()
+    srv = make_server({"http-port": port, "essd-path": str(tmp_path / "ssd"), "dram-size": "64kb",
+                       "prefetch-predict": "no", "ssd-writer-pause": 1})
+    r = srv.client()
+    value = b"p" * 32768
+    for i in range(40):
+        r.set(f"p:{i}", value)
+    wait_for(lambda: r.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
+    info = r.info("tier_ssd")
+    assert info["writes"] > 0 and info["writer_pauses"] > 0
+    assert metric(scrape(port), "kvstrata_tier_writer_pauses_total", tier="ssd") == info["writer_pauses"]
+    assert r.config_set("ssd-writer-pause", 0)
+    assert r.config_get("ssd-writer-pause") == {"ssd-writer-pause": "0"}
+    for i in range(40, 80):
+        r.set(f"p:{i}", value)
+    wait_for(lambda: r.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
+    after = r.info("tier_ssd")
+    assert after["writes"] > info["writes"] and after["writer_pauses"] == info["writer_pauses"]
+    with pytest.raises(redis.ResponseError):
+        r.config_set("ssd-writer-pause", -1)
+    assert all(r.get(f"p:{i}") == value for i in range(80))  # every write kept, paused or not
     r.close()
 
 

@@ -45,6 +45,8 @@ TIER_OPTIONAL_COUNTERS = (
                        "record's place was unknown (never found since a restart, forgotten, or no record at all; SSD)."),
     ("inline_moved", "Records read on the event loop that had moved since their place was remembered (the residency "
                      "check looked at other pages; SSD)."),
+    ("writer_pauses", "Pauses of the SSD writer thread so that the event loop could take the interpreter (GIL) "
+                      "(--ssd-writer-pause)."),
     ("unreadable_pages", "Damaged LMDB pages met by reads and listings (skipped; run `kvstrata check`)."),
     ("expired", "Records the tier dropped because their TTL passed (SSD: the reclaim sweep; pool: its index)."),
     ("writes", "Records written to the tier below DRAM (SSD: committed puts: demotions of entries it lacks, "

@@ -91,6 +91,7 @@ class Server:
         self._unix: asyncio.base_events.Server | None = None
         if self.store.ssd is not None:
             self.store.ssd.stuck_limit = int(config.get("ssd-write-queue"))
+            self.store.ssd.set_writer_pause(int(config.get("ssd-writer-pause")))
         self.store.inline_max = int(config.get("ssd-inline-max"))
         # TLS contexts are built before anything listens, so a bad certificate stops the start with its reason.
         self._tls = server_context(config) if tls_wanted(config) else None
@@ -275,6 +276,7 @@ class Server:
             store.predictor.link_window = float(self.config.get("prefetch-link-window"))
         if store.ssd is not None:
             store.ssd.stuck_limit = int(self.config.get("ssd-write-queue"))
+            store.ssd.set_writer_pause(int(self.config.get("ssd-writer-pause")))
         self.acl.on_requirepass(self.config.get("requirepass"))
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))

@@ -36,6 +36,7 @@ from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.base import TierRoles
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
+from kvstrata.engine.tiers.pause import EVERY_US, Pacer
 from kvstrata.engine.tiers.resident import address, resident_at
 from kvstrata.engine.tiers.ssd_rank import SsdRanking, create_ssd_ranking
 from kvstrata.engine.tiers.ssd_record import (
@@ -168,7 +169,15 @@ class SsdTier(SsdWriter, TierRoles):
         self._deliver: Callable[[Callable[[], None]], None] = lambda fn: fn()
         self._closed = False
         self._flush_seq = 0
+        # The writer thread's pauses for the event loop (``ssd-writer-pause``); a writer run on the caller's
+        # thread (unit tests) would only pause the caller.
+        self.pacer = Pacer(EVERY_US if threaded else 0)
         self._start_writer(threaded, "kvstrata-ssd-writer", None)
+
+    def set_writer_pause(self, every_us: int) -> None:
+        """``ssd-writer-pause``: the writer thread's work between two pauses (tiers/pause.py). A writer run on the
+        caller's thread (``threaded=False``) never pauses: it would only pause the caller."""
+        self.pacer.every_us = every_us if self._threaded else 0
 
     def _meta_int(self, txn: lmdb.Transaction, name: bytes) -> int:
         raw = txn.get(name, db=self._meta)
@@ -452,4 +461,5 @@ class SsdTier(SsdWriter, TierRoles):
                 "expired": self.expired, "reads": self.reads, "writes": self.writes,
                 "write_bytes": self.write_bytes, "probes": self.probes, "reads_inline": self.inline_reads,
                 "inline_declined": self.inline_declined, "inline_moved": self.inline_moved,
-                "inline_unknown": self.inline_unknown, "unreadable_pages": self.unreadable_pages}
+                "inline_unknown": self.inline_unknown, "unreadable_pages": self.unreadable_pages,
+                "writer_pauses": self.pacer.pauses}

@@ -20,6 +20,7 @@ import lmdb
 
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers.markers import Corrupt
+from kvstrata.engine.tiers.pause import Pacer
 from kvstrata.engine.tiers.ssd_rank import SsdRanking
 from kvstrata.engine.tiers.ssd_record import (
     _HEADER,
@@ -49,10 +50,12 @@ class SsdWriter(BatchWriter):
     _rank: SsdRanking | None
     _where: OrderedDict[bytes, int]
     _learn: Callable[[bytes, Any], None]
+    pacer: Pacer
 
     def _process(self, batch: list[tuple[Any, ...]]) -> None:
         error: str | None = None
         evicted: list[bytes] = []
+        self.pacer.start()
         if self._rank is not None:
             self._rank.drain()
         try:
@@ -75,8 +78,10 @@ class SsdWriter(BatchWriter):
         if not keys:
             return
         try:
+            tick = self.pacer.tick
             with self.env.begin(buffers=True) as txn:
                 for lkey in keys:
+                    tick()
                     rec = txn.get(lkey, db=self._data)
                     if rec is not None:
                         self._learn(lkey, rec)
@@ -201,8 +206,10 @@ class SsdWriter(BatchWriter):
     def _apply(self, txn: lmdb.Transaction, batch: list[tuple[Any, ...]]) -> list[bytes]:
         evicted: list[bytes] = []
         used0, count0, seq0 = self.used, self.count, self._seq
+        tick = self.pacer.tick
         try:
             for _seq, _nbytes, kind, a, b in batch:
+                tick()  # the event loop may be waiting for the GIL (tiers/pause.py)
                 if kind == _PUT:
                     self._put(txn, a, b)
                 elif kind == _DEL:
@@ -266,6 +273,7 @@ class SsdWriter(BatchWriter):
                     n -= 1
 
     def _evict_record(self, txn: lmdb.Transaction, lkey: bytes, rec: bytes, evicted: list[bytes]) -> None:
+        self.pacer.tick()  # an eviction may remove thousands of records in one batch
         key = _record_key(lkey, rec)
         self._remove(txn, lkey, rec)
         evicted.append(key)
@@ -310,6 +318,7 @@ class SsdWriter(BatchWriter):
                 lkey = k[8:]
                 cur.delete()
                 done += 1
+                self.pacer.tick()
                 # The index entry may be stale (the key was rewritten, or its header was damaged): only a
                 # record that itself says it expired then is removed.
                 rec = txn.get(lkey, db=self._data)
