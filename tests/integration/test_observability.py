@@ -243,7 +243,7 @@ def test_per_tier_counters_match_info_on_a_damaged_ssd(make_server, tmp_path):
     info = r.info("tier_ssd")
     assert metric(after, "kvstrata_tier_reads_total", tier="ssd") == info["reads"]
     # Whether those GETs ran on the event loop or in a thread, /metrics counts them as INFO does.
-    for field in ("reads_inline", "inline_declined", "inline_unknown", "inline_moved"):
+    for field in ("reads_inline", "inline_declined", "inline_unknown", "inline_moved", "inline_direct"):
         assert metric(after, f"kvstrata_tier_{field}_total", tier="ssd") == info[field], field
     status, _, body = http_get(port, "/metrics")
     assert "# HELP kvstrata_tier_unreadable_pages_total Damaged LMDB pages" in body.decode()

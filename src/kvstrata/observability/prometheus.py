@@ -43,6 +43,8 @@ TIER_OPTIONAL_COUNTERS = (
                         "place unknown or its pages on the disk, or more bytes than --ssd-inline-max (SSD)."),
     ("inline_unknown", "Of the loads sent to a loader thread instead of the event loop, those for a key whose "
                        "record's place was unknown (never found since a restart, forgotten, or no record at all; SSD)."),
+    ("inline_direct", "Of the reads on the event loop, those copied straight out of the memory map at the place "
+                      "the SSD writer found the record, without an LMDB lookup (SSD)."),
     ("inline_moved", "Records read on the event loop that had moved since their place was remembered (the residency "
                      "check looked at other pages; SSD)."),
     ("writer_pauses", "Pauses of the SSD writer thread so that the event loop could take the interpreter (GIL) "

@@ -28,6 +28,7 @@ import os
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from ctypes import string_at
 from typing import Any
 
 import lmdb
@@ -156,6 +157,16 @@ class SsdTier(SsdWriter, TierRoles):
         # single dict operations, atomic under the GIL. A stale place only misleads the residency check, which
         # ``read_resident`` then notices; the read itself always looks the record up.
         self._where: OrderedDict[bytes, int] = OrderedDict()
+        # data key -> (address, length, write sequence number) of the records the writer thread found right after
+        # committing them (``_learn_written``): read on the event loop straight out of the map, without py-lmdb
+        # (which lets go of the GIL in every call, and a loop that lets go of it waits for the writer's batch to
+        # get it back), and verified (sequence number, checksum) before they are used. Only the writer adds to it
+        # (a loader's snapshot may predate a rewrite it has not seen), and it forgets a record before removing it
+        # (``_remove``): so while a place is here, its pages hold that record, not yet freed for reuse (a small
+        # record moved with its leaf page keeps its old copy until a later transaction reuses the page, and a
+        # read that meets a reused page fails the verification and goes the lookup's way).
+        self._direct: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
+        self.inline_direct = 0
         # Damaged LMDB pages met by reads and listings (each occurrence counts).
         self.unreadable_pages = 0
         self.corrupt_reads = 0
@@ -220,6 +231,48 @@ class SsdTier(SsdWriter, TierRoles):
             except KeyError:  # emptied meanwhile (a flush)
                 pass
 
+    def _trust(self, lkey: bytes, rec: Any) -> None:
+        """The writer thread, right after committing ``rec``: its place may be read directly (``_direct``)."""
+        n = len(rec)
+        if n >> 32 or n < HEADER_SIZE:
+            return
+        direct = self._direct
+        direct.pop(lkey, None)
+        direct[lkey] = (address(rec), n, _HEADER.unpack_from(rec)[5])
+        if len(direct) > LOCATIONS:
+            try:
+                direct.popitem(last=False)
+            except KeyError:  # emptied meanwhile (a flush)
+                pass
+
+    def _read_direct(self, keys: list[bytes], spots: list[tuple[bytes, int, int, int]],
+                     probe: bool) -> dict[bytes, Entry | Meta | Corrupt | None] | None:
+        """``read_resident`` of records at places the writer found (``_direct``): a copy out of the map that holds
+        the GIL throughout, verified against the remembered sequence number and the checksum (a probe verifies
+        the whole record too: its header alone could be a reused page's). None when one fails: its place is
+        forgotten and the caller looks the records up instead."""
+        out: dict[bytes, Entry | Meta | Corrupt | None] = {}
+        for key, (lkey, start, n, seq) in zip(keys, spots, strict=True):
+            raw = string_at(start, n)
+            head = _HEADER.unpack_from(raw) if n >= HEADER_SIZE else None
+            found = decode_record(key, raw) if head is not None and head[0] == MAGIC and head[5] == seq else None
+            if found.__class__ is not Entry:
+                self._direct.pop(lkey, None)
+                return None
+            if probe:
+                out[key] = Meta(found.version, found.expire_at, len(found.value))  # type: ignore[union-attr]
+            else:
+                out[key] = found
+                if self._rank is not None:
+                    self._rank.accessed(seq)
+        self.inline_reads += len(keys)
+        self.inline_direct += len(keys)
+        if probe:
+            self.probes += len(keys)
+        else:
+            self.reads += len(keys)
+        return out
+
     def _decode(self, key: bytes, rec: Any) -> Entry | Corrupt | None:
         """A record read in a transaction still open (``rec`` is a view of the map) as ``read`` answers it."""
         try:
@@ -252,13 +305,30 @@ class SsdTier(SsdWriter, TierRoles):
         The pages are checked before the lookup, which touches them all (py-lmdb faults a value in as it returns
         it), at the place the writer or an earlier read found the record (``_where``): a key whose place is
         unknown (not found since a restart, forgotten, or without a record) goes to a thread. The B-tree pages a lookup walks are not checked: every lookup walks them, so
-        they stay cached.
+        they stay cached. When the writer found every record right after committing it (``_direct``), they are
+        not looked up at all but copied out of the map and verified (``_read_direct``): no py-lmdb call, so the
+        loop keeps the GIL.
         """
+        if self._closed:
+            return None
         where = self._where
+        direct = self._direct
         places: list[tuple[bytes, int, int]] = []
+        spots: list[tuple[bytes, int, int, int]] | None = []
         total = 0
         for key in keys:
             lkey = data_key(key)
+            spot = direct.get(lkey) if spots is not None else None
+            # Read directly, a record is copied and verified whole, a probe's too; otherwise (over the cap, or
+            # pages on the disk, which a probe's lookup may not need) every record is looked up.
+            if spots is not None and spot is not None and total + spot[1] <= max_bytes \
+                    and resident_at(spot[0], spot[1]):
+                start, n, seq = spot
+                total += n
+                spots.append((lkey, start, n, seq))
+                places.append((lkey, start, n))
+                continue
+            spots = None
             loc = where.get(lkey)
             if loc is None:
                 self.inline_declined += 1
@@ -272,6 +342,10 @@ class SsdTier(SsdWriter, TierRoles):
                 self.inline_declined += 1
                 return None
             places.append((lkey, start, n))
+        if spots:
+            got = self._read_direct(keys, spots, probe)
+            if got is not None:
+                return got
         recs: list[Any] = []
         with self.env.begin(buffers=True) as txn:
             try:
@@ -443,8 +517,9 @@ class SsdTier(SsdWriter, TierRoles):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # read_resident reads nothing from here on: the map is about to be unmapped
         self._stop_writer(30)
+        self._direct.clear()
         self.env.sync(True)
         self.env.close()
 
@@ -461,5 +536,6 @@ class SsdTier(SsdWriter, TierRoles):
                 "expired": self.expired, "reads": self.reads, "writes": self.writes,
                 "write_bytes": self.write_bytes, "probes": self.probes, "reads_inline": self.inline_reads,
                 "inline_declined": self.inline_declined, "inline_moved": self.inline_moved,
-                "inline_unknown": self.inline_unknown, "unreadable_pages": self.unreadable_pages,
+                "inline_unknown": self.inline_unknown, "inline_direct": self.inline_direct,
+                "unreadable_pages": self.unreadable_pages,
                 "writer_pauses": self.pacer.pauses}

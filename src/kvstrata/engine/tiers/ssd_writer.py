@@ -49,6 +49,8 @@ class SsdWriter(BatchWriter):
     pending: dict[bytes, Any]
     _rank: SsdRanking | None
     _where: OrderedDict[bytes, int]
+    _direct: OrderedDict[bytes, tuple[int, int, int]]
+    _trust: Callable[[bytes, Any], None]
     _learn: Callable[[bytes, Any], None]
     pacer: Pacer
 
@@ -85,6 +87,7 @@ class SsdWriter(BatchWriter):
                     rec = txn.get(lkey, db=self._data)
                     if rec is not None:
                         self._learn(lkey, rec)
+                        self._trust(lkey, rec)
         except lmdb.Error:
             pass  # the records stay unknown: their first read goes to a loader thread
 
@@ -182,6 +185,7 @@ class SsdWriter(BatchWriter):
 
     def _remove(self, txn: lmdb.Transaction, lkey: bytes, old: bytes | None = None) -> bool:
         """Delete a record and its index entries (``old``: the record, when the caller has just read it)."""
+        self._direct.pop(lkey, None)  # first: the loop must not read these pages once they may be freed
         self._where.pop(lkey, None)
         if old is None:
             old = txn.get(lkey, db=self._data)
@@ -217,6 +221,7 @@ class SsdWriter(BatchWriter):
                 elif kind == _FLUSH:
                     for db in (self._data, self._order, self._exp):
                         txn.drop(db, delete=False)
+                    self._direct.clear()
                     self._where.clear()
                     if self._rank is not None:
                         self._rank.clear()
