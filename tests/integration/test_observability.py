@@ -251,6 +251,15 @@ def test_per_tier_counters_match_info_on_a_damaged_ssd(make_server, tmp_path):
     r.close()
 
 
+def _write_and_drain(r, prefix: str, value: bytes, numbers: range) -> dict:
+    """SET ``prefix:i`` for each number, then wait until the SSD writer has committed everything queued; INFO
+    tier_ssd then."""
+    for i in numbers:
+        r.set(f"{prefix}:{i}", value)
+    wait_for(lambda: r.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
+    return r.info("tier_ssd")
+
+
 def test_ssd_writes_are_counted_in_info_and_metrics(make_server, tmp_path):
     """INFO tier_ssd's ``writes`` and ``write_bytes`` count the records the SSD writer committed (here: the
     demotions of keys DRAM had no room for), and /metrics exports the same numbers."""
@@ -259,10 +268,7 @@ def test_ssd_writes_are_counted_in_info_and_metrics(make_server, tmp_path):
                        "prefetch-predict": "no"})
     r = srv.client()
     value = b"w" * 2048
-    for i in range(40):
-        r.set(f"w:{i}", value)
-    wait_for(lambda: r.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
-    info = r.info("tier_ssd")
+    info = _write_and_drain(r, "w", value, range(40))
     demoted = sum(r.execute_command("TAIR.KV.TIER", f"w:{i}") == b"ssd" for i in range(40))
     assert info["writes"] == demoted > 0
     assert info["write_bytes"] >= demoted * len(value)
@@ -281,18 +287,12 @@ def test_ssd_writer_pauses_are_counted_and_set_at_run_time(make_server, tmp_path
                        "prefetch-predict": "no", "ssd-writer-pause": 1})
     r = srv.client()
     value = b"p" * 32768
-    for i in range(40):
-        r.set(f"p:{i}", value)
-    wait_for(lambda: r.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
-    info = r.info("tier_ssd")
+    info = _write_and_drain(r, "p", value, range(40))
     assert info["writes"] > 0 and info["writer_pauses"] > 0
     assert metric(scrape(port), "kvstrata_tier_writer_pauses_total", tier="ssd") == info["writer_pauses"]
     assert r.config_set("ssd-writer-pause", 0)
     assert r.config_get("ssd-writer-pause") == {"ssd-writer-pause": "0"}
-    for i in range(40, 80):
-        r.set(f"p:{i}", value)
-    wait_for(lambda: r.info("tier_ssd")["pending"] == 0, what="the SSD writer to drain")
-    after = r.info("tier_ssd")
+    after = _write_and_drain(r, "p", value, range(40, 80))
     assert after["writes"] > info["writes"] and after["writer_pauses"] == info["writer_pauses"]
     with pytest.raises(redis.ResponseError):
         r.config_set("ssd-writer-pause", -1)
