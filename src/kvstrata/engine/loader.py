@@ -192,6 +192,13 @@ class LoaderMixin:
             return True
         return self._overlay is not None and key in self._overlay
 
+    def unknown(self, keys: list[bytes]) -> set[bytes]:
+        """Those of ``keys`` that are not ``loaded``: one pass over them all (a walk's predicted chunks, checked
+        on a GET's path), where ``loaded`` costs a call a key."""
+        overlay = self._overlay
+        missing = self.missing(keys)
+        return {k for k in missing if k not in overlay} if overlay else set(missing)
+
     def end_command(self) -> None:
         self._overlay = None
         self._probed = None

@@ -101,8 +101,9 @@ class Prefetcher:
 
         Called while the command that made the prediction still holds what its load read (the overlay): keys whose
         state is known without a lower-tier read (an EXISTS batch of SSD-resident chunks announces exactly the
-        keys it loaded) are promoted now from that, not queued to be read a second time; the chunks a GET loaded
-        with its own (expect's ``along``) come up after its reply (_promote_along). The others are queued.
+        keys it loaded; values still in the SSD writer's pending writes) and the chunks a GET loaded with its own
+        (expect's ``along``) come up from that right after the reply (_promote_along), neither read a second time
+        nor promoted on the reply's path. The others are queued.
         """
         predictor = self.store.predictor
         keys = predictor.take() if predictor is not None else []
@@ -112,49 +113,51 @@ class Prefetcher:
         self._submit_predicted(keys)
 
     def _promote_along(self, keys: list[bytes]) -> None:
-        """The chunks a GET loaded with its own (expect) come up after its reply, not before it: their records are
-        kept from the GET's load (under a watch, as a batch's between turns) and promoted in the next event-loop
-        turn. Meanwhile they count as loading: a read of one waits for it instead of loading it
-        again."""
+        """Keys whose state is known now (the chunks a GET loaded with its own, expect; a command's overlay; the
+        SSD writer's pending writes) come up after the command's reply, not before it: the records are kept from
+        the command's load (under a watch, as a batch's between turns) and promoted from the next event-loop turn
+        on. Meanwhile they count as loading: a read of one waits for it instead of loading it again. A key known
+        from a pending write that commits meanwhile is queued to be loaded then (_promote's ``requeue``)."""
         store = self.store
         entries = store.dram.entries
-        keys = [k for k in keys if k not in entries and k not in self._loading and store.loaded(k)]
+        unknown = store.unknown(keys)
+        keys = [k for k in keys if k not in entries and k not in self._loading and k not in unknown]
         if not keys:
             return
-        kept = store.keep_overlay(keys)
-        if kept is None:
-            return
+        kept = store.keep_overlay(keys)  # None: no overlay, the keys are known from pending writes
+        pending = {k for k in keys if kept is None or k not in kept[0]}
         store.stats.prefetch_queued += len(keys)
         store.stats.prefetch_predicted += len(keys)
         self._loading.update(keys)
-        # All in the one turn after the reply (a few chunks): the reader asks for the first of them next.
-        task = asyncio.get_running_loop().create_task(self._promote(keys, kept, spread=False))
+        # A few chunks (a GET's along) all in the one turn after the reply: the reader asks for the first of them
+        # next. More (a batch's worth from pending writes) one per turn, as a prefetch batch.
+        spread = len(keys) > max(1, self.along)
+        task = asyncio.get_running_loop().create_task(self._promote(keys, kept, spread=spread, requeue=pending))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def _submit_predicted(self, keys: list[bytes]) -> None:
+        """Queue predicted keys; those whose state is known without a lower-tier read (the overlay, the SSD
+        writer's pending writes) come up right after the reply instead (_promote_along), not on its path."""
         store = self.store
         predictor = store.predictor
         if not keys or predictor is None:
             return
         later: list[bytes] = []
-        now = 0
+        now: list[bytes] = []
         entries = store.dram.entries
+        unknown = store.unknown(keys)
         for key in keys:
             if key in entries:
                 continue
-            if key in self._queued or key in self._loading or not store.loaded(key):
+            if key in self._queued or key in self._loading or key in unknown:
                 later.append(key)
-                continue
-            now += 1
-            try:
-                if store.promote(key, sync=False):  # from the overlay or pending writes: never LMDB on the loop
-                    store.stats.prefetch_done += 1
-            except Exception:  # a failed prefetch must never fail the command that predicted it
-                log.exception("prefetch of %r failed", key[:64])
+            elif key not in now:
+                now.append(key)
         if now:
-            store.stats.prefetch_queued += now  # accepted and served at once
-        store.stats.prefetch_predicted += now + (self.submit(later, PREDICTED_PRIORITY, predictor.due_at) if later else 0)
+            self._promote_along(now)
+        if later:
+            store.stats.prefetch_predicted += self.submit(later, PREDICTED_PRIORITY, predictor.due_at)
 
     def expect(self, spec: CommandSpec, keys: list[bytes], sid: int, along: int = 0) -> list[bytes]:
         """A command of stream ``sid`` may have to load ``keys`` before it runs. For a GET of a chunk below DRAM
@@ -226,7 +229,7 @@ class Prefetcher:
                 fut.set_result(None)
 
     async def _promote(self, keys: list[bytes], kept: tuple[dict[bytes, Any], Any] | None = None,
-                       spread: bool = True) -> None:
+                       spread: bool = True, requeue: set[bytes] | None = None) -> None:
         """Promote a loaded batch one key per event-loop turn, keys a command waits for first.
 
         Each key's waiters are released as soon as it is up, and the loop serves other connections between two
@@ -235,9 +238,12 @@ class Prefetcher:
         makes them stale, and the keys not promoted yet are then left to the readers (an overwritten key is never
         brought back from the record read before the write). ``kept``: records kept from a command's load, promoted
         from the next turn on; ``spread`` False: all in that one turn (the few chunks along a GET's load).
+        ``requeue``: keys known from the SSD writer's pending writes when they were handed over; one whose write
+        has been committed by its turn (its state is no longer known without a read) is queued to be loaded.
         """
         store = self.store
         rest = list(keys)
+        again: list[bytes] = []
         try:
             if kept is not None:  # a task's first step: the command's reply went out in the turn that made it
                 store.restore_overlay(kept)
@@ -246,8 +252,13 @@ class Prefetcher:
                 key = next((k for k in rest if k in self._landing), rest[0])
                 rest.remove(key)
                 t0 = time.perf_counter_ns()
-                if store.promote(key, sync=False):
-                    store.stats.prefetch_done += 1
+                try:
+                    if store.promote(key, sync=False):
+                        store.stats.prefetch_done += 1
+                    elif requeue and key in requeue and key not in store.dram.entries and not store.loaded(key):
+                        again.append(key)
+                except Exception:  # a failed prefetch must never stop the others (nor fail a command)
+                    log.exception("prefetch of %r failed", key[:64])
                 self.waits.add("promote", (time.perf_counter_ns() - t0) // 1000)
                 self._land(key)
                 if not rest:
@@ -266,6 +277,9 @@ class Prefetcher:
             store.end_command()
             for key in rest:
                 self._land(key)
+        if again:
+            predictor = store.predictor
+            self.submit(again, PREDICTED_PRIORITY, predictor.due_at if predictor is not None else None)
 
     async def run(self) -> None:
         while True:
