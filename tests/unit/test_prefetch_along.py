@@ -8,12 +8,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from tests.unit.chain_support import chain_store
+
 import kvstrata.commands  # noqa: F401  (registers the commands)
-from kvstrata.clock import ManualClock
 from kvstrata.commands.registry import CommandSpec, lookup
-from kvstrata.engine.entry import ENTRY_OVERHEAD
-from kvstrata.engine.policy import create_policy
-from kvstrata.engine.predict import Predictor
 from kvstrata.engine.store import Store
 from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.server.prefetch import Prefetcher
@@ -23,20 +21,7 @@ VALUE = b"v" * 100
 
 def _store(tmp_path: Path, chain: list[bytes]) -> Store:
     """A chain written by one stream, read through by another, then all of it demoted to SSD."""
-    clock = ManualClock()
-    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
-    store = Store(12 * (3 + len(VALUE) + ENTRY_OVERHEAD), policy=create_policy("lru", clock=clock), clock=clock,
-                  ssd=ssd, predictor=Predictor(clock, window=4))
-    for sid in (1, 3):
-        store.command.stream = sid
-        for key in chain:
-            if sid == 1:
-                store.put(key, VALUE)
-            else:
-                assert store.get(key) is not None
-        store.predictor.forget_stream(sid)
-    store.make_room(store.dram.budget)
-    return store
+    return chain_store(SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False), 12, chain, VALUE)
 
 
 def _load(store: Store, keys: list[bytes]) -> bool:

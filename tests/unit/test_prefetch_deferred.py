@@ -11,11 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.unit.chain_support import chain_store
 
-from kvstrata.clock import ManualClock
-from kvstrata.engine.entry import ENTRY_OVERHEAD
-from kvstrata.engine.policy import create_policy
-from kvstrata.engine.predict import Predictor
 from kvstrata.engine.store import Store
 from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.server.prefetch import Prefetcher
@@ -28,22 +25,11 @@ CHAIN = [b"k%02d" % i for i in range(6)]
 def held(tmp_path: Path) -> Iterator[tuple[Store, SsdTier, queue.Queue[Callable[[], None]]]]:
     """A chain learnt by a reader, then demoted to an SSD whose writer thread commits but whose completions are
     held back (``held``): until one is run, the keys of its batch stay in the pending writes."""
-    clock = ManualClock()
     ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=True)
     completions: queue.Queue[Callable[[], None]] = queue.Queue()
     ssd.set_delivery(completions.put)
-    store = Store(12 * (3 + len(VALUE) + ENTRY_OVERHEAD), policy=create_policy("lru", clock=clock), clock=clock,
-                  ssd=ssd, predictor=Predictor(clock, window=4))
     try:
-        for sid in (1, 3):
-            store.command.stream = sid
-            for key in CHAIN:
-                if sid == 1:
-                    store.put(key, VALUE)
-                else:
-                    assert store.get(key) is not None
-            store.predictor.forget_stream(sid)
-        store.make_room(store.dram.budget)
+        store = chain_store(ssd, 12, CHAIN, VALUE)
         assert not store.dram.entries and all(key in ssd.pending for key in CHAIN)
         yield store, ssd, completions
     finally:

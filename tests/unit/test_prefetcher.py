@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from tests.unit.chain_support import chain_store
+
 import kvstrata.commands  # noqa: F401  (registers the commands)
 from kvstrata.clock import ManualClock
 from kvstrata.commands.registry import lookup
 from kvstrata.engine.entry import ENTRY_OVERHEAD
 from kvstrata.engine.policy import create_policy
-from kvstrata.engine.predict import Predictor
 from kvstrata.engine.store import LATE, Store
 from kvstrata.engine.tiers.ssd import SsdTier
 from kvstrata.server.prefetch import FIRST_BATCH, PREDICTED_PRIORITY, Prefetcher
@@ -196,20 +197,8 @@ def test_predicted_keys_load_nearest_expected_use_first(tmp_path: Path) -> None:
 
 
 def test_a_single_key_load_queues_what_follows_before_the_read(tmp_path: Path) -> None:
-    clock = ManualClock()
-    ssd = SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False)
-    store = Store(8 * (3 + len(VALUE) + ENTRY_OVERHEAD), policy=create_policy("lru", clock=clock), clock=clock,
-                  ssd=ssd, predictor=Predictor(clock, window=4))
     chain = [b"k%02d" % i for i in range(6)]
-    for sid in (1, 3):
-        store.command.stream = sid
-        for key in chain:
-            if sid == 1:
-                store.put(key, VALUE)
-            else:
-                assert store.get(key) is not None
-        store.predictor.forget_stream(sid)
-    store.make_room(store.dram.budget)
+    store = chain_store(SsdTier(str(tmp_path / "ssd"), 1 << 30, fsync="no", threaded=False), 8, chain, VALUE)
 
     async def main() -> list[list[bytes]]:
         load = GatedLoad(store)
