@@ -26,13 +26,13 @@ from typing import Any
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers.pause import EVERY_US
 from kvstrata.engine.tiers.ssd import SsdTier
+from kvstrata.server.read_waits import percentile
 
 BATCH = 24  # puts queued at once: about what one promotion's victims and a few SETs hand the writer
 
 
 def _pct(xs: list[int], q: float) -> float:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(len(xs) * q))] / 1000, 1) if xs else 0.0
+    return round(percentile(sorted(xs), q) / 1000, 1)
 
 
 async def _one(tier: SsdTier, pause_us: int, value: bytes, records: int, base: int) -> tuple[list[int], float]:

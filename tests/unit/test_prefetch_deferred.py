@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,17 +55,24 @@ def _read_first(store: Store, pf: Prefetcher) -> list[bytes]:
     return predicted
 
 
+def _recording_load(store: Store, batches: list[list[bytes]]) -> Callable[[list[bytes]], Awaitable[bool]]:
+    """The prefetcher's load: records each batch in ``batches``, then reads it at once."""
+
+    async def load(keys: list[bytes]) -> bool:
+        batches.append(list(keys))
+        ticket = store.begin_load(store.missing(keys))
+        return store.finish_load(ticket, store.read_lower(ticket))
+
+    return load
+
+
 def test_keys_in_pending_writes_come_up_after_the_reply_without_a_load(
         held: tuple[Store, SsdTier, queue.Queue[Callable[[], None]]]) -> None:
     store, _ssd, _completions = held
     batches: list[list[bytes]] = []
 
-    async def load(keys: list[bytes]) -> bool:
-        batches.append(list(keys))
-        return False
-
     async def main() -> list[bytes]:
-        pf = Prefetcher(store, load)
+        pf = Prefetcher(store, _recording_load(store, batches))
         predicted = _read_first(store, pf)
         # Nothing promoted on the reply's path: they are handed over, and a read of one would wait for it.
         assert not any(k in store.dram.entries for k in predicted) and pf.in_flight(predicted)
@@ -84,13 +91,8 @@ def test_a_pending_write_committed_before_its_turn_is_loaded_instead(
     store, ssd, completions = held
     batches: list[list[bytes]] = []
 
-    async def load(keys: list[bytes]) -> bool:
-        batches.append(list(keys))
-        ticket = store.begin_load(store.missing(keys))
-        return store.finish_load(ticket, store.read_lower(ticket))
-
     async def main() -> list[bytes]:
-        pf = Prefetcher(store, load)
+        pf = Prefetcher(store, _recording_load(store, batches))
         worker = asyncio.create_task(pf.run())
         predicted = _read_first(store, pf)
         _release(ssd, completions)  # committed before the promotions' turn: no longer known without a read

@@ -122,8 +122,12 @@ class Prefetcher:
         entries = store.dram.entries
         unknown = store.unknown(keys)
         keys = [k for k in keys if k not in entries and k not in self._loading and k not in unknown]
-        if not keys:
-            return
+        if keys:
+            self._hand_over(keys)
+
+    def _hand_over(self, keys: list[bytes]) -> None:
+        """_promote_along for ``keys`` already checked: not in DRAM, not loading, their state known."""
+        store = self.store
         kept = store.keep_overlay(keys)  # None: no overlay, the keys are known from pending writes
         pending = {k for k in keys if kept is None or k not in kept[0]}
         store.stats.prefetch_queued += len(keys)
@@ -155,7 +159,7 @@ class Prefetcher:
             elif key not in now:
                 now.append(key)
         if now:
-            self._promote_along(now)
+            self._hand_over(now)
         if later:
             store.stats.prefetch_predicted += self.submit(later, PREDICTED_PRIORITY, predictor.due_at)
 

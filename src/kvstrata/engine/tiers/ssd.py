@@ -72,6 +72,18 @@ __all__ = [
 LOCATIONS = 1 << 16
 
 
+def _remember(places: OrderedDict[bytes, Any], lkey: bytes, place: Any) -> None:
+    """Remember a record's place as the most recent of ``places``, which keep the LOCATIONS most recent (the
+    writer thread and readers both call this: each step is one dict operation, atomic under the GIL)."""
+    places.pop(lkey, None)
+    places[lkey] = place
+    if len(places) > LOCATIONS:
+        try:
+            places.popitem(last=False)
+        except KeyError:  # emptied meanwhile (a flush)
+            pass
+
+
 class SsdTier(SsdWriter, TierRoles):
     """LMDB-backed last tier with a byte budget; over it, evicts by ``policy`` (``fifo``: oldest write first)."""
 
@@ -182,8 +194,9 @@ class SsdTier(SsdWriter, TierRoles):
         self._flush_seq = 0
         # The writer thread's pauses for the event loop (``ssd-writer-pause``); a writer run on the caller's
         # thread (unit tests) would only pause the caller.
-        self.pacer = Pacer(EVERY_US if threaded else 0)
+        self.pacer = Pacer(0)
         self._start_writer(threaded, "kvstrata-ssd-writer", None)
+        self.set_writer_pause(EVERY_US)
 
     def set_writer_pause(self, every_us: int) -> None:
         """``ssd-writer-pause``: the writer thread's work between two pauses (tiers/pause.py). A writer run on the
@@ -220,30 +233,17 @@ class SsdTier(SsdWriter, TierRoles):
     def _learn(self, lkey: bytes, rec: Any) -> None:
         """Remember where a record lies in the map (``rec``: a view of it); not one of 4 GiB or more, which is
         never read on the loop (and whose length would not fit)."""
-        where = self._where
-        where.pop(lkey, None)
         if len(rec) >> 32:
+            self._where.pop(lkey, None)
             return
-        where[lkey] = address(rec) << 32 | len(rec)
-        if len(where) > LOCATIONS:
-            try:
-                where.popitem(last=False)
-            except KeyError:  # emptied meanwhile (a flush)
-                pass
+        _remember(self._where, lkey, address(rec) << 32 | len(rec))
 
     def _trust(self, lkey: bytes, rec: Any) -> None:
         """The writer thread, right after committing ``rec``: its place may be read directly (``_direct``)."""
         n = len(rec)
         if n >> 32 or n < HEADER_SIZE:
             return
-        direct = self._direct
-        direct.pop(lkey, None)
-        direct[lkey] = (address(rec), n, _HEADER.unpack_from(rec)[5])
-        if len(direct) > LOCATIONS:
-            try:
-                direct.popitem(last=False)
-            except KeyError:  # emptied meanwhile (a flush)
-                pass
+        _remember(self._direct, lkey, (address(rec), n, _HEADER.unpack_from(rec)[5]))
 
     def _read_direct(self, keys: list[bytes], spots: list[tuple[bytes, int, int, int]],
                      probe: bool) -> dict[bytes, Entry | Meta | Corrupt | None] | None:
@@ -253,9 +253,8 @@ class SsdTier(SsdWriter, TierRoles):
         forgotten and the caller looks the records up instead."""
         out: dict[bytes, Entry | Meta | Corrupt | None] = {}
         for key, (lkey, start, n, seq) in zip(keys, spots, strict=True):
-            raw = string_at(start, n)
-            head = _HEADER.unpack_from(raw) if n >= HEADER_SIZE else None
-            found = decode_record(key, raw) if head is not None and head[0] == MAGIC and head[5] == seq else None
+            raw = string_at(start, n)  # n >= HEADER_SIZE (_trust); decode_record checks the magic and checksum
+            found = decode_record(key, raw) if _HEADER.unpack_from(raw)[5] == seq else None
             if found.__class__ is not Entry:
                 self._direct.pop(lkey, None)
                 return None
