@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 
-from kvstrata.bench.cluster import HOST, LocalCluster, _cli, free_port, server_binary
+from kvstrata.bench.cluster import HOST, LocalCluster, _cli, free_port, server_binary, wait_ping
 
 
 class LocalSentinel:
@@ -45,10 +45,11 @@ class LocalSentinel:
 
     # ---- lifecycle ----
     def _spawn(self, args: list[str], port: int) -> None:
-        log = open(self.master.dir / f"{port}.log", "ab")
+        path = self.master.dir / f"{port}.log"
+        log = open(path, "ab")
         self.procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
         log.close()
-        self.master._wait_ping(port)
+        wait_ping(port, self.procs[-1], path)
 
     def start(self, timeout: float = 30.0) -> LocalSentinel:
         self.master.start()

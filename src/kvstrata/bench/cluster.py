@@ -39,11 +39,28 @@ def server_binary() -> str:
     return os.environ.get("KVSTRATA_POOL_SERVER", "redis-server")
 
 
+def _port_range() -> tuple[int, int]:
+    """Where a node's port is drawn from: below the kernel's ephemeral range, bus port (+10000) included.
+
+    A port drawn inside the ephemeral range can be taken between the draw and the node's bind by any outgoing
+    connection (the other nodes' cluster bus links, the test's own clients); below it only an explicit bind can
+    take it, and that holds for ``restart`` on the same port too.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low - 10000 - 10000 >= 1000:
+        return 10000, low - 10000
+    return 20000, 55535  # an unusual ephemeral range: fall back to the whole span (Redis needs port <= 55535)
+
+
 def free_port(taken: set[int] | None = None) -> int:
-    """A free loopback port whose cluster bus port (port + 10000) is free too; Redis needs port <= 55535."""
+    """A free loopback port whose cluster bus port (port + 10000) is free too, both outside the ephemeral range."""
     taken = taken or set()
+    lo, hi = _port_range()
     for _ in range(1000):
-        port = random.randrange(20000, 55535)
+        port = random.randrange(lo, hi)
         if port not in taken and port + 10000 not in taken and _free(port) and _free(port + 10000):
             return port
     raise RuntimeError("no free port pair for a cluster node")
@@ -54,6 +71,23 @@ def _cli(port: int, *args: str, timeout: float = 10.0, password: str = "") -> st
     proc = subprocess.run(["redis-cli", "-h", HOST, "-p", str(port), *auth, *args], capture_output=True,
                           timeout=timeout, check=False)
     return proc.stdout.decode(errors="replace")
+
+
+def wait_ping(port: int, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None,
+              timeout: float = 15.0) -> None:
+    """Wait until the server on ``port`` answers PING; fail at once, with its log's tail, if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_bytes()[-2000:].decode(errors="replace") if log is not None and log.exists() else ""
+            raise RuntimeError(f"{server_binary()} on port {port} exited with {proc.returncode}: {tail}")
+        with contextlib.suppress(OSError):
+            with socket.create_connection((HOST, port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):
+                    return
+        time.sleep(0.02)  # poll interval
+    raise RuntimeError(f"{server_binary()} on port {port} did not answer PING within {timeout}s")
 
 
 class LocalCluster:
@@ -98,18 +132,7 @@ class LocalCluster:
         log = open(node_dir / "server.log", "ab")
         self.procs[i] = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        self._wait_ping(port)
-
-    def _wait_ping(self, port: int, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                with socket.create_connection((HOST, port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):
-                        return
-            time.sleep(0.02)  # poll interval
-        raise RuntimeError(f"redis-server on port {port} did not answer PING within {timeout}s")
+        wait_ping(port, self.procs[i], node_dir / "server.log")
 
     def start(self, timeout: float = 30.0) -> LocalCluster:
         if shutil.which(server_binary()) is None or shutil.which("redis-cli") is None:
