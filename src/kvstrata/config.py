@@ -297,6 +297,11 @@ PARAMS: tuple[Param, ...] = (
           "is read on the event loop instead of a loader thread (0: always a thread; docs/architecture.md, "
           "'Disk I/O off the event loop').",
           mutable=True),
+    Param("ssd-key-filter", _yes_no, True,
+          "Reads of keys the SSD tier never held (a miss of a chunk never stored, a new key's SET) are answered on "
+          "the event loop from a Bloom filter of its keys, ~1.2 bytes a key, instead of a lookup in a loader thread "
+          "(no: always the lookup; the filter is kept either way; docs/architecture.md, 'Disk I/O off the event "
+          "loop').", mutable=True),
     Param("ssd-writer-pause", _int, 200,
           "Microseconds of work after which the SSD writer thread sleeps 50 us, so that the event loop, waiting for "
           "the interpreter (GIL) with a client's request in hand, runs first (0: never; docs/architecture.md, "

@@ -45,10 +45,24 @@ def test_records_just_demoted_are_read_on_the_loop(node) -> None:
     assert r.execute_command("TAIR.KV.MGET", "k01", "k02") == [value(1), value(2)]
     assert _counts(r) == (reads + 3, inline + 6, declined)
     assert tier(r, "k00") == "dram"
-    # A key with no record: a lookup cannot tell that apart from an unknown place without reading, so a thread does.
-    unknown = tier_info(r, "ssd")["inline_unknown"]
+    # A key with no record: the key filter rules it out on the loop, with no read at all.
+    wait_for(lambda: tier_info(r, "ssd")["key_filter"] == 1, what="the key filter's first scan")
+    absent = tier_info(r, "ssd")["key_filter_absent"]
     assert r.get("nosuch") is None
-    assert _counts(r) == (reads + 4, inline + 6, declined + 1)
+    assert _counts(r) == (reads + 3, inline + 6, declined)
+    assert tier_info(r, "ssd")["key_filter_absent"] == absent + 1
+
+
+def test_a_key_the_filter_cannot_rule_out_goes_to_a_thread(node) -> None:
+    r = node.client()
+    wait_for(lambda: tier_info(r, "ssd")["key_filter"] == 1, what="the key filter's first scan")
+    assert tier(r, "k05") == "ssd"
+    assert r.delete("k05") == 1  # its record goes, its bits stay: a lookup cannot tell it from an unknown place
+    wait_for(lambda: tier_info(r, "ssd")["pending"] == 0, what="the SSD writer to drain")
+    reads, inline, declined = _counts(r)
+    unknown = tier_info(r, "ssd")["inline_unknown"]
+    assert r.get("k05") is None
+    assert _counts(r) == (reads + 1, inline, declined + 1)
     assert tier_info(r, "ssd")["inline_unknown"] == unknown + 1
 
 
@@ -80,3 +94,23 @@ def test_a_record_goes_down_and_up_again_on_the_loop(node) -> None:
     assert r.get("k10") == value(10)
     assert _counts(r) == (reads + 1, inline + 1, declined)
     assert tier_info(r, "ssd")["inline_moved"] == 0
+
+
+def test_ssd_key_filter_no_sends_such_misses_to_a_thread_again(node) -> None:
+    r = node.client()
+    wait_for(lambda: tier_info(r, "ssd")["key_filter"] == 1, what="the key filter's first scan")
+    r.config_set("ssd-key-filter", "no")
+    reads, inline, declined = _counts(r)
+    absent = tier_info(r, "ssd")["key_filter_absent"]
+    assert r.get("nosuch") is None
+    assert _counts(r) == (reads + 1, inline, declined + 1)
+    r.set("written-meanwhile", value(7))
+    for i in range(60, 80):  # push it down to the SSD tier
+        r.set(f"k{i:02d}", value(i))
+    wait_for(lambda: tier_info(r, "ssd")["pending"] == 0 and tier(r, "written-meanwhile") == "ssd",
+             what="written-meanwhile to go down")
+    r.config_set("ssd-key-filter", "yes")
+    assert r.get("written-meanwhile") == value(7)  # the filter was kept while lookups did not use it
+    assert tier_info(r, "ssd")["key_filter_absent"] == absent
+    assert r.get("nosuch2") is None
+    assert tier_info(r, "ssd")["key_filter_absent"] == absent + 1

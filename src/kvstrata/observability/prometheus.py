@@ -42,11 +42,14 @@ TIER_OPTIONAL_COUNTERS = (
     ("inline_declined", "Loads that could have been read on the event loop but went to a loader thread: a record's "
                         "place unknown or its pages on the disk, or more bytes than --ssd-inline-max (SSD)."),
     ("inline_unknown", "Of the loads sent to a loader thread instead of the event loop, those for a key whose "
-                       "record's place was unknown (never found since a restart, forgotten, or no record at all; SSD)."),
+                       "record's place was unknown (never found since a restart, forgotten, or no record at all that the key "
+                       "filter could not rule out; SSD)."),
     ("inline_direct", "Of the reads on the event loop, those copied straight out of the memory map at the place "
                       "the SSD writer found the record, without an LMDB lookup (SSD)."),
     ("inline_moved", "Records read on the event loop that had moved since their place was remembered (the residency "
                      "check looked at other pages; SSD)."),
+    ("key_filter_absent", "Reads and probes of keys the SSD tier's key filter ruled out: answered with no lookup "
+                          "and no loader thread (a key the tier never held; SSD)."),
     ("writer_pauses", "Pauses of the SSD writer thread so that the event loop could take the interpreter (GIL) "
                       "(--ssd-writer-pause)."),
     ("unreadable_pages", "Damaged LMDB pages met by reads and listings (skipped; run `kvstrata check`)."),
@@ -136,6 +139,10 @@ class KvstrataCollector:
                                         value=t["pending"])
                 yield CounterMetricFamily("kvstrata_ssd_write_errors", "SSD write transactions that failed.",
                                           value=t["write_errors"])
+                if "key_filter_bytes" in t:
+                    yield GaugeMetricFamily("kvstrata_ssd_key_filter_bytes",
+                                            "Memory of the SSD tier's key filter (outside the tier budgets).",
+                                            value=t["key_filter_bytes"])
 
         # ---- keyspace ----
         ks = snap["keyspace"]

@@ -154,7 +154,8 @@ def tier_rows(store: Any) -> list[dict[str, Any]]:
             row[field] = int(info.get(field, 0))
         for field in ("pinned_bytes", "pending", "queued_bytes", "write_errors", "expired", "reads",
                       "probes", "reads_inline", "inline_declined", "inline_unknown", "inline_moved",
-                      "inline_direct", "writer_pauses", "unreadable_pages", "writes", "write_bytes"):
+                      "inline_direct", "writer_pauses", "unreadable_pages", "writes", "write_bytes",
+                      "key_filter", "key_filter_keys", "key_filter_bytes", "key_filter_absent", "key_filter_scans"):
             if field in info:
                 row[field] = int(info[field])
         rows.append(row)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from ctypes import string_at
@@ -36,6 +37,7 @@ import lmdb
 from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.base import TierRoles
+from kvstrata.engine.tiers.keyfilter import KeyFilter
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.pause import EVERY_US, Pacer
 from kvstrata.engine.tiers.resident import address, resident_at
@@ -160,8 +162,8 @@ class SsdTier(SsdWriter, TierRoles):
         self.inline_reads = 0
         self.inline_declined = 0
         self.inline_moved = 0
-        # Of the declined, those with a record whose place no read or write has found (or no record at all: a
-        # lookup of a missing key cannot be told from one of an unknown place without reading).
+        # Of the declined, those with a record whose place no read or write has found (or no record at all that
+        # the key filter could not rule out).
         self.inline_unknown = 0
         # data key -> address * 2**32 + length of its record in the map, as the writer (after its commit) or the
         # last read found it. Read on the event loop, learnt by the writer and loader threads, forgotten by the
@@ -197,6 +199,19 @@ class SsdTier(SsdWriter, TierRoles):
         self.pacer = Pacer(0)
         self._start_writer(threaded, "kvstrata-ssd-writer", None)
         self.set_writer_pause(EVERY_US)
+        # The keys the tier may hold (keyfilter.py): a read of a key it rules out is answered without LMDB. None
+        # until the first scan of the tier is in. ``_filling``: the next filter while a scan builds it (every key
+        # queued meanwhile goes into both); ``_scanned``: a finished scan waiting to be merged on this thread.
+        self._filter: KeyFilter | None = None
+        self._filling: KeyFilter | None = None
+        self._scanned: tuple[KeyFilter, KeyFilter] | None = None
+        self._scan_thread: threading.Thread | None = None
+        self.filter_absent = 0
+        self.filter_scans = 0
+        # ``ssd-key-filter``: whether lookups consult the filter. It is kept up to date either way, so that turning
+        # lookups back on never meets a filter that missed a write.
+        self.filter_lookups = True
+        self._start_filter(self._filter_size())
 
     def set_writer_pause(self, every_us: int) -> None:
         """``ssd-writer-pause``: the writer thread's work between two pauses (tiers/pause.py). A writer run on the
@@ -211,6 +226,94 @@ class SsdTier(SsdWriter, TierRoles):
         """How the writer thread hands completions to the owner's thread (e.g. loop.call_soon_threadsafe)."""
         self._deliver = deliver
 
+    # ---- the key filter (keyfilter.py) ----
+    def _start_filter(self, capacity: int) -> None:
+        """Build a filter of ``capacity`` keys from a scan of the tier, in a thread (threaded writer) or here
+        (owner's thread). The keys queued and not committed yet go in first and those queued from now on as they
+        are (``_note_key``): the scan's snapshot, taken after this, holds every key committed before it."""
+        nxt = KeyFilter(capacity)
+        nxt.add_many(data_key(k) for k in self.pending)
+        self._filling = nxt
+        self.filter_scans += 1
+        if not self._threaded:
+            self._scanned = (nxt, self._scan(nxt.capacity))
+            self._take_scan()
+            return
+
+        def run() -> None:
+            self._scanned = (nxt, self._scan(nxt.capacity))  # taken up by the owner's next call (_take_scan)
+
+        self._scan_thread = threading.Thread(target=run, name="kvstrata-ssd-keys", daemon=True)
+        self._scan_thread.start()
+
+    def _scan(self, capacity: int) -> KeyFilter | None:
+        """Every data key on disk in a filter of ``capacity`` (any thread); None if the tier closed meanwhile or
+        a page could not be read (the filter in use, if any, stays: it errs only towards reading)."""
+        out = KeyFilter(capacity)
+        chunk: list[bytes] = []
+        try:
+            with self.env.begin() as txn, txn.cursor(db=self._data) as cur:
+                for lkey in cur.iternext(keys=True, values=False):
+                    chunk.append(lkey)
+                    if len(chunk) == 65536:
+                        if self._closed:
+                            return None
+                        out.add_many(chunk)
+                        chunk = []
+        except lmdb.Error as exc:
+            self._unreadable("listing its keys for the key filter", exc)
+            return None
+        out.add_many(chunk)
+        return out
+
+    def _take_scan(self) -> None:
+        """A finished scan: merged into the filter it was building, which is then the one in use (owner's thread:
+        every change of the filters is made here)."""
+        if self._scanned is None:
+            return
+        nxt, scanned = self._scanned
+        self._scanned = None
+        self._scan_thread = None
+        self._filling = None
+        if scanned is None:
+            return
+        nxt.merge(scanned)
+        self._filter = nxt
+        if nxt.full():
+            self._start_filter(self._filter_size())
+
+    def filter_ready(self) -> bool:
+        """Whether a key filter is in use (owner's thread; takes up a finished scan)."""
+        self._take_scan()
+        return self._filter is not None
+
+    def _note_key(self, lkey: bytes) -> None:
+        """A key about to be written (owner's thread): into the filter in use and the one being built; a filter
+        that has taken more keys than it was sized for is rebuilt larger."""
+        self._take_scan()
+        filling = self._filling
+        if filling is not None:
+            filling.add(lkey)
+        flt = self._filter
+        if flt is not None:
+            flt.add(lkey)
+            if filling is None and flt.full():
+                self._start_filter(self._filter_size())
+
+    def _filter_size(self) -> int:
+        """Keys a new filter is sized for: twice what the tier holds and has queued. Not what the full filter
+        took: under churn (the last tier evicting as new keys come) that grows without bound while the records
+        do not; a rebuild drops the keys gone since."""
+        return 2 * (self.count + len(self.pending))
+
+    def _ruled_out(self, lkey: bytes) -> bool:
+        """Whether the filter says the tier holds no record of ``lkey`` (any thread)."""
+        flt = self._filter
+        if flt is not None and self.filter_lookups and lkey not in flt:
+            self.filter_absent += 1
+            return True
+        return False
+
     # ---- reads (any thread) ----
     def read(self, key: bytes) -> Entry | Corrupt | None:
         """The committed record of a key, ignoring ``pending`` (callers check that first)."""
@@ -221,6 +324,8 @@ class SsdTier(SsdWriter, TierRoles):
     def _read_in(self, txn: lmdb.Transaction, key: bytes) -> Entry | Corrupt | None:
         """One record in a read transaction; a damaged page answers Corrupt for the key, never an exception."""
         lkey = data_key(key)
+        if self._ruled_out(lkey):
+            return None
         try:
             rec = txn.get(lkey, db=self._data)
         except lmdb.Error as exc:
@@ -303,17 +408,21 @@ class SsdTier(SsdWriter, TierRoles):
 
         The pages are checked before the lookup, which touches them all (py-lmdb faults a value in as it returns
         it), at the place the writer or an earlier read found the record (``_where``): a key whose place is
-        unknown (not found since a restart, forgotten, or without a record) goes to a thread. The B-tree pages a lookup walks are not checked: every lookup walks them, so
-        they stay cached. When the writer found every record right after committing it (``_direct``), they are
+        unknown (not found since a restart, forgotten, or without a record) goes to a thread, unless the key
+        filter rules out a record of it (then it is answered None here). The B-tree pages a lookup walks are not
+        checked: every lookup walks them, so they stay cached. When the writer found every record right after committing it (``_direct``), they are
         not looked up at all but copied out of the map and verified (``_read_direct``): no py-lmdb call, so the
         loop keeps the GIL.
         """
         if self._closed:
             return None
+        self._take_scan()
         where = self._where
         direct = self._direct
         places: list[tuple[bytes, int, int]] = []
         spots: list[tuple[bytes, int, int, int]] | None = []
+        present: list[bytes] = []  # the keys of ``places``; the others the key filter ruled out
+        absent: list[bytes] = []
         total = 0
         for key in keys:
             lkey = data_key(key)
@@ -326,13 +435,17 @@ class SsdTier(SsdWriter, TierRoles):
                 total += n
                 spots.append((lkey, start, n, seq))
                 places.append((lkey, start, n))
+                present.append(key)
                 continue
-            spots = None
             loc = where.get(lkey)
             if loc is None:
+                if self._ruled_out(lkey):  # no record: nothing to read
+                    absent.append(key)
+                    continue
                 self.inline_declined += 1
                 self.inline_unknown += 1
                 return None
+            spots = None
             start, n = loc >> 32, loc & 0xFFFFFFFF
             # A probe reads the header and a long key's stored copy only; the value stays in the map.
             need = min(n, HEADER_SIZE + (len(key) if len(key) > MAX_INLINE_KEY else 0)) if probe else n
@@ -341,10 +454,15 @@ class SsdTier(SsdWriter, TierRoles):
                 self.inline_declined += 1
                 return None
             places.append((lkey, start, n))
+            present.append(key)
+        out: dict[bytes, Entry | Meta | Corrupt | None] = dict.fromkeys(absent)
+        if not places:
+            return out
         if spots:
-            got = self._read_direct(keys, spots, probe)
+            got = self._read_direct(present, spots, probe)
             if got is not None:
-                return got
+                out.update(got)
+                return out
         recs: list[Any] = []
         with self.env.begin(buffers=True) as txn:
             try:
@@ -360,12 +478,14 @@ class SsdTier(SsdWriter, TierRoles):
                     recs.append(rec)
             except lmdb.Error:
                 return None
-            self.inline_reads += len(keys)
+            self.inline_reads += len(present)
             if probe:
-                self.probes += len(keys)
-                return {key: self._decode_meta(key, rec) for key, rec in zip(keys, recs, strict=True)}
-            self.reads += len(keys)
-            return {key: self._decode(key, rec) for key, rec in zip(keys, recs, strict=True)}
+                self.probes += len(present)
+                out.update((key, self._decode_meta(key, rec)) for key, rec in zip(present, recs, strict=True))
+            else:
+                self.reads += len(present)
+                out.update((key, self._decode(key, rec)) for key, rec in zip(present, recs, strict=True))
+            return out
 
     def _decode_meta(self, key: bytes, rec: Any) -> Meta | Corrupt | None:
         try:
@@ -382,6 +502,9 @@ class SsdTier(SsdWriter, TierRoles):
         with self.env.begin(buffers=True) as txn:
             for key in keys:
                 lkey = data_key(key)
+                if self._ruled_out(lkey):
+                    out[key] = None
+                    continue
                 try:
                     rec = txn.get(lkey, db=self._data)
                 except lmdb.Error as exc:
@@ -473,6 +596,7 @@ class SsdTier(SsdWriter, TierRoles):
         """Queue a write of a snapshot of ``entry``; returns its sequence number (see ``committed_seq``)."""
         snap = Entry(entry.value, entry.version, entry.expire_at)
         self.pending[key] = snap
+        self._note_key(data_key(key))
         self._watchers.touched(key)
         return self._enqueue((_PUT, key, snap), len(entry.value))
 
@@ -517,6 +641,9 @@ class SsdTier(SsdWriter, TierRoles):
         if self._closed:
             return
         self._closed = True  # read_resident reads nothing from here on: the map is about to be unmapped
+        scan = self._scan_thread
+        if scan is not None:
+            scan.join(30)  # it stops at its next chunk: no read transaction may outlive the environment
         self._stop_writer(30)
         self._direct.clear()
         self.env.sync(True)
@@ -537,4 +664,12 @@ class SsdTier(SsdWriter, TierRoles):
                 "inline_declined": self.inline_declined, "inline_moved": self.inline_moved,
                 "inline_unknown": self.inline_unknown, "inline_direct": self.inline_direct,
                 "unreadable_pages": self.unreadable_pages,
-                "writer_pauses": self.pacer.pauses}
+                "writer_pauses": self.pacer.pauses, **self._filter_info()}
+
+    def _filter_info(self) -> dict[str, int]:
+        self.filter_ready()  # INFO runs on the owner's thread
+        flt = self._filter
+        return {"key_filter": int(flt is not None), "key_filter_keys": flt.count if flt is not None else 0,
+                "key_filter_bytes": (flt.nbytes if flt is not None else 0)
+                + (self._filling.nbytes if self._filling is not None else 0),
+                "key_filter_absent": self.filter_absent, "key_filter_scans": self.filter_scans}
