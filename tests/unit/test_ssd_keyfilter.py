@@ -183,3 +183,21 @@ def test_under_churn_the_filter_stays_sized_to_what_the_tier_holds(path, monkeyp
         assert all(t.read(k) is not None for k in written[-10:])
     finally:
         t.close()
+
+
+def test_a_scan_that_fails_leaves_the_filter_in_use_and_stops_rebuilds(path, monkeypatch) -> None:
+    monkeypatch.setattr(keyfilter, "MIN_KEYS", 16)
+    t = SsdTier(path, 64 * MB, threaded=False)
+    try:
+        first = keys("k", 10)
+        for i, k in enumerate(first):
+            t.put(k, Entry(VALUE, i + 1, 0))
+        scans = t.filter_scans
+        monkeypatch.setattr(SsdTier, "_scan", lambda self, capacity: None)  # as on a damaged page
+        more = keys("m", 40)
+        for i, k in enumerate(more):
+            t.put(k, Entry(VALUE, 100 + i, 0))
+        assert t.filter_scans == scans + 1  # one failed rebuild, not one per write after it
+        assert t.filter_ready() and all(t.read(k) is not None for k in first + more)
+    finally:
+        t.close()

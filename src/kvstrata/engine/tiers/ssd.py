@@ -208,6 +208,9 @@ class SsdTier(SsdWriter, TierRoles):
         self._scan_thread: threading.Thread | None = None
         self.filter_absent = 0
         self.filter_scans = 0
+        # A scan failed (a damaged page): no more rebuilds, which would each fail again; the filter in use stays
+        # correct, only less selective as it fills.
+        self._filter_stuck = False
         # ``ssd-key-filter``: whether lookups consult the filter. It is kept up to date either way, so that turning
         # lookups back on never meets a filter that missed a write.
         self.filter_lookups = True
@@ -276,6 +279,7 @@ class SsdTier(SsdWriter, TierRoles):
         self._scan_thread = None
         self._filling = None
         if scanned is None:
+            self._filter_stuck = not self._closed
             return
         nxt.merge(scanned)
         self._filter = nxt
@@ -297,7 +301,7 @@ class SsdTier(SsdWriter, TierRoles):
         flt = self._filter
         if flt is not None:
             flt.add(lkey)
-            if filling is None and flt.full():
+            if filling is None and flt.full() and not self._filter_stuck:
                 self._start_filter(self._filter_size())
 
     def _filter_size(self) -> int:
