@@ -31,8 +31,10 @@ def test_the_chunks_after_a_missed_first_chunk_are_up_with_its_reply(srv: Any) -
         assert first.get(key) == VALUE
     for i in range(24):
         writer.set(f"filler:{i}", VALUE)
-    wait_for(lambda: all(writer.execute_command("TAIR.KV.TIER", k) == b"ssd" for k in chain),
-             what="the chain demoted to SSD")
+    # Committed, not only queued for the SSD writer: a chunk still in its pending writes is known without a load,
+    # so a TIER of it would not wait for the promotion below (and answers "ssd" until that turn).
+    wait_for(lambda: all(writer.execute_command("TAIR.KV.TIER", k) == b"ssd" for k in chain)
+             and writer.info("tier_ssd")["pending"] == 0, what="the chain demoted to SSD and committed")
     before = writer.info("prefetch")
     reader = srv.client()
     # One pipeline: the TIER probes run right after the GET (they wait behind its load): what came up with the

@@ -33,8 +33,8 @@ def test_a_returning_reader_finds_its_chain_prefetched(srv: Any) -> None:
         assert first.get(key) == VALUE
     for i in range(24):
         writer.set(f"filler:{i}", VALUE)
-    wait_for(lambda: all(writer.execute_command("TAIR.KV.TIER", k) == b"ssd" for k in chain),
-             what="the chain demoted to SSD")
+    wait_for(lambda: all(writer.execute_command("TAIR.KV.TIER", k) == b"ssd" for k in chain)
+             and writer.info("tier_ssd")["pending"] == 0, what="the chain demoted to SSD and committed")
     reader = srv.client()
     assert reader.get(chain[0]) == VALUE
     # As far ahead as a fair share of this small DRAM allows (half of ~10 values), then one more per read.
@@ -82,8 +82,9 @@ def _demoted(srv: Any, chain: list[bytes]) -> None:
     filler = srv.client()
     for i in range(24):
         filler.set(f"filler:{i}", VALUE)
-    wait_for(lambda: all(filler.execute_command("TAIR.KV.TIER", k) == b"ssd" for k in chain),
-             what="the chain demoted to SSD")
+    # Committed, not only queued for the SSD writer (a key in its pending writes is known without a load).
+    wait_for(lambda: all(filler.execute_command("TAIR.KV.TIER", k) == b"ssd" for k in chain)
+             and filler.info("tier_ssd")["pending"] == 0, what="the chain demoted to SSD and committed")
 
 
 def test_an_exists_batch_prefetches_the_chunks_it_found(srv: Any) -> None:

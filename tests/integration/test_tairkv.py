@@ -275,7 +275,11 @@ def test_prefetch_with_priority(tiered):
     for i in range(3):
         setex(r, f"p{i}", "v", 0, "COLD_STORAGE")
     assert kv(r, "TAIR.KV.PREFETCH", "p0", "p1", "p2", "PRIORITY", 7) == 3
-    wait_for(lambda: [tier(r, f"p{i}") for i in range(3)] == ["dram"] * 3, what="prefetched keys in DRAM")
+    try:
+        wait_for(lambda: [tier(r, f"p{i}") for i in range(3)] == ["dram"] * 3, what="prefetched keys in DRAM")
+    except AssertionError as exc:  # what the server saw, for a failure that only a loaded machine shows
+        raise AssertionError(f"{exc}: tiers {[tier(r, f'p{i}') for i in range(3)]}, prefetch "
+                             f"{r.info('prefetch')}, stats {r.info('stats')}, ssd {tier_info(r, 'ssd')}") from exc
 
 
 def test_prefetch_of_demoted_keys_keeps_dram_within_budget(tiered):

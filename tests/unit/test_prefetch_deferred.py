@@ -125,3 +125,40 @@ def test_unknown_answers_what_loaded_answers(
     assert store.unknown(keys) == {k for k in keys if not store.loaded(k)} == {*CHAIN[2:], b"absent"}
     store.end_command()
     assert store.unknown(keys) == {k for k in keys if not store.loaded(k)} == {*CHAIN, b"absent"}
+
+
+def test_a_queued_batch_known_from_pending_writes_survives_their_commit(
+        held: tuple[Store, SsdTier, queue.Queue[Callable[[], None]]]) -> None:
+    """A client's prefetch (TAIR.KV.PREFETCH) of keys still in the SSD writer's pending writes: the batch is known
+    without a read and promoted one key per turn; writes that commit between two turns leave the rest of the
+    batch unknown, and those keys are queued and loaded again instead of being dropped."""
+    store, ssd, completions = held
+    batches: list[list[bytes]] = []
+    keys = CHAIN[:4]
+
+    async def main() -> None:
+        async def load(batch: list[bytes]) -> bool:
+            batches.append(list(batch))
+            if len(batches) == 1:
+                assert not store.missing(batch)  # all known from the pending writes
+                loop = asyncio.get_running_loop()
+                # Committed right after the first promotion's turn.
+                loop.call_soon(lambda: _release(ssd, completions))
+                return True
+            ticket = store.begin_load(store.missing(batch))
+            return store.finish_load(ticket, store.read_lower(ticket))
+
+        pf = Prefetcher(store, load, batch=len(keys))
+        pf.submit(keys)
+        worker = asyncio.create_task(pf.run())
+        while not all(k in store.dram.entries for k in keys):
+            assert not worker.done()
+            await asyncio.sleep(0)
+        worker.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert len(batches) >= 2 and sorted(k for b in batches[1:] for k in b) == sorted(
+        k for k in keys if k not in batches[0][:1])
+    for key in keys:
+        entry = store.get(key)
+        assert entry is not None and bytes(entry.value) == VALUE

@@ -304,13 +304,17 @@ class Prefetcher:
                 try:
                     # A load raced by a write is stale and not installed: it is read again, and after LOAD_TRIES
                     # only the keys whose state is known are promoted (a later read loads the others itself).
-                    # Promotion never reads LMDB on the event loop.
+                    # Promotion never reads LMDB on the event loop. A load that succeeded may have known keys
+                    # from the SSD writer's pending writes, which can commit between two promotions' turns: such
+                    # a key is queued again (``requeue``), not dropped.
+                    known = False
                     for _ in range(LOAD_TRIES):
                         if await self._load(keys):
+                            known = True
                             break
                     else:
                         self.stale_batches += 1
-                    await self._promote(keys)
+                    await self._promote(keys, requeue=set(keys) if known else None)
                 except Exception:  # a failed prefetch must never take the server down
                     log.exception("prefetch batch failed")
                 finally:

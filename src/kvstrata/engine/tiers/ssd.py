@@ -206,6 +206,10 @@ class SsdTier(SsdWriter, TierRoles):
         self._filling: KeyFilter | None = None
         self._scanned: tuple[KeyFilter, KeyFilter] | None = None
         self._scan_thread: threading.Thread | None = None
+        # Held by every change of the filters (the owner's thread makes them all in the server; the lock keeps a
+        # caller on another thread, INFO from a tool, from interleaving with a write's add: a lost add would rule
+        # out a key the tier holds). Lookups read bits without it: a bit is never cleared.
+        self._filter_lock = threading.RLock()
         self.filter_absent = 0
         self.filter_scans = 0
         # A scan failed (a damaged page): no more rebuilds, which would each fail again; the filter in use stays
@@ -235,7 +239,7 @@ class SsdTier(SsdWriter, TierRoles):
         (owner's thread). The keys queued and not committed yet go in first and those queued from now on as they
         are (``_note_key``): the scan's snapshot, taken after this, holds every key committed before it."""
         nxt = KeyFilter(capacity)
-        nxt.add_many(data_key(k) for k in self.pending)
+        nxt.add_many(data_key(k) for k in list(self.pending))
         self._filling = nxt
         self.filter_scans += 1
         if not self._threaded:
@@ -274,6 +278,12 @@ class SsdTier(SsdWriter, TierRoles):
         every change of the filters is made here)."""
         if self._scanned is None:
             return
+        with self._filter_lock:
+            self._take_scan_locked()
+
+    def _take_scan_locked(self) -> None:
+        if self._scanned is None:
+            return
         nxt, scanned = self._scanned
         self._scanned = None
         self._scan_thread = None
@@ -294,15 +304,16 @@ class SsdTier(SsdWriter, TierRoles):
     def _note_key(self, lkey: bytes) -> None:
         """A key about to be written (owner's thread): into the filter in use and the one being built; a filter
         that has taken more keys than it was sized for is rebuilt larger."""
-        self._take_scan()
-        filling = self._filling
-        if filling is not None:
-            filling.add(lkey)
-        flt = self._filter
-        if flt is not None:
-            flt.add(lkey)
-            if filling is None and flt.full() and not self._filter_stuck:
-                self._start_filter(self._filter_size())
+        with self._filter_lock:
+            self._take_scan_locked()
+            filling = self._filling
+            if filling is not None:
+                filling.add(lkey)
+            flt = self._filter
+            if flt is not None:
+                flt.add(lkey)
+                if filling is None and flt.full() and not self._filter_stuck:
+                    self._start_filter(self._filter_size())
 
     def _filter_size(self) -> int:
         """Keys a new filter is sized for: twice what the tier holds and has queued. Not what the full filter
@@ -311,25 +322,25 @@ class SsdTier(SsdWriter, TierRoles):
         return 2 * (self.count + len(self.pending))
 
     def _ruled_out(self, lkey: bytes) -> bool:
-        """Whether the filter says the tier holds no record of ``lkey`` (any thread)."""
+        """Whether the filter says the tier holds no record of ``lkey`` (any thread). The caller counts the key in
+        ``filter_absent`` once it answers it so (a load declined after this check is answered by a thread)."""
         flt = self._filter
-        if flt is not None and self.filter_lookups and lkey not in flt:
-            self.filter_absent += 1
-            return True
-        return False
+        return flt is not None and self.filter_lookups and lkey not in flt
 
     # ---- reads (any thread) ----
     def read(self, key: bytes) -> Entry | Corrupt | None:
         """The committed record of a key, ignoring ``pending`` (callers check that first)."""
-        self.reads += 1
         with self.env.begin(buffers=True) as txn:
             return self._read_in(txn, key)
 
     def _read_in(self, txn: lmdb.Transaction, key: bytes) -> Entry | Corrupt | None:
-        """One record in a read transaction; a damaged page answers Corrupt for the key, never an exception."""
+        """One record in a read transaction; a damaged page answers Corrupt for the key, never an exception. Counted
+        in ``reads`` when looked up, in ``filter_absent`` when the key filter rules it out instead."""
         lkey = data_key(key)
         if self._ruled_out(lkey):
+            self.filter_absent += 1
             return None
+        self.reads += 1
         try:
             rec = txn.get(lkey, db=self._data)
         except lmdb.Error as exc:
@@ -396,8 +407,6 @@ class SsdTier(SsdWriter, TierRoles):
 
     def read_many(self, keys: Iterable[bytes]) -> dict[bytes, Entry | Corrupt | None]:
         out: dict[bytes, Entry | Corrupt | None] = {}
-        keys = list(keys)
-        self.reads += len(keys)
         with self.env.begin(buffers=True) as txn:
             for key in keys:
                 out[key] = self._read_in(txn, key)
@@ -459,13 +468,16 @@ class SsdTier(SsdWriter, TierRoles):
                 return None
             places.append((lkey, start, n))
             present.append(key)
+        # Counted when answered here (a load that fails below goes to a thread, which counts them itself).
         out: dict[bytes, Entry | Meta | Corrupt | None] = dict.fromkeys(absent)
         if not places:
+            self.filter_absent += len(absent)
             return out
         if spots:
             got = self._read_direct(present, spots, probe)
             if got is not None:
                 out.update(got)
+                self.filter_absent += len(absent)
                 return out
         recs: list[Any] = []
         with self.env.begin(buffers=True) as txn:
@@ -483,6 +495,7 @@ class SsdTier(SsdWriter, TierRoles):
             except lmdb.Error:
                 return None
             self.inline_reads += len(present)
+            self.filter_absent += len(absent)
             if probe:
                 self.probes += len(present)
                 out.update((key, self._decode_meta(key, rec)) for key, rec in zip(present, recs, strict=True))
@@ -501,14 +514,14 @@ class SsdTier(SsdWriter, TierRoles):
     def probe_many(self, keys: Iterable[bytes]) -> dict[bytes, Meta | Corrupt | None]:
         """Headers of ``keys``' records (version, expiry, value length): the value stays in the map, uncopied."""
         out: dict[bytes, Meta | Corrupt | None] = {}
-        keys = list(keys)
-        self.probes += len(keys)
         with self.env.begin(buffers=True) as txn:
             for key in keys:
                 lkey = data_key(key)
                 if self._ruled_out(lkey):
+                    self.filter_absent += 1
                     out[key] = None
                     continue
+                self.probes += 1
                 try:
                     rec = txn.get(lkey, db=self._data)
                 except lmdb.Error as exc:
