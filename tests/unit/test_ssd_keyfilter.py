@@ -19,6 +19,12 @@ def keys(prefix: str, n: int) -> list[bytes]:
     return [f"{prefix}{i}".encode() for i in range(n)]
 
 
+def write(t: SsdTier, written: list[bytes], first: int = 1) -> None:
+    """Put VALUE under each key, with versions ``first``, ``first + 1``, ..."""
+    for i, k in enumerate(written):
+        t.put(k, Entry(VALUE, first + i, 0))
+
+
 def test_no_key_added_is_ruled_out_and_few_others_pass(monkeypatch) -> None:
     monkeypatch.setattr(keyfilter, "MIN_KEYS", 16)
     f = KeyFilter(20_000)
@@ -54,8 +60,7 @@ def test_a_key_never_written_is_answered_without_a_read(path) -> None:
     t = SsdTier(path, 64 * MB, threaded=False)
     try:
         assert t.filter_ready()
-        for i, k in enumerate(keys("k", 3)):
-            t.put(k, Entry(VALUE, i + 1, 0))
+        write(t, keys("k", 3))
         found = t.read_resident([b"k0", b"new", b"k1"], MB)
         assert found is not None and found[b"new"] is None and bytes(found[b"k0"].value) == VALUE
         assert t.inline_declined == 0 and t.filter_absent == 1 and t.inline_reads == 2
@@ -70,8 +75,7 @@ def test_a_key_never_written_is_answered_without_a_read(path) -> None:
 def test_a_reopened_tier_rules_out_no_record_it_holds(path) -> None:
     t = SsdTier(path, 64 * MB, threaded=False)
     written = keys("k", 300)
-    for i, k in enumerate(written):
-        t.put(k, Entry(VALUE, i + 1, 0))
+    write(t, written)
     t.close()
     t = SsdTier(path, 64 * MB, threaded=False)  # the filter comes from a scan of the records on disk
     try:
@@ -88,8 +92,7 @@ def test_a_filter_that_fills_up_is_rebuilt_larger_and_keeps_every_key(path, monk
     t = SsdTier(path, 64 * MB, threaded=False)
     try:
         written = keys("k", 200)
-        for i, k in enumerate(written):
-            t.put(k, Entry(VALUE, i + 1, 0))
+        write(t, written)
         info = t.info()
         assert info["key_filter_scans"] >= 4 and info["key_filter_keys"] >= 200
         assert all(t.read(k) is not None for k in written)
@@ -103,8 +106,7 @@ def test_keys_written_while_a_scan_runs_are_never_ruled_out(path, monkeypatch) -
     new filter from ``pending`` and as they are written."""
     t = SsdTier(path, 64 * MB, threaded=False)
     before = keys("before", 50)
-    for i, k in enumerate(before):
-        t.put(k, Entry(VALUE, i + 1, 0))
+    write(t, before)
     t.close()
     go = threading.Event()
     scan = SsdTier._scan
@@ -117,20 +119,17 @@ def test_keys_written_while_a_scan_runs_are_never_ruled_out(path, monkeypatch) -
     t = SsdTier(path, 64 * MB, threaded=True)
     try:
         during = keys("during", 50)
-        for i, k in enumerate(during[:25]):
-            t.put(k, Entry(VALUE, 100 + i, 0))
+        write(t, during[:25], first=100)
         seq = t.barrier()
         wait_for(lambda: t.committed_seq >= seq, what="the first writes to commit")
         assert not t.filter_ready()  # no filter until the scan is in: every unknown key is read
         go.set()
-        for i, k in enumerate(during[25:]):
-            t.put(k, Entry(VALUE, 200 + i, 0))
+        write(t, during[25:], first=200)
         wait_for(t.filter_ready, what="the scan to finish")
         seq = t.barrier()
         wait_for(lambda: t.committed_seq >= seq, what="the writer to drain")
         after = keys("after", 50)
-        for i, k in enumerate(after):
-            t.put(k, Entry(VALUE, 300 + i, 0))
+        write(t, after, first=300)
         seq = t.barrier()
         wait_for(lambda: t.committed_seq >= seq, what="the writer to drain")
         every = before + during + after
@@ -155,8 +154,7 @@ def test_keys_still_queued_when_a_rebuild_starts_are_kept(path, monkeypatch) -> 
         wait_for(t.filter_ready, what="the first scan")
         monkeypatch.setattr(SsdTier, "_process", held_process)
         queued = keys("q", 40)
-        for i, k in enumerate(queued):
-            t.put(k, Entry(VALUE, i + 1, 0))  # past 16 keys: a rebuild starts while all of them are queued
+        write(t, queued)  # past 16 keys: a rebuild starts while all of them are queued
         assert t.filter_scans >= 2
         wait_for(lambda: t.filter_ready() and t._filling is None, what="the rebuild's scan")
         release.set()
@@ -175,8 +173,7 @@ def test_under_churn_the_filter_stays_sized_to_what_the_tier_holds(path, monkeyp
     t = SsdTier(path, 40 * len(VALUE), threaded=False)  # room for a few dozen records
     try:
         written = keys("k", 2000)
-        for i, k in enumerate(written):
-            t.put(k, Entry(VALUE, i + 1, 0))
+        write(t, written)
         assert t.evictions > 1500 and t.count < 60
         assert t.info()["key_filter_scans"] > 10
         assert t._filter is not None and t._filter.capacity <= 4 * 60
@@ -190,13 +187,11 @@ def test_a_scan_that_fails_leaves_the_filter_in_use_and_stops_rebuilds(path, mon
     t = SsdTier(path, 64 * MB, threaded=False)
     try:
         first = keys("k", 10)
-        for i, k in enumerate(first):
-            t.put(k, Entry(VALUE, i + 1, 0))
+        write(t, first)
         scans = t.filter_scans
         monkeypatch.setattr(SsdTier, "_scan", lambda self, capacity: None)  # as on a damaged page
         more = keys("m", 40)
-        for i, k in enumerate(more):
-            t.put(k, Entry(VALUE, 100 + i, 0))
+        write(t, more, first=100)
         assert t.filter_scans == scans + 1  # one failed rebuild, not one per write after it
         assert t.filter_ready() and all(t.read(k) is not None for k in first + more)
     finally:

@@ -684,7 +684,7 @@ class SsdTier(SsdWriter, TierRoles):
                 "writer_pauses": self.pacer.pauses, **self._filter_info()}
 
     def _filter_info(self) -> dict[str, int]:
-        self.filter_ready()  # INFO runs on the owner's thread
+        self.filter_ready()  # a finished scan shows at once (under the filter lock, from any thread)
         flt = self._filter
         return {"key_filter": int(flt is not None), "key_filter_keys": flt.count if flt is not None else 0,
                 "key_filter_bytes": (flt.nbytes if flt is not None else 0)
