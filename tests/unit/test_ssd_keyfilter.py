@@ -59,15 +59,15 @@ def path(tmp_path) -> str:
 def test_a_key_never_written_is_answered_without_a_read(path) -> None:
     t = SsdTier(path, 64 * MB, threaded=False)
     try:
-        assert t.filter_ready()
+        assert t.key_filter.ready()
         write(t, keys("k", 3))
         found = t.read_resident([b"k0", b"new", b"k1"], MB)
         assert found is not None and found[b"new"] is None and bytes(found[b"k0"].value) == VALUE
-        assert t.inline_declined == 0 and t.filter_absent == 1 and t.inline_reads == 2
+        assert t.inline_declined == 0 and t.key_filter.absent == 1 and t.inline_reads == 2
         assert t.read_resident([b"new2"], MB, probe=True) == {b"new2": None}
         reads = t.reads
         assert t.read_many([b"new3"]) == {b"new3": None} and t.probe_many([b"new4"]) == {b"new4": None}
-        assert t.reads == reads and t.filter_absent == 4  # answered, never looked up
+        assert t.reads == reads and t.key_filter.absent == 4  # answered, never looked up
     finally:
         t.close()
 
@@ -96,7 +96,7 @@ def test_a_filter_that_fills_up_is_rebuilt_larger_and_keeps_every_key(path, monk
         info = t.info()
         assert info["key_filter_scans"] >= 4 and info["key_filter_keys"] >= 200
         assert all(t.read(k) is not None for k in written)
-        assert sum(t.read(k) is None for k in keys("x", 200)) == t.filter_absent >= 150
+        assert sum(t.read(k) is None for k in keys("x", 200)) == t.key_filter.absent >= 150
     finally:
         t.close()
 
@@ -122,10 +122,10 @@ def test_keys_written_while_a_scan_runs_are_never_ruled_out(path, monkeypatch) -
         write(t, during[:25], first=100)
         seq = t.barrier()
         wait_for(lambda: t.committed_seq >= seq, what="the first writes to commit")
-        assert not t.filter_ready()  # no filter until the scan is in: every unknown key is read
+        assert not t.key_filter.ready()  # no filter until the scan is in: every unknown key is read
         go.set()
         write(t, during[25:], first=200)
-        wait_for(t.filter_ready, what="the scan to finish")
+        wait_for(t.key_filter.ready, what="the scan to finish")
         seq = t.barrier()
         wait_for(lambda: t.committed_seq >= seq, what="the writer to drain")
         after = keys("after", 50)
@@ -134,7 +134,7 @@ def test_keys_written_while_a_scan_runs_are_never_ruled_out(path, monkeypatch) -
         wait_for(lambda: t.committed_seq >= seq, what="the writer to drain")
         every = before + during + after
         assert all(t.read(k) is not None for k in every)
-        assert t.read(b"nowhere") is None and t.filter_absent >= 1
+        assert t.read(b"nowhere") is None and t.key_filter.absent >= 1
     finally:
         t.close()
 
@@ -151,12 +151,12 @@ def test_keys_still_queued_when_a_rebuild_starts_are_kept(path, monkeypatch) -> 
 
     t = SsdTier(path, 64 * MB, threaded=True)
     try:
-        wait_for(t.filter_ready, what="the first scan")
+        wait_for(t.key_filter.ready, what="the first scan")
         monkeypatch.setattr(SsdTier, "_process", held_process)
         queued = keys("q", 40)
         write(t, queued)  # past 16 keys: a rebuild starts while all of them are queued
-        assert t.filter_scans >= 2
-        wait_for(lambda: t.filter_ready() and t._filling is None, what="the rebuild's scan")
+        assert t.key_filter.scans >= 2
+        wait_for(lambda: t.key_filter.ready() and t.key_filter.filling is None, what="the rebuild's scan")
         release.set()
         seq = t.barrier()
         wait_for(lambda: t.committed_seq >= seq, what="the writer to drain")
@@ -176,7 +176,7 @@ def test_under_churn_the_filter_stays_sized_to_what_the_tier_holds(path, monkeyp
         write(t, written)
         assert t.evictions > 1500 and t.count < 60
         assert t.info()["key_filter_scans"] > 10
-        assert t._filter is not None and t._filter.capacity <= 4 * 60
+        assert t.key_filter.current is not None and t.key_filter.current.capacity <= 4 * 60
         assert all(t.read(k) is not None for k in written[-10:])
     finally:
         t.close()
@@ -188,11 +188,11 @@ def test_a_scan_that_fails_leaves_the_filter_in_use_and_stops_rebuilds(path, mon
     try:
         first = keys("k", 10)
         write(t, first)
-        scans = t.filter_scans
+        scans = t.key_filter.scans
         monkeypatch.setattr(SsdTier, "_scan", lambda self, capacity: None)  # as on a damaged page
         more = keys("m", 40)
         write(t, more, first=100)
-        assert t.filter_scans == scans + 1  # one failed rebuild, not one per write after it
-        assert t.filter_ready() and all(t.read(k) is not None for k in first + more)
+        assert t.key_filter.scans == scans + 1  # one failed rebuild, not one per write after it
+        assert t.key_filter.ready() and all(t.read(k) is not None for k in first + more)
     finally:
         t.close()

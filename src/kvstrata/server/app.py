@@ -92,7 +92,7 @@ class Server:
         if self.store.ssd is not None:
             self.store.ssd.stuck_limit = int(config.get("ssd-write-queue"))
             self.store.ssd.set_writer_pause(int(config.get("ssd-writer-pause")))
-            self.store.ssd.filter_lookups = bool(config.get("ssd-key-filter"))
+            self.store.ssd.key_filter.lookups = bool(config.get("ssd-key-filter"))
         self.store.inline_max = int(config.get("ssd-inline-max"))
         # TLS contexts are built before anything listens, so a bad certificate stops the start with its reason.
         self._tls = server_context(config) if tls_wanted(config) else None
@@ -278,7 +278,7 @@ class Server:
         if store.ssd is not None:
             store.ssd.stuck_limit = int(self.config.get("ssd-write-queue"))
             store.ssd.set_writer_pause(int(self.config.get("ssd-writer-pause")))
-            store.ssd.filter_lookups = bool(self.config.get("ssd-key-filter"))
+            store.ssd.key_filter.lookups = bool(self.config.get("ssd-key-filter"))
         self.acl.on_requirepass(self.config.get("requirepass"))
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))

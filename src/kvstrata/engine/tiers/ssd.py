@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from ctypes import string_at
@@ -37,7 +36,7 @@ import lmdb
 from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.keyspace import bucket_of
 from kvstrata.engine.tiers.base import TierRoles
-from kvstrata.engine.tiers.keyfilter import KeyFilter
+from kvstrata.engine.tiers.keyfilter import KeyFilter, KeyIndex
 from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.pause import EVERY_US, Pacer
 from kvstrata.engine.tiers.resident import address, resident_at
@@ -199,26 +198,10 @@ class SsdTier(SsdWriter, TierRoles):
         self.pacer = Pacer(0)
         self._start_writer(threaded, "kvstrata-ssd-writer", None)
         self.set_writer_pause(EVERY_US)
-        # The keys the tier may hold (keyfilter.py): a read of a key it rules out is answered without LMDB. None
-        # until the first scan of the tier is in. ``_filling``: the next filter while a scan builds it (every key
-        # queued meanwhile goes into both); ``_scanned``: a finished scan waiting to be merged on this thread.
-        self._filter: KeyFilter | None = None
-        self._filling: KeyFilter | None = None
-        self._scanned: tuple[KeyFilter, KeyFilter] | None = None
-        self._scan_thread: threading.Thread | None = None
-        # Held by every change of the filters (the owner's thread makes them all in the server; the lock keeps a
-        # caller on another thread, INFO from a tool, from interleaving with a write's add: a lost add would rule
-        # out a key the tier holds). Lookups read bits without it: a bit is never cleared.
-        self._filter_lock = threading.RLock()
-        self.filter_absent = 0
-        self.filter_scans = 0
-        # A scan failed (a damaged page): no more rebuilds, which would each fail again; the filter in use stays
-        # correct, only less selective as it fills.
-        self._filter_stuck = False
-        # ``ssd-key-filter``: whether lookups consult the filter. It is kept up to date either way, so that turning
-        # lookups back on never meets a filter that missed a write.
-        self.filter_lookups = True
-        self._start_filter(self._filter_size())
+        # The keys the tier may hold (keyfilter.py): a read of a key it rules out is answered without LMDB.
+        self.key_filter = KeyIndex(lambda capacity: self._scan(capacity), self._filter_size,
+                                   lambda: [data_key(k) for k in list(self.pending)], threaded)
+        self.key_filter.start()
 
     def set_writer_pause(self, every_us: int) -> None:
         """``ssd-writer-pause``: the writer thread's work between two pauses (tiers/pause.py). A writer run on the
@@ -234,25 +217,6 @@ class SsdTier(SsdWriter, TierRoles):
         self._deliver = deliver
 
     # ---- the key filter (keyfilter.py) ----
-    def _start_filter(self, capacity: int) -> None:
-        """Build a filter of ``capacity`` keys from a scan of the tier, in a thread (threaded writer) or here
-        (owner's thread). The keys queued and not committed yet go in first and those queued from now on as they
-        are (``_note_key``): the scan's snapshot, taken after this, holds every key committed before it."""
-        nxt = KeyFilter(capacity)
-        nxt.add_many(data_key(k) for k in list(self.pending))
-        self._filling = nxt
-        self.filter_scans += 1
-        if not self._threaded:
-            self._scanned = (nxt, self._scan(nxt.capacity))
-            self._take_scan()
-            return
-
-        def run() -> None:
-            self._scanned = (nxt, self._scan(nxt.capacity))  # taken up by the owner's next call (_take_scan)
-
-        self._scan_thread = threading.Thread(target=run, name="kvstrata-ssd-keys", daemon=True)
-        self._scan_thread.start()
-
     def _scan(self, capacity: int) -> KeyFilter | None:
         """Every data key on disk in a filter of ``capacity`` (any thread); None if the tier closed meanwhile or
         a page could not be read (the filter in use, if any, stays: it errs only towards reading)."""
@@ -273,59 +237,11 @@ class SsdTier(SsdWriter, TierRoles):
         out.add_many(chunk)
         return out
 
-    def _take_scan(self) -> None:
-        """A finished scan: merged into the filter it was building, which is then the one in use (owner's thread:
-        every change of the filters is made here)."""
-        if self._scanned is None:
-            return
-        with self._filter_lock:
-            self._take_scan_locked()
-
-    def _take_scan_locked(self) -> None:
-        if self._scanned is None:
-            return
-        nxt, scanned = self._scanned
-        self._scanned = None
-        self._scan_thread = None
-        self._filling = None
-        if scanned is None:
-            self._filter_stuck = not self._closed
-            return
-        nxt.merge(scanned)
-        self._filter = nxt
-        if nxt.full():
-            self._start_filter(self._filter_size())
-
-    def filter_ready(self) -> bool:
-        """Whether a key filter is in use (owner's thread; takes up a finished scan)."""
-        self._take_scan()
-        return self._filter is not None
-
-    def _note_key(self, lkey: bytes) -> None:
-        """A key about to be written (owner's thread): into the filter in use and the one being built; a filter
-        that has taken more keys than it was sized for is rebuilt larger."""
-        with self._filter_lock:
-            self._take_scan_locked()
-            filling = self._filling
-            if filling is not None:
-                filling.add(lkey)
-            flt = self._filter
-            if flt is not None:
-                flt.add(lkey)
-                if filling is None and flt.full() and not self._filter_stuck:
-                    self._start_filter(self._filter_size())
-
     def _filter_size(self) -> int:
         """Keys a new filter is sized for: twice what the tier holds and has queued. Not what the full filter
         took: under churn (the last tier evicting as new keys come) that grows without bound while the records
         do not; a rebuild drops the keys gone since."""
         return 2 * (self.count + len(self.pending))
-
-    def _ruled_out(self, lkey: bytes) -> bool:
-        """Whether the filter says the tier holds no record of ``lkey`` (any thread). The caller counts the key in
-        ``filter_absent`` once it answers it so (a load declined after this check is answered by a thread)."""
-        flt = self._filter
-        return flt is not None and self.filter_lookups and lkey not in flt
 
     # ---- reads (any thread) ----
     def read(self, key: bytes) -> Entry | Corrupt | None:
@@ -335,10 +251,10 @@ class SsdTier(SsdWriter, TierRoles):
 
     def _read_in(self, txn: lmdb.Transaction, key: bytes) -> Entry | Corrupt | None:
         """One record in a read transaction; a damaged page answers Corrupt for the key, never an exception. Counted
-        in ``reads`` when looked up, in ``filter_absent`` when the key filter rules it out instead."""
+        in ``reads`` when looked up, in ``key_filter.absent`` when the key filter rules it out instead."""
         lkey = data_key(key)
-        if self._ruled_out(lkey):
-            self.filter_absent += 1
+        if self.key_filter.ruled_out(lkey):
+            self.key_filter.absent += 1
             return None
         self.reads += 1
         try:
@@ -429,7 +345,7 @@ class SsdTier(SsdWriter, TierRoles):
         """
         if self._closed:
             return None
-        self._take_scan()
+        self.key_filter.take_scan()
         where = self._where
         direct = self._direct
         places: list[tuple[bytes, int, int]] = []
@@ -452,7 +368,7 @@ class SsdTier(SsdWriter, TierRoles):
                 continue
             loc = where.get(lkey)
             if loc is None:
-                if self._ruled_out(lkey):  # no record: nothing to read
+                if self.key_filter.ruled_out(lkey):  # no record: nothing to read
                     absent.append(key)
                     continue
                 self.inline_declined += 1
@@ -471,13 +387,13 @@ class SsdTier(SsdWriter, TierRoles):
         # Counted when answered here (a load that fails below goes to a thread, which counts them itself).
         out: dict[bytes, Entry | Meta | Corrupt | None] = dict.fromkeys(absent)
         if not places:
-            self.filter_absent += len(absent)
+            self.key_filter.absent += len(absent)
             return out
         if spots:
             got = self._read_direct(present, spots, probe)
             if got is not None:
                 out.update(got)
-                self.filter_absent += len(absent)
+                self.key_filter.absent += len(absent)
                 return out
         recs: list[Any] = []
         with self.env.begin(buffers=True) as txn:
@@ -495,7 +411,7 @@ class SsdTier(SsdWriter, TierRoles):
             except lmdb.Error:
                 return None
             self.inline_reads += len(present)
-            self.filter_absent += len(absent)
+            self.key_filter.absent += len(absent)
             if probe:
                 self.probes += len(present)
                 out.update((key, self._decode_meta(key, rec)) for key, rec in zip(present, recs, strict=True))
@@ -517,8 +433,8 @@ class SsdTier(SsdWriter, TierRoles):
         with self.env.begin(buffers=True) as txn:
             for key in keys:
                 lkey = data_key(key)
-                if self._ruled_out(lkey):
-                    self.filter_absent += 1
+                if self.key_filter.ruled_out(lkey):
+                    self.key_filter.absent += 1
                     out[key] = None
                     continue
                 self.probes += 1
@@ -613,7 +529,7 @@ class SsdTier(SsdWriter, TierRoles):
         """Queue a write of a snapshot of ``entry``; returns its sequence number (see ``committed_seq``)."""
         snap = Entry(entry.value, entry.version, entry.expire_at)
         self.pending[key] = snap
-        self._note_key(data_key(key))
+        self.key_filter.note(data_key(key))
         self._watchers.touched(key)
         return self._enqueue((_PUT, key, snap), len(entry.value))
 
@@ -658,9 +574,7 @@ class SsdTier(SsdWriter, TierRoles):
         if self._closed:
             return
         self._closed = True  # read_resident reads nothing from here on: the map is about to be unmapped
-        scan = self._scan_thread
-        if scan is not None:
-            scan.join(30)  # it stops at its next chunk: no read transaction may outlive the environment
+        self.key_filter.close(30)  # a scan stops at its next chunk (_scan)
         self._stop_writer(30)
         self._direct.clear()
         self.env.sync(True)
@@ -681,12 +595,4 @@ class SsdTier(SsdWriter, TierRoles):
                 "inline_declined": self.inline_declined, "inline_moved": self.inline_moved,
                 "inline_unknown": self.inline_unknown, "inline_direct": self.inline_direct,
                 "unreadable_pages": self.unreadable_pages,
-                "writer_pauses": self.pacer.pauses, **self._filter_info()}
-
-    def _filter_info(self) -> dict[str, int]:
-        self.filter_ready()  # a finished scan shows at once (under the filter lock, from any thread)
-        flt = self._filter
-        return {"key_filter": int(flt is not None), "key_filter_keys": flt.count if flt is not None else 0,
-                "key_filter_bytes": (flt.nbytes if flt is not None else 0)
-                + (self._filling.nbytes if self._filling is not None else 0),
-                "key_filter_absent": self.filter_absent, "key_filter_scans": self.filter_scans}
+                "writer_pauses": self.pacer.pauses, **self.key_filter.info()}
