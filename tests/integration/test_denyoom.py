@@ -4,7 +4,9 @@ A server with a tiny budget and no lower tier: once DRAM is over its budget (her
 time) and nothing can be moved out (noeviction, or pinned keys), every command flagged ``denyoom`` is refused
 with -OOM before it runs (a rejected call in INFO commandstats), even one that would write nothing (SETNX of an
 existing key) or shrink a value; reads and deletes still run, and writes run again once DRAM is back under the
-budget. The -OOM text names what blocks: pinned keys, two-phase reservations, leased values."""
+budget. The -OOM text names what blocks: pinned keys, two-phase reservations, leased values. A SETRANGE or APPEND
+whose result no tier could hold is refused before the value is built (a few bytes of request must not allocate
+hundreds of MB only to be refused)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,12 @@ from kvstrata.client.stage import StageWriter
 
 KB = 1024
 MB = 1024 * KB
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's resident-memory high-water mark (bytes): VmHWM in /proc, which only ever grows."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * KB for line in f if line.startswith("VmHWM:"))
 
 
 def _rejected(r: redis.Redis, name: str) -> int:
@@ -81,3 +89,23 @@ def test_oom_text_names_reserved_bytes(make_server, sockdir) -> None:
             w.reserve([2 * MB])  # a reservation is refused the same way
     finally:
         w.close()
+
+
+def test_a_value_no_tier_could_hold_is_refused_before_it_is_built(make_server) -> None:
+    srv = make_server({"dram-size": "4mb"})
+    r = srv.client()
+    r.set(b"s", b"abc")
+    peak = _peak_rss(srv.proc.pid)
+    with pytest.raises(redis.exceptions.OutOfMemoryError, match="do not fit in the DRAM budget of 4194304 bytes"):
+        r.setrange(b"s", 256 * MB, b"x")  # 18 bytes of arguments, a 256 MB value
+    with pytest.raises(redis.exceptions.OutOfMemoryError, match="do not fit in the DRAM budget"):
+        r.setrange(b"new", 5 * MB, b"x")
+    r.set(b"a", os.urandom(3 * MB))
+    with pytest.raises(redis.exceptions.OutOfMemoryError, match="do not fit in the DRAM budget"):
+        r.append(b"a", os.urandom(MB + 1))
+    assert _peak_rss(srv.proc.pid) - peak < 32 * MB, "a refused value was allocated"
+    assert r.get(b"s") == b"abc" and r.exists(b"new") == 0 and len(r.get(b"a")) == 3 * MB  # nothing changed
+    # What fits is built as before: the gap up to the offset is zeros, the rest of the old value stays.
+    assert r.setrange(b"s", 10, b"xy") == 12 and r.get(b"s") == b"abc" + bytes(7) + b"xy"
+    assert r.setrange(b"s", 1, b"Z") == 12 and r.get(b"s") == b"aZc" + bytes(7) + b"xy"
+    assert r.append(b"s", b"!") == 13 and r.get(b"s") == b"aZc" + bytes(7) + b"xy!"

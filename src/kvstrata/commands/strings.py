@@ -184,7 +184,7 @@ def append(ctx: Context, args: list[bytes]) -> Any:
         return len(args[2])
     if len(old) + len(args[2]) > _max_len(ctx):
         raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
-    value = bytes(old) + args[2]
+    value = _grown(ctx, args[1], old, len(old), args[2])
     ctx.store.replace_value(args[1], value)
     return len(value)
 
@@ -241,12 +241,21 @@ def setrange(ctx: Context, args: list[bytes]) -> Any:
         return len(old)
     if offset + len(patch) > _max_len(ctx):
         raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
-    value = bytearray(old)
-    if len(value) < offset:
-        value += b"\x00" * (offset - len(value))
-    value[offset : offset + len(patch)] = patch
-    ctx.store.replace_value(args[1], bytes(value))
+    value = _grown(ctx, args[1], old, offset, patch)
+    ctx.store.replace_value(args[1], value)
     return len(value)
+
+
+def _grown(ctx: Context, key: bytes, old: bytes | bytearray | memoryview, offset: int, patch: bytes) -> bytearray:
+    """``old`` with ``patch`` written at ``offset`` (zeros in any gap, as in Redis), built in one allocation that
+    becomes the stored value (the store keeps a bytearray as it is). A result no tier could hold is refused
+    before it is allocated."""
+    n = max(len(old), offset + len(patch))
+    ctx.store.refuse_oversized(key, n)
+    value = bytearray(n)
+    value[:len(old)] = old
+    value[offset : offset + len(patch)] = patch
+    return value
 
 
 def _incr(ctx: Context, key: bytes, delta: int) -> int:

@@ -74,6 +74,18 @@ class PlacementMixin:
                                    "charged until their leases end).")
         self._move_out(chosen)
 
+    def refuse_oversized(self, key: bytes, nbytes: int) -> None:
+        """-OOM when a value of ``nbytes`` for ``key`` could never be stored: larger than the SSD tier's budget, or,
+        with DRAM the only tier, than DRAM's. Called before a command builds a value out of a small request
+        (SETRANGE at a large offset, APPEND), so that one it would refuse anyway is never allocated: a rejected
+        512 MB SETRANGE must not take 512 MB, let alone the 1 GB a build and a copy took."""
+        size = len(key) + nbytes + self.dram.overhead  # what ``charge`` is at least
+        if self.ssd is not None:
+            if size > self.ssd.budget:
+                raise OutOfMemoryError("command not allowed: the value is larger than the SSD tier's budget.")
+        elif self.pool is None and size > self.dram.budget:
+            raise OutOfMemoryError(self._no_room_text(size, 0))
+
     def _no_room_text(self, nbytes: int, own: int) -> str:
         """-OOM's text when what cannot move leaves no room: says what holds the budget, as far as it is not 0."""
         dram = self.dram
