@@ -164,6 +164,9 @@ def test_bad_addresses_are_refused_and_nothing_is_stored(make_server, sockdir) -
                 w.call(b"TAIR.KV.PULL", b"k", 0, b"", b"ranges", blob)
         with pytest.raises(RespError, match="needs the packed ranges"):
             w.call(b"TAIR.KV.PULL", b"k", 0, b"", b"RANGES")
+        for ttl in (-1, 2**63 - 1):  # an expiry time past 64 bits, as by SETEX
+            with pytest.raises(RespError, match="invalid expire time in 'tair.kv.pull' command"):
+                w.call(b"TAIR.KV.PULL", b"k", ttl, b"", 1, address(good), 10)
         assert tcp.get(b"k") == old  # the old value stays
         info = _info(tcp)
         assert info["dram_used"] == base and info["pulls_in_flight"] == 0 and info["stage_reserved_bytes"] == 0

@@ -115,6 +115,29 @@ def test_setex_errors(tr):
     assert tr.exists("k") == 0
 
 
+def test_ttls_whose_expiry_time_does_not_fit_64_bits_are_refused_and_lose_nothing(tiered):
+    """Expiry times are stored as signed 64-bit milliseconds. A ttl_ms that made a later one was acknowledged,
+    then failed every SSD write batch it was in: at the restart that write and the acknowledged writes batched
+    with it were gone. It is refused now, as Redis refuses such a SET PX; the largest ttl that fits is kept."""
+    srv = tiered()
+    r = srv.client()
+    setex(r, "before", "1")
+    for ttl in (2**63 - 1, 2**63 - 1 - r.time()[0] * 1000 + 10**9):
+        assert error_of(lambda t=ttl: setex(r, "far", "v", t)) == "invalid expire time in 'tair.kv.setex' command"
+        assert error_of(lambda t=ttl: kv(r, "TAIR.KV.MARKHOT", "x*", "PX", t)) \
+            == "invalid expire time in 'tair.kv.markhot' command"
+    assert r.exists("far") == 0
+    setex(r, "far", "v", 2**62)  # ~146 million years: fits
+    setex(r, "cold", "c", 2**62, "COLD_STORAGE")
+    setex(r, "after", "2")
+    assert r.save()
+    assert r.info("tier_ssd")["write_errors"] == 0
+    srv.stop()
+    r = tiered().client()
+    assert [r.get(k) for k in ("before", "far", "cold", "after")] == [b"1", b"v", b"c", b"2"]
+    assert r.pttl("far") > 2**61 and r.pttl("cold") > 2**61
+
+
 def test_setex_cold_storage_lands_on_ssd(tr):
     v = setex(tr, "c", b"cold", 0, "COLD_STORAGE")
     assert tier(tr, "c") == "ssd"

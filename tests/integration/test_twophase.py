@@ -108,6 +108,12 @@ def test_bad_checksum_is_refused_and_the_old_value_stays(make_server, sockdir) -
             w.call(b"TAIR.KV.UNRESERVE", rid)
         with pytest.raises(RespError, match="syntax"):
             w.call(b"TAIR.KV.COMMIT", b"k", 0, 1, b"00", b"BOGUS")
+        # An expiry time past 64 bits (the tiers store it as signed 64-bit milliseconds) is refused, as by SETEX.
+        [(rid, _)] = w.reserve([10])
+        for ttl in (-1, 2**63 - 1):
+            with pytest.raises(RespError, match="invalid expire time in 'tair.kv.commit' command"):
+                w.call(b"TAIR.KV.COMMIT", b"k", ttl, rid, _sum(bytes(10)))
+        w.call(b"TAIR.KV.UNRESERVE", rid)
         # SUMAT: a value carrying its own checksum (computed with that field zeroed), like the codec's header.
         body = bytearray(os.urandom(300 * KB))
         body[32:40] = bytes(8)

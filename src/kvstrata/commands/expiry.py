@@ -1,4 +1,5 @@
-"""Expire-time arguments (EX/PX/EXAT/PXAT) turned into absolute wall-clock milliseconds, with Redis's errors."""
+"""Expire-time arguments (EX/PX/EXAT/PXAT, the TAIR.KV commands' ``ttl_ms``) turned into absolute wall-clock
+milliseconds, with Redis's errors."""
 
 from __future__ import annotations
 
@@ -24,3 +25,19 @@ def expire_at_ms(kind: bytes, raw: bytes, now_ms: int, command: str, *, allow_no
             raise invalid
         ms += now_ms
     return ms
+
+
+def ttl_ms_arg(raw: bytes, now_ms: int, command: str) -> int:
+    """A TAIR.KV command's relative ``ttl_ms`` (0: no expiry). Refused, as Redis refuses SET's PX, when negative or
+    when the expiry time it makes would not fit in 64 bits: every tier stores that time as a signed 64-bit
+    integer, and one that did not fit was acknowledged, then failed the SSD writer's batch (every write in it)."""
+    ttl = parse_int(bytes(raw))
+    if ttl < 0 or ttl > INT64_MAX - now_ms:
+        raise CommandError(f"invalid expire time in '{command}' command")
+    return ttl
+
+
+def ttl_expires_at(ttl_ms: int, now_ms: int) -> int:
+    """The expiry time of a ``ttl_ms`` checked by ``ttl_ms_arg`` (0: none), taken ``now_ms`` (later than the check:
+    held at the 64-bit limit)."""
+    return min(now_ms + ttl_ms, INT64_MAX) if ttl_ms else 0

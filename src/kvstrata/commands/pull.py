@@ -27,6 +27,7 @@ import numpy as np
 from kvstrata.commands.args import parse_int, parse_options
 from kvstrata.commands.context import Context
 from kvstrata.commands.dataplane import _arena
+from kvstrata.commands.expiry import ttl_expires_at, ttl_ms_arg
 from kvstrata.commands.registry import command
 from kvstrata.commands.staging import PUBLISH_OPTIONS, room_for
 from kvstrata.commands.tairkv import _setex
@@ -82,8 +83,7 @@ def _publish(ctx: Context, arena: Any, key: bytes, view: Any, found: tuple[int, 
     slot = arena.slot(view)
     if slot is not None and sum_at is None:
         slot.checksum = found[0]  # TAIR.KV.MGETREF answers it without hashing again
-    expire_at = ctx.store.clock.now_ms() + ttl_ms if ttl_ms else 0
-    return _setex(ctx, key, view, expire_at, False, expected, 0)
+    return _setex(ctx, key, view, ttl_expires_at(ttl_ms, ctx.store.clock.now_ms()), False, expected, 0)
 
 
 def _ranges(args: list[bytes]) -> tuple[np.ndarray, int, int]:
@@ -107,13 +107,6 @@ def _pull_staging(ctx: Context) -> tuple[Any, Any]:
     if arena.staging is None:
         raise CommandError("pull stores need the arena's staging (stage-size)")
     return arena, arena.staging
-
-
-def _ttl(raw: bytes, command: str) -> int:
-    ttl_ms = parse_int(bytes(raw))
-    if ttl_ms < 0:
-        raise CommandError(f"invalid expire time in '{command}' command")
-    return ttl_ms
 
 
 def _value_size(ctx: Context, head: bytes, payload: int, sum_at: int | None) -> int:
@@ -154,7 +147,7 @@ def _reserve(ctx: Context, arena: Any, staging: Any, sock: Any, sizes: list[int]
                 "[VER expected_version]")
 def kv_pull(ctx: Context, args: list[bytes]) -> Any:
     arena, staging = _pull_staging(ctx)
-    ttl_ms = _ttl(args[2], "tair.kv.pull")
+    ttl_ms = ttl_ms_arg(args[2], ctx.store.clock.now_ms(), "tair.kv.pull")
     head = bytes(args[3])
     try:
         ranges, payload, rest = _ranges(args)
@@ -227,7 +220,7 @@ def kv_mpull(ctx: Context, args: list[bytes]) -> Any:
     sum_at = None if sum_raw == -1 else sum_raw
     values: list[tuple[bytes, int, bytes, np.ndarray, int]] = []  # key, ttl_ms, head, ranges, bytes
     for i in range(2, len(args), 4):
-        ttl_ms = _ttl(args[i + 1], "tair.kv.mpull")
+        ttl_ms = ttl_ms_arg(args[i + 1], ctx.store.clock.now_ms(), "tair.kv.mpull")
         head = bytes(args[i + 2])
         try:
             rows = parse_packed(bytes(args[i + 3]), MAX_RANGES)

@@ -17,6 +17,7 @@ from typing import Any
 from kvstrata.commands.args import Option, parse_int, parse_options
 from kvstrata.commands.context import Context
 from kvstrata.commands.dataplane import _arena
+from kvstrata.commands.expiry import ttl_expires_at, ttl_ms_arg
 from kvstrata.commands.registry import command
 from kvstrata.commands.tairkv import _setex
 from kvstrata.commands.waits import Offload, Suspend
@@ -113,9 +114,7 @@ def kv_unreserve(ctx: Context, args: list[bytes]) -> Any:
 def kv_commit(ctx: Context, args: list[bytes]) -> Any:
     staging = _staging(ctx)
     arena = _arena(ctx)
-    ttl_ms = parse_int(bytes(args[2]))
-    if ttl_ms < 0:
-        raise CommandError("invalid expire time in 'tair.kv.commit' command")
+    ttl_ms = ttl_ms_arg(args[2], ctx.store.clock.now_ms(), "tair.kv.commit")
     rid = parse_int(bytes(args[3]))
     checksum = _checksum(args[4])
     opts = parse_options([bytes(a) for a in args[5:]], 0, _COMMIT_OPTIONS)
@@ -157,7 +156,7 @@ def kv_commit(ctx: Context, args: list[bytes]) -> Any:
             slot = arena.slot(view)
             if slot is not None and sum_at is None:
                 slot.checksum = digest  # TAIR.KV.MGETREF answers it without hashing again
-            expire_at = ctx.store.clock.now_ms() + ttl_ms if ttl_ms else 0
+            expire_at = ttl_expires_at(ttl_ms, ctx.store.clock.now_ms())
             # The value becomes visible (and gets its version) only now: a write of the same key by another
             # client while the copy ran comes first, as if this COMMIT had arrived after it.
             return _setex(ctx, args[1], view, expire_at, False, expected, 0)

@@ -7,6 +7,7 @@ from typing import Any
 
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
+from kvstrata.commands.expiry import ttl_expires_at, ttl_ms_arg
 from kvstrata.commands.pool_acks import after_pool_write
 from kvstrata.commands.registry import command
 from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Suspend
@@ -22,9 +23,7 @@ STRONG_RECHECKS = 3
          syntax="TAIR.KV.SETEX key ttl_ms value [COLD_STORAGE] [VER expected_version]")
 def kv_setex(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
-    ttl_ms = parse_int(args[2])
-    if ttl_ms < 0:
-        raise CommandError("invalid expire time in 'tair.kv.setex' command")
+    ttl_ms = ttl_ms_arg(args[2], store.clock.now_ms(), "tair.kv.setex")
     cold = False
     expected: int | None = None
     i = 4
@@ -40,8 +39,7 @@ def kv_setex(ctx: Context, args: list[bytes]) -> Any:
             raise syntax_error()
     if cold and ctx.store.ssd is None:
         raise CommandError("COLD_STORAGE needs the SSD tier (start with --essd-path)")
-    expire_at = store.clock.now_ms() + ttl_ms if ttl_ms else 0
-    return _setex(ctx, args[1], args[3], expire_at, cold, expected, 0)
+    return _setex(ctx, args[1], args[3], ttl_expires_at(ttl_ms, store.clock.now_ms()), cold, expected, 0)
 
 
 def _setex(ctx: Context, key: bytes, value: bytes, expire_at: int, cold: bool, expected: int | None,
@@ -223,10 +221,11 @@ def kv_prefetch(ctx: Context, args: list[bytes]) -> Any:
 def kv_markhot(ctx: Context, args: list[bytes]) -> Any:
     until = 0
     if len(args) == 4 and args[2].upper() == b"PX":
-        ms = parse_int(args[3])
-        if ms <= 0:
+        now = ctx.store.clock.now_ms()
+        ms = ttl_ms_arg(args[3], now, "tair.kv.markhot")
+        if ms == 0:
             raise CommandError("invalid expire time in 'tair.kv.markhot' command")
-        until = ctx.store.clock.now_ms() + ms
+        until = ttl_expires_at(ms, now)
     elif len(args) != 2:
         raise syntax_error()
     # bytes(): the pattern is kept, and a long one arrives in a receive buffer that must not be.
