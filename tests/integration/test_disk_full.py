@@ -9,6 +9,7 @@ import subprocess
 import pytest
 import redis
 from polling import wait_for
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 pytestmark = pytest.mark.kvstrata_only
 
@@ -61,3 +62,25 @@ def test_filling_the_disk_keeps_the_server_answering_and_values_intact(make_serv
     assert all(r.get(k) == values[k] for k in recent)
     assert r.dbsize() == readable
     assert ssd["evictions"] > 0, "the filesystem never filled up: the test did not test anything"
+
+
+def test_shutdown_refuses_to_lose_writes_the_disk_refused(make_server, small_fs):
+    """A write the SSD tier could not take (a full disk, nothing left to evict) is held in memory and retried;
+    SHUTDOWN says so instead of exiting and losing it, as Redis refuses when its save fails; FORCE goes anyway."""
+    srv = make_server({"essd-path": str(small_fs / "ssd"), "essd-size": "1gb", "dram-size": "1mb"})
+    r = redis.Redis(port=srv.port, socket_timeout=30)
+    big = os.urandom(32 * 1024 * 1024)  # more than the whole 24 MiB filesystem: no eviction can make room
+    try:
+        r.execute_command("TAIR.KV.SETEX", "big", 0, big, "COLD_STORAGE")
+    except redis.ResponseError as exc:
+        pytest.fail(f"the write was refused before the disk was tried: {exc}")
+    wait_for(lambda: r.info("tier_ssd")["write_errors"] > 0, timeout=30, what="the SSD write to fail")
+    for args in ({}, {"now": True}, {"save": True}):
+        with pytest.raises(redis.ResponseError, match="Errors trying to SHUTDOWN.*writes to the SSD tier failed"):
+            r.shutdown(**args)
+    assert r.get("big") == big  # still served from memory
+    with pytest.raises(RedisConnectionError):
+        r.execute_command("SHUTDOWN", "FORCE")
+    assert srv.proc.wait(timeout=30) == 0
+    assert "acknowledged writes could not be written to the SSD tier" in srv.log_text()
+    srv._reap()

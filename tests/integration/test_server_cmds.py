@@ -172,6 +172,19 @@ def test_quit(raw, r):
     assert r.get("k") == b"v"
 
 
+def test_shutdown_closes_without_a_reply_and_refuses_bad_arguments(make_server):
+    srv = make_server()
+    c = srv.raw()
+    for args, error in (([b"BOGUS"], b"-ERR syntax error"), ([b"NOSAVE", b"SAVE"], b"-ERR syntax error"),
+                        ([b"ABORT", b"NOW"], b"-ERR syntax error"), ([b"ABORT"], b"-ERR No shutdown in progress.")):
+        assert c.cmd_raw(b"SHUTDOWN", *args).startswith(error)
+    assert c.cmd_raw(b"PING") == b"+PONG\r\n"  # still up after every refusal
+    # redis-py's shutdown() expects the connection to close without a reply (a reply means it failed).
+    srv.client().shutdown(nosave=True, now=True, force=True)
+    assert srv.proc.wait(timeout=30) == 0
+    srv._reap()
+
+
 def test_select(r, raw, expect_error):
     assert r.execute_command("SELECT", "0") is True
     assert raw().cmd_raw("SELECT", "0") == b"+OK\r\n"

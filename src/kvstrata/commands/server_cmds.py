@@ -13,7 +13,7 @@ from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container
 from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
 from kvstrata.engine.keyspace import glob_match
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
-from kvstrata.protocol.encoder import OK, Status, Verbatim
+from kvstrata.protocol.encoder import NO_REPLY, OK, Status, Verbatim
 
 
 def _spec_info(spec: CommandSpec) -> list[Any]:
@@ -284,8 +284,25 @@ def save(ctx: Context, args: list[bytes]) -> Any:
 @command("shutdown", -1, "admin loading stale", group="server", summary="Synchronously saves the database(s) to "
          "disk and shuts down the Redis server.", syntax="SHUTDOWN [NOSAVE | SAVE] [NOW] [FORCE]")
 def shutdown(ctx: Context, args: list[bytes]) -> Any:
+    """As Redis: no reply when the server goes down (the connection closes), ``Errors trying to SHUTDOWN`` when
+    it would lose data it could not write, unless FORCE or NOSAVE says to go anyway. What cannot be written is the
+    SSD tier's failed writes (a full or failing disk), still held in memory and retried; the checkpoint of
+    write-back DRAM data runs on the way down in every case (saving more than asked loses nothing)."""
     if ctx.server is None:
         raise CommandError("no server")
+    opts = {bytes(a).upper() for a in args[1:]}
+    if not opts <= {b"NOSAVE", b"SAVE", b"NOW", b"FORCE", b"ABORT"} or {b"NOSAVE", b"SAVE"} <= opts \
+            or (b"ABORT" in opts and len(opts) > 1):
+        raise syntax_error()
+    if b"ABORT" in opts:
+        raise CommandError("No shutdown in progress.")  # a shutdown here never waits for replicas: none to abort
+    ssd = ctx.store.ssd
+    failed = len(ssd.stuck) + len(ssd.retrying) if ssd is not None else 0  # retrying: queued again, not written
+    if failed and not opts & {b"FORCE", b"NOSAVE"}:
+        assert ssd is not None
+        raise CommandError(f"Errors trying to SHUTDOWN. Check logs. {failed} writes to the SSD tier failed "
+                           f"({ssd.degraded or 'being retried'}) and are held in memory only; SHUTDOWN FORCE exits "
+                           "anyway and loses them.")
     ctx.server.request_shutdown()
     ctx.client.closing = True
-    return OK
+    return NO_REPLY

@@ -437,8 +437,12 @@ class Server:
             self._on_pool_commit()
         if store.ssd is not None:
             # Write-back data that lives only in DRAM goes down to SSD, so a clean restart finds every key.
+            store.ssd.retry_stuck()  # failed writes get one more try (a disk with room again)
             store.checkpoint()
             await self.wait_commit(store.ssd.barrier())
+            if store.ssd.stuck:
+                log.error("%d acknowledged writes could not be written to the SSD tier (%s) and are lost",
+                          len(store.ssd.stuck), store.ssd.degraded)
         for tier in store.lower:
             if tier is not store.pool:
                 tier.close()
