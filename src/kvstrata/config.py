@@ -183,7 +183,8 @@ PARAMS: tuple[Param, ...] = (
           "Extra names the HTTP endpoint answers to in the Host header (besides its bound addresses, localhost "
           "when bound to loopback, and this machine's host name): a guard against DNS rebinding."),
     Param("dram-size", parse_size, None,
-          "DRAM tier budget in bytes (e.g. 512mb, 16G); default a quarter of RAM, at most 4 GiB.",
+          "DRAM tier budget in bytes (e.g. 512mb, 16G); default a quarter of RAM, at most 4 GiB. 0 is an "
+          "SSD-only server, refused without an SSD tier (there is no unlimited budget).",
           mutable=True, env=("DRAM_SIZE",)),
     Param("maxmemory-policy", _choice("allkeys-lru", "noeviction"), "allkeys-lru",
           "At the DRAM budget: allkeys-lru demotes (or evicts) by the eviction policy; noeviction answers -OOM.",

@@ -6,11 +6,15 @@ with -OOM before it runs (a rejected call in INFO commandstats), even one that w
 existing key) or shrink a value; reads and deletes still run, and writes run again once DRAM is back under the
 budget. The -OOM text names what blocks: pinned keys, two-phase reservations, leased values. A SETRANGE or APPEND
 whose result no tier could hold is refused before the value is built (a few bytes of request must not allocate
-hundreds of MB only to be refused)."""
+hundreds of MB only to be refused). A DRAM budget of 0 is an SSD-only server when there is an SSD tier, and refused
+without one (Redis's "maxmemory 0 = no limit" would otherwise evict everything)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import redis
@@ -109,3 +113,24 @@ def test_a_value_no_tier_could_hold_is_refused_before_it_is_built(make_server) -
     assert r.setrange(b"s", 10, b"xy") == 12 and r.get(b"s") == b"abc" + bytes(7) + b"xy"
     assert r.setrange(b"s", 1, b"Z") == 12 and r.get(b"s") == b"aZc" + bytes(7) + b"xy"
     assert r.append(b"s", b"!") == 13 and r.get(b"s") == b"aZc" + bytes(7) + b"xy!"
+
+
+def test_a_dram_budget_of_0_is_refused_where_it_could_store_nothing(make_server, tmp_path) -> None:
+    srv = make_server({"dram-size": "4mb"})
+    r = srv.client()
+    r.set(b"kept", b"v")
+    for args in (("maxmemory", "0"), ("maxmemory-policy", "noeviction", "maxmemory", "0")):
+        with pytest.raises(redis.ResponseError, match=r"'maxmemory'\) - a DRAM budget of 0 without an SSD tier"):
+            r.execute_command("CONFIG", "SET", *args)
+    assert r.config_get("maxmemory") == {"maxmemory": "4194304"}
+    assert r.config_get("maxmemory-policy") == {"maxmemory-policy": "allkeys-lru"}  # all or nothing
+    assert r.get(b"kept") == b"v"  # nothing was evicted
+    done = subprocess.run([sys.executable, "-m", "kvstrata", "serve", "--port", "0", "--http-port", "0",
+                           "--dram-size", "0"], capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    assert done.returncode == 1 and "DRAM budget of 0 without an SSD tier" in done.stderr
+    # With an SSD tier it is an SSD-only server: every value goes straight down.
+    ssd_only = make_server({"dram-size": "0", "essd-path": str(tmp_path / "ssd")}).client()
+    ssd_only.set(b"k", b"on the ssd")
+    assert ssd_only.get(b"k") == b"on the ssd"
+    assert ssd_only.execute_command("TAIR.KV.TIER", b"k") == b"ssd"

@@ -14,6 +14,7 @@ from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
 from kvstrata.engine.keyspace import glob_match
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import NO_REPLY, OK, Status, Verbatim
+from kvstrata.server.limits import empty_budget
 
 
 def _spec_info(spec: CommandSpec) -> list[Any]:
@@ -199,6 +200,12 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
             spelled = name.strip().lower()
             shown = spelled if spelled in ALIASES else canonical(name)  # maxmemory stays maxmemory
             raise CommandError(f"CONFIG SET failed (possibly related to argument '{shown}') - {exc}") from None
+    problem = empty_budget(int(ctx.config.get("dram-size")), ctx.store.ssd is not None)
+    if problem is not None:
+        shown = next((n.strip().lower() for n, _ in pairs if canonical(n) == "dram-size"), "dram-size")
+        for param, previous in old.items():
+            ctx.config.values[param] = previous
+        raise CommandError(f"CONFIG SET failed (possibly related to argument '{shown}') - {problem}")
     if ctx.server is not None:
         ctx.server.apply_config()
     return OK

@@ -30,6 +30,7 @@ from kvstrata.observability.service import Observability
 from kvstrata.server import dataplane
 from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
+from kvstrata.server.limits import empty_budget
 from kvstrata.server.prefetch import Prefetcher
 from kvstrata.server.stats import ServerStats
 from kvstrata.server.tls import server_context, tls_wanted
@@ -47,6 +48,11 @@ def build_store(config: Config, clock: Clock | None = None) -> Store:
     # The lower tiers in tier-order, each built by its registered factory (engine/tiers/registry.py).
     lower = tier_registry.build(config, clock)
     ssd = next((t for t in lower if t.name == "ssd"), None)
+    problem = empty_budget(int(config.get("dram-size")), ssd is not None)
+    if problem is not None:
+        for tier in lower:
+            tier.close()
+        raise ValueError(problem)
     node_id = tier_registry.pool_node_id(config) if any(t.shared for t in lower) else 0
     predictor = None
     if ssd is not None and config.get("prefetch-predict"):

@@ -1,4 +1,4 @@
-"""Startup checks on what the configuration asks of the machine: file descriptors and persistence.
+"""Startup checks on what the configuration asks of the machine: file descriptors, persistence, a DRAM budget.
 
 As Redis does, ``maxclients`` is fitted to the open-file limit (raising the soft limit towards the hard one
 first, then lowering maxclients, with a log line), and a configuration that asks for persistence the server
@@ -51,3 +51,15 @@ def check_persistence(config: Config) -> None:
                 "--save asks for persistence, but kvstrata persists only through its SSD tier: add --essd-path "
                 "DIR (data there survives restarts), or drop --save (or give --save \"\") to run in memory only")
         log.warning("running in memory only (no --essd-path): nothing stored survives a restart of the server")
+
+
+def empty_budget(budget: int, ssd: bool) -> str | None:
+    """Why a DRAM budget cannot be used, or None. 0 with an SSD tier is an SSD-only server (every value goes
+    straight to it); without one it could store nothing (a pool tier takes only what DRAM demotes), and is
+    refused: Redis users write
+    ``maxmemory 0`` for "no limit", which kvstrata does not have (the budget is a promise), and at run time it
+    would evict the whole data set."""
+    if budget == 0 and not ssd:
+        return ("a DRAM budget of 0 without an SSD tier could store nothing (kvstrata has no unlimited "
+                "budget: Redis's maxmemory 0 does not apply); give a size, or add --essd-path for an SSD-only server")
+    return None
