@@ -65,7 +65,7 @@ def serve(argv: list[str]) -> int:
         runner = asyncio.run
         use_uvloop = False
     try:
-        server = Server(config, config_file=args.config)
+        server = Server(config, config_file=os.path.abspath(args.config) if args.config else None)
     except Exception as exc:
         print(f"kvstrata: cannot start: {exc}", file=sys.stderr)
         return 1

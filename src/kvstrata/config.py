@@ -369,6 +369,9 @@ class Config:
     values: dict[str, Any] = field(default_factory=dict)
     # Parameters given by a flag, the environment or a file (not left at their defaults).
     explicit: set[str] = field(default_factory=set)
+    # What CONFIG REWRITE writes (config_rewrite.py): the config file's values and those CONFIG SET changed, as
+    # they were given (a parsed value does not always read back: an octal mode, a size with units).
+    persisted: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for p in PARAMS:
@@ -436,4 +439,6 @@ def build_config(flags: Mapping[str, Any], environ: Mapping[str, str], file: str
             except ValueError as exc:
                 raise ValueError(f"{source}: {name}: {exc}") from None
             cfg.explicit.add(canonical(name))
+            if source.startswith("file "):
+                cfg.persisted[canonical(name)] = raw
     return cfg

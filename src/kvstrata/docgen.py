@@ -116,9 +116,12 @@ def configuration_markdown() -> str:
         "",
         "Keys come back with their TTL and version; the version counter keeps increasing across restarts. Records "
         "in the shared pool (`--pool`) outlive this node until `pool-ttl`, but the node's accounting of them "
-        "starts afresh. What never survives a restart: `CONFIG SET` changes (`CONFIG REWRITE` writes no file; put "
-        "them in the flags, environment or TOML file), `TAIR.KV.MARKHOT` patterns, access profiles, the slow "
-        "log and the statistics. `--save` is accepted for Redis compatibility only with `--essd-path` (the SSD "
+        "starts afresh. `CONFIG SET` changes survive only through the TOML file: a server started with "
+        "`--config FILE` writes them there on `CONFIG REWRITE` (the file's parameters with their current values, "
+        "plus those changed at run time, as given; flags and the environment are not written; the file is "
+        "replaced atomically with its permissions, and its comments are not kept); without a file, REWRITE is "
+        "refused as in Redis. What never survives a restart: `TAIR.KV.MARKHOT` patterns, access profiles, the "
+        "slow log and the statistics. `--save` is accepted for Redis compatibility only with `--essd-path` (the SSD "
         "tier persists every write, there are no snapshots); without it a non-empty `--save` is a startup error "
         "rather than a promise that would be broken at the next restart. `--save \"\"` means no persistence, "
         "as in Redis.",

@@ -11,6 +11,7 @@ from kvstrata.commands.context import Context
 from kvstrata.commands.observe import help_reply
 from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container, lookup_full
 from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
+from kvstrata.config_rewrite import rewrite
 from kvstrata.engine.keyspace import glob_match
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import NO_REPLY, OK, Status, Verbatim
@@ -195,17 +196,18 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
         try:
             ctx.config.set(name, value, runtime=True)
         except ValueError as exc:
-            for param, previous in old.items():
-                ctx.config.values[param] = previous
+            _restore(ctx, old)
             spelled = name.strip().lower()
             shown = spelled if spelled in ALIASES else canonical(name)  # maxmemory stays maxmemory
             raise CommandError(f"CONFIG SET failed (possibly related to argument '{shown}') - {exc}") from None
     problem = empty_budget(int(ctx.config.get("dram-size")), ctx.store.ssd is not None)
     if problem is not None:
         shown = next((n.strip().lower() for n, _ in pairs if canonical(n) == "dram-size"), "dram-size")
-        for param, previous in old.items():
-            ctx.config.values[param] = previous
+        _restore(ctx, old)
         raise CommandError(f"CONFIG SET failed (possibly related to argument '{shown}') - {problem}")
+    for name, value in pairs:
+        if PARAMS_BY_NAME[canonical(name)].mutable:
+            ctx.config.persisted[canonical(name)] = value  # CONFIG REWRITE writes it as given
     if ctx.server is not None:
         ctx.server.apply_config()
     return OK
@@ -238,10 +240,23 @@ def config_resetstat(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
+def _restore(ctx: Context, old: dict[str, Any]) -> None:
+    """A refused CONFIG SET leaves every value as it was (all or nothing)."""
+    for param, previous in old.items():
+        ctx.config.values[param] = previous
+
+
 @command("rewrite", 2, "admin", parent="config", group="server", since="2.8.0",
          summary="Persists the effective configuration to file.")
 def config_rewrite(ctx: Context, args: list[bytes]) -> Any:
-    raise CommandError("The server is running without a config file")
+    path = ctx.server.config_file if ctx.server is not None else None
+    if not path:
+        raise CommandError("The server is running without a config file")
+    try:
+        rewrite(ctx.config, path)
+    except OSError as exc:
+        raise CommandError(f"Rewriting config file: {exc.strerror or exc}") from None
+    return OK
 
 
 @command("help", 2, "loading stale", parent="config", group="server", since="5.0.0",
