@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import logging
 import os
+import signal
 import sys
 
 from kvstrata import __version__
@@ -28,6 +29,10 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 
 def serve(argv: list[str]) -> int:
+    if hasattr(signal, "SIGHUP"):
+        # As Redis: a hang-up must not kill the server (a checkpoint-less exit loses write-back data); the server
+        # logs the ones that come once it runs.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     args = _serve_parser().parse_args(argv)
     flags = {name: value for name, value in vars(args).items() if name != "config" and value is not None}
     try:

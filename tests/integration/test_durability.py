@@ -7,6 +7,7 @@ Waits on the server are polls with a deadline, never fixed sleeps.
 
 import hashlib
 import random
+import signal
 import struct
 import threading
 import time
@@ -253,6 +254,20 @@ def test_sigterm_during_a_write_load_keeps_every_acknowledged_write(tiered):
                 wrong.append(key)
     assert not wrong, f"acknowledged writes lost over a clean shutdown: {wrong[:5]}"
     assert sum(len(a) for a, _ in results.values()) > 300
+
+
+def test_a_hang_up_does_not_stop_the_server_nor_lose_write_back_data(tiered):
+    """SIGHUP (the terminal that started the server closed) is ignored, as by Redis: it used to end the process on
+    the spot, with no checkpoint, losing every write-back value that was only in DRAM."""
+    srv = tiered({"dram-size": "8mb"})
+    r = srv.client()
+    r.set(b"only-in-dram", b"v")
+    assert tier(r, b"only-in-dram") == "dram"
+    srv.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "SIGHUP received and ignored" in srv.log_text(), what="the server to see the hang-up")
+    assert r.ping() and srv.alive()
+    srv.stop()  # SIGTERM: the checkpoint
+    assert tiered({"dram-size": "8mb"}).client().get(b"only-in-dram") == b"v"
 
 
 def test_save_is_durable_before_it_replies(tiered):

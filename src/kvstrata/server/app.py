@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import heapq
 import itertools
@@ -420,6 +421,10 @@ class Server:
                 loop.add_signal_handler(sig, self._shutdown.set)
             except (NotImplementedError, RuntimeError):
                 pass
+        with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+            # As Redis: a hang-up (the terminal that started it closed) must not kill it with no checkpoint.
+            loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP received and ignored, as Redis "
+                                                                       "does: SIGTERM or SHUTDOWN stops the server"))
         await self._shutdown.wait()
         await self.close()
 
