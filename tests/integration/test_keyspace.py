@@ -208,7 +208,22 @@ def test_expire_option_errors(r, expect_error, cmd):
         r.execute_command(cmd, "k", "1.5")
     with expect_error(arity(cmd.lower())):
         r.execute_command(cmd, "k")
+    with expect_error("ERR Unsupported option foo"):  # the options are checked before the time
+        r.execute_command(cmd, "k", "soon", "foo")
+    with expect_error("ERR NX and XX, GT or LT options at the same time are not compatible"):
+        r.execute_command(cmd, "k", "soon", "NX", "XX")
     assert r.ttl("k") == -1
+
+
+@pytest.mark.parametrize("cmd", ["PEXPIRE", "PEXPIREAT"])
+def test_pexpire_at_the_lowest_64_bit_time(r, cmd):
+    """Milliseconds have no lower bound: the lowest 64-bit time is in the past (0 for a missing key, else a
+    delete), not an error."""
+    low = str(-(2**63))
+    assert r.execute_command(cmd, "missing", low) == 0
+    r.set("k", "v")
+    assert r.execute_command(cmd, "k", low) == 1
+    assert r.exists("k") == 0
 
 
 @pytest.mark.parametrize(

@@ -319,6 +319,7 @@ def test_getex_invalid_expire(r, expect_error, opts):
     with expect_error(expire_err("getex")):
         r.execute_command("GETEX", "k", *opts)
     assert r.ttl("k") == -1
+    assert r.execute_command("GETEX", "missing", *opts) is None  # as Redis: nil before the time is checked
 
 
 def test_getex_not_integer(r, expect_error):

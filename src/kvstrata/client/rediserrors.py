@@ -9,9 +9,12 @@ message (redis-py's ``OutOfMemoryError("command not allowed ...")``, ``ResponseE
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import redis.exceptions as rx
 
-# Error code -> class, as redis-py's parser has them (the codes a KV client can meet).
+# Error code -> class, as redis-py's parser had them before 8.2 (the codes a KV client can meet); used only where
+# redis-py's parser cannot be imported.
 _BY_CODE: dict[str, type[rx.ResponseError] | type[rx.RedisError]] = {
     "OOM": rx.OutOfMemoryError,
     "NOPERM": rx.NoPermissionError,
@@ -29,8 +32,18 @@ _ERR_TEXT: dict[str, type[rx.RedisError]] = {
 }
 
 
+try:  # redis-py's own mapping, which grows with its releases (8.2 made 'max number of clients' a class of its own)
+    from redis._parsers.base import BaseParser
+
+    _PARSE: Callable[[str], rx.RedisError] | None = BaseParser.parse_error
+except ImportError:  # a redis-py without it: the table above
+    _PARSE = None
+
+
 def reply_error(text: str) -> rx.RedisError:
     """An error reply's text (``"OOM command not allowed ..."``) as the exception redis-py would raise."""
+    if _PARSE is not None:
+        return _PARSE(text)
     code, _, rest = text.partition(" ")
     cls = _BY_CODE.get(code)
     if cls is not None:

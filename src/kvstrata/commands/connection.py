@@ -16,7 +16,7 @@ from kvstrata.protocol.encoder import OK, PONG, Status, Verbatim
 REDIS_COMPAT_VERSION = "7.0.15"
 
 
-@command("ping", -1, "fast stale", group="connection", summary="Returns the server's liveliness response.",
+@command("ping", -1, "fast stale", values=(1, 0), group="connection", summary="Returns the server's liveliness response.",
          syntax="PING [message]")
 def ping(ctx: Context, args: list[bytes]) -> Any:
     if len(args) > 2:
@@ -24,7 +24,7 @@ def ping(ctx: Context, args: list[bytes]) -> Any:
     return PONG if len(args) == 1 else args[1]
 
 
-@command("echo", 2, "fast", group="connection", summary="Returns the given string.")
+@command("echo", 2, "fast", values=(1, 0), group="connection", summary="Returns the given string.")
 def echo(ctx: Context, args: list[bytes]) -> Any:
     return args[1]
 

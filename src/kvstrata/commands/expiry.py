@@ -17,7 +17,9 @@ def expire_at_ms(kind: bytes, raw: bytes, now_ms: int, command: str, *, allow_no
     if value <= 0 and not allow_nonpositive:
         raise invalid
     unit = UNIT_MS[kind]
-    if value > INT64_MAX // unit or value < -(INT64_MAX // unit):
+    # Redis's bounds: a unit conversion that overflows, or a relative time whose sum with now does; milliseconds
+    # have no lower one (PEXPIRE key -9223372036854775808 is a time in the past, not an error).
+    if value > INT64_MAX // unit or (unit > 1 and value < -(INT64_MAX // unit)):
         raise invalid
     ms = value * unit
     if kind not in ABSOLUTE:

@@ -54,15 +54,15 @@ def touch(ctx: Context, args: list[bytes]) -> Any:
 def _expire(ctx: Context, args: list[bytes], kind: bytes, name: str) -> Any:
     store = ctx.store
     now = store.clock.now_ms()
-    when = expire_at_ms(kind, args[2], now, name, allow_nonpositive=True)
     flags = {a.upper() for a in args[3:]}
-    for a in args[3:]:
+    for a in args[3:]:  # as Redis, the options are checked before the time
         if a.upper() not in (b"NX", b"XX", b"GT", b"LT"):
             raise CommandError(f"Unsupported option {a.decode(errors='replace')}")
     if b"NX" in flags and flags & {b"XX", b"GT", b"LT"}:
         raise CommandError("NX and XX, GT or LT options at the same time are not compatible")
     if b"GT" in flags and b"LT" in flags:
         raise CommandError("GT and LT options at the same time are not compatible")
+    when = expire_at_ms(kind, args[2], now, name, allow_nonpositive=True)
     entry = store.get(args[1], touch=False)
     if entry is None:
         return 0

@@ -82,6 +82,9 @@ class CommandSpec:
     # Subcommands whose handler bounds a variadic arity (SLOWLOG GET [count]): the most arguments accepted, the
     # container and subcommand names included; more get Redis's "unknown subcommand or wrong number" error.
     most: int = 0
+    # The arguments the command stores as they are (first, step; step 0: that one alone; first 0: none): a value
+    # received into a buffer of its own stays in it (the zero-copy receive), every other one is made bytes.
+    values: tuple[int, int] = (0, 0)
 
     @property
     def full_name(self) -> str:
@@ -97,6 +100,18 @@ class CommandSpec:
         if len(specs) == 1:
             return specs[0].find(args)
         return [k for spec in specs for k in spec.find(args)]
+
+    def own_arguments(self, args: list[Any]) -> None:
+        """Make bytes every argument of ``args`` that is not ``bytes`` and not one of the values the command stores
+        (a key, a name or an option sent as a large bulk, received into a bytearray: those are hashed, compared and
+        upper-cased, which a bytearray cannot always be)."""
+        first, step = self.values
+        for i, a in enumerate(args):
+            if a.__class__ is bytes:
+                continue
+            if first and i >= first and (i == first if not step else (i - first) % step == 0):
+                continue
+            args[i] = bytes(a)
 
     def load_keys(self, args: list[bytes]) -> list[bytes]:
         """The keys to read from lower tiers before the handler runs (none for commands that only queue them)."""
@@ -155,11 +170,13 @@ def command(
     syntax: str = "",
     parent: str | None = None,
     most: int = 0,
+    values: tuple[int, int] = (0, 0),
 ) -> Callable[[Handler], Handler]:
     """Register a handler ``fn(ctx, args) -> reply``; ``args[0]`` is the command name as sent.
 
     ``keys`` is the classic (first, last, step) triple COMMAND reports; it becomes the command's key spec.
     ``getkeys`` replaces it for finding keys when options follow them (the triple still describes the range).
+    ``values``: the arguments stored as received, (first, step) as ``CommandSpec.values``.
     """
 
     def register(fn: Handler) -> Handler:
@@ -185,6 +202,7 @@ def command(
             load=load,
             settle=settle,
             most=most,
+            values=values,
         )
         if parent is None:
             REGISTRY[spec.name.encode()] = spec

@@ -44,7 +44,7 @@ def get(ctx: Context, args: list[bytes]) -> Any:
     return None if entry is None else entry.value
 
 
-@command("set", -3, "write denyoom", keys=(1, 1, 1), group="string",
+@command("set", -3, "write denyoom", keys=(1, 1, 1), values=(2, 0), group="string",
          summary="Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.",
          syntax="SET key value [NX | XX] [GET] [EX seconds | PX milliseconds | EXAT unix-time-seconds | "
                 "PXAT unix-time-milliseconds | KEEPTTL]")
@@ -77,20 +77,20 @@ def _setex(ctx: Context, args: list[bytes], unit: bytes, name: str) -> Any:
     return OK
 
 
-@command("setex", 4, "write denyoom", keys=(1, 1, 1), group="string", since="2.0.0",
+@command("setex", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", since="2.0.0",
          summary="Sets the string value and expiration time of a key.", syntax="SETEX key seconds value")
 def setex(ctx: Context, args: list[bytes]) -> Any:
     return _setex(ctx, args, b"EX", "setex")
 
 
-@command("psetex", 4, "write denyoom", keys=(1, 1, 1), group="string", since="2.6.0",
+@command("psetex", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", since="2.6.0",
          summary="Sets both string value and expiration time in milliseconds of a key.",
          syntax="PSETEX key milliseconds value")
 def psetex(ctx: Context, args: list[bytes]) -> Any:
     return _setex(ctx, args, b"PX", "psetex")
 
 
-@command("setnx", 3, "write denyoom fast", keys=(1, 1, 1), group="string",
+@command("setnx", 3, "write denyoom fast", keys=(1, 1, 1), values=(2, 0), group="string",
          summary="Set the string value of a key only when the key doesn't exist.")
 def setnx(ctx: Context, args: list[bytes]) -> Any:
     if ctx.store.get(args[1], touch=False) is not None:
@@ -99,7 +99,7 @@ def setnx(ctx: Context, args: list[bytes]) -> Any:
     return 1
 
 
-@command("getset", 3, "write denyoom fast", keys=(1, 1, 1), group="string",
+@command("getset", 3, "write denyoom fast", keys=(1, 1, 1), values=(2, 0), group="string",
          summary="Returns the previous string value of a key after setting it to a new value.")
 def getset(ctx: Context, args: list[bytes]) -> Any:
     old = _value(ctx, args[1])
@@ -124,14 +124,14 @@ def getdel(ctx: Context, args: list[bytes]) -> Any:
 def getex(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
     opts = parse_options(args, 2, _GETEX_OPTIONS)
+    entry = store.get(args[1])
+    if entry is None:  # as Redis: a missing key answers nil before the time is checked
+        return None
     now = store.clock.now_ms()
     expire_at: int | None = None
     for kind in _EXPIRES:
         if kind in opts:
             expire_at = expire_at_ms(kind, opts[kind][0], now, "getex")
-    entry = store.get(args[1])
-    if entry is None:
-        return None
     value = entry.value
     if b"PERSIST" in opts:
         store.set_expire(args[1], 0)
@@ -151,7 +151,7 @@ def mget(ctx: Context, args: list[bytes]) -> Any:
     return out
 
 
-@command("mset", -3, "write denyoom", keys=(1, -1, 2), group="string",
+@command("mset", -3, "write denyoom", keys=(1, -1, 2), values=(2, 2), group="string",
          summary="Atomically creates or modifies the string values of one or more keys.",
          syntax="MSET key value [key value ...]")
 def mset(ctx: Context, args: list[bytes]) -> Any:
@@ -162,7 +162,7 @@ def mset(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("msetnx", -3, "write denyoom", keys=(1, -1, 2), group="string",
+@command("msetnx", -3, "write denyoom", keys=(1, -1, 2), values=(2, 2), group="string",
          summary="Atomically modifies the string values of one or more keys only when all keys don't exist.",
          syntax="MSETNX key value [key value ...]")
 def msetnx(ctx: Context, args: list[bytes]) -> Any:
@@ -175,7 +175,7 @@ def msetnx(ctx: Context, args: list[bytes]) -> Any:
     return 1
 
 
-@command("append", 3, "write denyoom", keys=(1, 1, 1), group="string", since="2.0.0",
+@command("append", 3, "write denyoom", keys=(1, 1, 1), values=(2, 0), group="string", since="2.0.0",
          summary="Appends a string to the value of a key. Creates the key if it doesn't exist.")
 def append(ctx: Context, args: list[bytes]) -> Any:
     old = _value(ctx, args[1])
@@ -224,7 +224,7 @@ def substr(ctx: Context, args: list[bytes]) -> Any:
     return getrange(ctx, args)
 
 
-@command("setrange", 4, "write denyoom", keys=(1, 1, 1), group="string", since="2.2.0",
+@command("setrange", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", since="2.2.0",
          summary="Overwrites a part of a string value with another by an offset. Creates the key if it doesn't "
                  "exist.", syntax="SETRANGE key offset value")
 def setrange(ctx: Context, args: list[bytes]) -> Any:

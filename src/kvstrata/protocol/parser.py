@@ -53,6 +53,13 @@ class _Shared(threading.local):
 _SHARED = _Shared()
 
 
+class LargeArgv(list):  # type: ignore[type-arg]
+    """A command with an argument received into a buffer of its own (a bytearray of ``large_threshold`` bytes or
+    more) instead of ``bytes``: the connection makes every such argument that is not a value the command stores
+    ``bytes`` before it runs (``CommandSpec.own_arguments``), since keys, names and options are hashed and
+    compared. Plain commands stay plain lists, so the check costs one class comparison."""
+
+
 class _Fallback(Exception):
     """hiredis produced something that is not a command; the Python parser takes over."""
 
@@ -257,6 +264,8 @@ class RequestParser:
 
     def _finish_target(self) -> None:
         assert self._target is not None
+        if self._args.__class__ is not LargeArgv:
+            self._args = LargeArgv(self._args)
         self._args.append(self._target)
         self._args_bytes += len(self._target)
         self._remaining -= 1

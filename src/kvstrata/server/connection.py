@@ -22,7 +22,7 @@ from kvstrata.engine.bufpool import BufferPool, tune_malloc
 from kvstrata.errors import CommandError, NoAuthError, OutOfMemoryError, ProtocolError, wrong_arity
 from kvstrata.protocol.alloc import untouched
 from kvstrata.protocol.encoder import ErrorReply, encode
-from kvstrata.protocol.parser import RequestParser
+from kvstrata.protocol.parser import LargeArgv, RequestParser
 from kvstrata.server.cmdstats import CommandStats
 from kvstrata.server.command_runs import CommandRuns, HeldReply, PoolAckWait
 
@@ -519,6 +519,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self._predicted = False
             self.server.prefetcher.submit_predicted()
         self._argv = args
+        large = args.__class__ is LargeArgv
+        if large:
+            args[0] = bytes(args[0])
         spec = self.dispatch.get(args[0])
         if spec is None:
             spec = self.dispatch.get(args[0].lower()) if args[0].__class__ is bytes else None
@@ -545,6 +548,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                 self._reject(sub, wrong_arity(sub.full_name).message)
                 return None
             spec = sub
+        if large:
+            spec.own_arguments(args)
         client = self.client
         if not client.authenticated and not spec.noauth:
             self._reject(spec, NoAuthError().message)
