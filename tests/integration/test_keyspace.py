@@ -212,6 +212,11 @@ def test_expire_option_errors(r, expect_error, cmd):
         r.execute_command(cmd, "k", "soon", "foo")
     with expect_error("ERR NX and XX, GT or LT options at the same time are not compatible"):
         r.execute_command(cmd, "k", "soon", "NX", "XX")
+    # the option's bytes as a C string (up to a NUL); line ends trimmed from the ends, spaces inside
+    with expect_error("ERR Unsupported option a  b"):
+        r.execute_command(cmd, "k", arg, b"a\r\nb\r\n")
+    with expect_error("ERR Unsupported option ab"):
+        r.execute_command(cmd, "k", arg, b"ab\x00cd")
     assert r.ttl("k") == -1
 
 

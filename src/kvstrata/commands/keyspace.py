@@ -57,7 +57,8 @@ def _expire(ctx: Context, args: list[bytes], kind: bytes, name: str) -> Any:
     flags = {a.upper() for a in args[3:]}
     for a in args[3:]:  # as Redis, the options are checked before the time
         if a.upper() not in (b"NX", b"XX", b"GT", b"LT"):
-            raise CommandError(f"Unsupported option {a.decode(errors='replace')}")
+            shown = a.split(b"\x00", 1)[0].decode("latin-1")  # Redis formats it as a C string: up to a NUL
+            raise CommandError(f"Unsupported option {shown}")
     if b"NX" in flags and flags & {b"XX", b"GT", b"LT"}:
         raise CommandError("NX and XX, GT or LT options at the same time are not compatible")
     if b"GT" in flags and b"LT" in flags:

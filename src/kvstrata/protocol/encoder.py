@@ -89,7 +89,8 @@ def encode(value: Any, proto: int, out: list[Any]) -> None:
             data = value.encode("latin-1")
         except UnicodeEncodeError:
             data = value.encode()
-        out.append(b"-" + data.replace(b"\r", b" ").replace(b"\n", b" ") + CRLF)
+        # As Redis's addReplyErrorFormat: line ends trimmed from the ends, the ones inside made spaces.
+        out.append(b"-" + data.strip(b"\r\n").replace(b"\r", b" ").replace(b"\n", b" ") + CRLF)
     elif t is str:
         data = value.encode()
         out.append(b"$%d\r\n%b\r\n" % (len(data), data))
