@@ -275,7 +275,7 @@ class User:
         return " ".join(self.cmd_rules) or "-@all"
 
     def keys_text(self) -> str:
-        return " ".join("~" + p.decode("utf-8", "backslashreplace") for p in self.patterns)
+        return " ".join("~" + p.decode("utf-8", "surrogateescape") for p in self.patterns)
 
     def describe(self) -> str:
         """The ACL LIST / ACL SAVE line (passwords only as their hashes)."""
@@ -283,7 +283,7 @@ class User:
         if self.nopass:
             words.append("nopass")
         words += ["#" + d for d in self.passwords]
-        words += ["~" + p.decode("utf-8", "surrogateescape") for p in self.patterns] or ["resetkeys"]
+        words += ["~" + p.decode("utf-8", "surrogateescape") for p in self.patterns]  # none: nothing, as Redis 7
         words.append("&*" if self.allchannels else "resetchannels")
         words.append(self.commands_text())
         return " ".join(words)
@@ -402,12 +402,12 @@ class Acl:
             return _message("key", "")
         if name in PATTERN_COMMANDS:
             if len(args) > 1 and not user.pattern_ok(args[1]):
-                self.record(client, "key", bytes(args[1]).decode("utf-8", "backslashreplace"))
+                self.record(client, "key", bytes(args[1]).decode("utf-8", "surrogateescape"))
                 return _message("key", "")
             return None
         for key in command_keys(sub, args):
             if not user.key_ok(key):
-                self.record(client, "key", bytes(key).decode("utf-8", "backslashreplace"))
+                self.record(client, "key", bytes(key).decode("utf-8", "surrogateescape"))
                 return _message("key", "")
         return None
 

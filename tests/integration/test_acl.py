@@ -63,6 +63,40 @@ def test_setuser_getuser_list_users_whoami(acl_server, admin, expect_error):
         admin.execute_command("ACL", "DELUSER", "default")
 
 
+def test_names_patterns_and_errors_keep_their_bytes(acl_server, admin, expect_error):
+    """Redis takes any user name without whitespace or NUL (UTF-8, other bytes) and answers with the bytes it was
+    sent: ACL LIST, GETUSER, USERS, WHOAMI, LOG, and errors quoting them (one such error closed the connection)."""
+    name, key = "jos\u00e9".encode(), b"k\xff"
+    assert admin.execute_command("ACL", "SETUSER", name, "on", ">p\xff".encode("latin-1"), b"~k\xff*", "+get",
+                                 "+acl|whoami") == b"OK"
+    assert admin.execute_command("ACL", "SETUSER", b"\xfe\x01", "on") == b"OK"
+    with expect_error("ERR Usernames can't contain spaces or null characters"):
+        admin.execute_command("ACL", "SETUSER", b"a\x0bb", "on")
+    assert sorted(admin.execute_command("ACL", "USERS")) == [b"default", name, b"\xfe\x01"]
+    user = admin.execute_command("ACL", "GETUSER", name)
+    assert dict(zip(user[::2], user[1::2], strict=True))[b"keys"] == b"~k\xff*"
+    lines = admin.execute_command("ACL", "LIST")
+    assert b"user \xfe\x01 on resetchannels -@all" in lines
+    assert any(line.startswith(b"user " + name + b" on #") and b" ~k\xff* " in line for line in lines)
+    assert admin.execute_command("ACL", "DRYRUN", name, "get", key + b"z") == b"OK"
+    with expect_error("ERR Unknown category '\ufffd'"):  # redis-py decodes the byte 0xff so
+        admin.execute_command("ACL", "CAT", b"\xff")
+    with expect_error("ERR User '\ufffd' not found"):
+        admin.execute_command("ACL", "DRYRUN", b"\xff", "get", "k")
+    tenant = acl_server.client(username=name, password=b"p\xff")
+    try:
+        assert tenant.execute_command("ACL", "WHOAMI") == name
+        assert tenant.get(key + b"z") is None
+        with expect_error(NOPERM_KEY):
+            tenant.get(b"o\xff")
+    finally:
+        tenant.close()
+    entry = admin.execute_command("ACL", "LOG")[0]
+    info = dict(zip(entry[::2], entry[1::2], strict=True))
+    assert (info[b"object"], info[b"username"]) == (b"o\xff", name)
+    assert admin.ping()
+
+
 def test_auth_forms_on_off_nopass_resetpass(acl_server, admin, raw, resp):
     admin.execute_command("ACL", "SETUSER", "bob", "on", ">one", ">two", "allkeys", "+@all")
     c = raw(acl_server)
@@ -195,8 +229,13 @@ def test_aclfile_load_and_save(make_server, tmp_path, raw, resp):
     admin = srv.client()
     try:
         admin.execute_command("ACL", "SETUSER", "new", "on", ">np", "~n:*", "+get")
+        admin.execute_command("ACL", "SETUSER", b"\xc3\xa9\xff", "on", b">p\xff", b"~\xff:*", "+get")
         assert admin.execute_command("ACL", "SAVE") == b"OK"
-        text = path.read_text()
+        before = admin.execute_command("ACL", "LIST")
+        assert admin.execute_command("ACL", "LOAD") == b"OK"  # what SAVE wrote reads back the same
+        assert admin.execute_command("ACL", "LIST") == before
+        assert raw(srv).cmd("AUTH", b"\xc3\xa9\xff", b"p\xff") == "OK"
+        text = path.read_bytes().decode("utf-8", "surrogateescape")  # user names may be any bytes
         assert "user new on #" in text and "np" not in text.replace("#", " ").split()
         path.write_text(f"user default on nopass ~* &* +@all\nuser tenant on #{digest} ~u:* +get\n")
         assert admin.execute_command("ACL", "LOAD") == b"OK"

@@ -12,7 +12,7 @@ from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, command, container
 from kvstrata.errors import CommandError, syntax_error
-from kvstrata.protocol.encoder import OK, Status
+from kvstrata.protocol.encoder import OK
 
 container("acl", "", group="server", since="6.0.0", summary="A container for Access List Control commands.")
 
@@ -22,7 +22,9 @@ def _text(raw: bytes) -> str:
 
 
 def _valid_username(name: str) -> bool:
-    return bool(name) and all(33 <= ord(c) <= 126 for c in name)
+    """Redis's rule (no whitespace, no NUL: UTF-8 and other bytes are fine), and not empty, which could not be
+    read back from an ACL file."""
+    return bool(name) and not any(c in " \t\n\v\f\r\x00" for c in name)
 
 
 @command("setuser", -3, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
@@ -45,7 +47,7 @@ def acl_getuser(ctx: Context, args: list[bytes]) -> Any:
     if user is None:
         return None
     return {
-        "flags": [Status(f) for f in user.flags()],
+        "flags": user.flags(),  # bulk strings, as Redis 7
         "passwords": user.passwords,
         "commands": user.commands_text(),
         "keys": user.keys_text(),

@@ -25,6 +25,19 @@ class ErrorReply(str):
     """An error reply; the text includes its prefix (``ERR ...``)."""
 
 
+def _error_bytes(text: str) -> bytes:
+    """An error text as bytes: latin-1 (raw client bytes carried as such), else UTF-8 with client bytes that were
+    decoded with ``surrogateescape`` given back as they came; never an exception (one closed the connection)."""
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
 class Verbatim(str):
     """A verbatim string (RESP3 ``=``, bulk in RESP2), used by INFO and CLIENT INFO in RESP3."""
 
@@ -75,7 +88,7 @@ def encode(value: Any, proto: int, out: list[Any]) -> None:
     elif t is Status:
         data = _STATUS_CACHE.get(value)
         if data is None:
-            data = b"+" + value.encode() + CRLF
+            data = b"+" + value.encode("utf-8", "surrogateescape") + CRLF
             if len(_STATUS_CACHE) < 64:
                 _STATUS_CACHE[value] = data
         out.append(data)
@@ -85,14 +98,12 @@ def encode(value: Any, proto: int, out: list[Any]) -> None:
         out.append(_NULL3 if proto == 3 else _NULL2)
     elif t is ErrorReply:
         # Error texts may quote raw client bytes, carried as latin-1 so they go back out unchanged.
-        try:
-            data = value.encode("latin-1")
-        except UnicodeEncodeError:
-            data = value.encode()
+        data = _error_bytes(value)
         # As Redis's addReplyErrorFormat: line ends trimmed from the ends, the ones inside made spaces.
         out.append(b"-" + data.strip(b"\r\n").replace(b"\r", b" ").replace(b"\n", b" ") + CRLF)
     elif t is str:
-        data = value.encode()
+        # Names and patterns a client sent are decoded with surrogateescape: its bytes go back out as they came.
+        data = value.encode("utf-8", "surrogateescape")
         out.append(b"$%d\r\n%b\r\n" % (len(data), data))
     elif t is list or t is tuple:
         out.append(b"*%d\r\n" % len(value))
@@ -122,7 +133,7 @@ def encode(value: Any, proto: int, out: list[Any]) -> None:
         for item in value:
             encode(item, proto, out)
     elif t is Verbatim:
-        data = value.encode()
+        data = value.encode("utf-8", "surrogateescape")
         if proto == 3:
             out.append(b"=%d\r\ntxt:%b\r\n" % (len(data) + 4, data))
         else:
