@@ -17,7 +17,18 @@ _GROUP_TITLES = {
     "generic": "Keyspace commands",
     "connection": "Connection commands",
     "server": "Server commands",
+    "transactions": "Transactions",
 }
+
+_TRANSACTION_NOTES = """
+As in Redis: after MULTI each command answers +QUEUED; one refused while queued (unknown, wrong arity, NOAUTH,
+ACL, -OOM) makes EXEC answer -EXECABORT; EXEC runs the queue with no other client's command in between (on a
+tiered server the keys of every queued command, and the watched ones, are loaded into DRAM first) and answers
+each command's reply, a runtime error included. WATCH keeps each key's version and expiry: any write, EXPIRE,
+PERSIST, DEL, FLUSHALL or expiry of a watched key makes EXEC answer a null array. redis-py's default
+`pipeline()` works. Not queued: the TAIR.KV commands and SHUTDOWN; MULTI is refused while the pool
+acknowledges writes (`pool-ack` other than `local`).
+"""
 
 _TAIRKV_NOTES = """
 ### KV-cache command details
@@ -64,6 +75,8 @@ def commands_markdown() -> str:
         lines.append("")
         if group == "tairkv":
             lines += _TAIRKV_NOTES.strip("\n").splitlines() + [""]
+        if group == "transactions":
+            lines += _TRANSACTION_NOTES.strip("\n").splitlines() + [""]
     return "\n".join(lines)
 
 

@@ -78,6 +78,21 @@ def test_demotion_to_pool_and_promotion_back(node, pool_client):
     assert info["hits"] >= 1 and info["promotions"] >= 1 and info["pool_degraded"] == 0
 
 
+def test_transactions_with_the_pool(node):
+    """MULTI is refused while the pool acknowledges writes (each write's reply waits for the pool); with
+    pool-ack local a transaction runs and its writes reach the pool."""
+    r = node().client()
+    with pytest.raises(redis.ResponseError, match="MULTI is not supported while the pool acknowledges writes"):
+        r.execute_command("MULTI")
+    local = node({"pool-ack": "local"}).client()
+    with local.pipeline() as p:
+        assert p.set("tx:a", "1").incr("tx:a").get("tx:a").execute() == [True, 2, b"2"]
+    pool_settled(local)
+    assert r.get("tx:a") == b"2"  # the other node reads it from the pool
+    r.close()
+    local.close()
+
+
 def test_tier_order_dram_ssd_pool_keeps_demotions_local(node):
     a = node({"tier-order": "dram,ssd,pool"}).client()
     keys = [f"order:{i}" for i in range(30)]

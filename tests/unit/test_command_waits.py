@@ -48,7 +48,7 @@ def test_waits_are_declared() -> None:
     assert spec("dbsize").settle
     assert not any(s.settle for n, s in REGISTRY.items() if n != b"dbsize")
     meta = {n for n, s in REGISTRY.items() if s.load == "meta"}  # record headers probed, never values loaded
-    assert meta == {b"exists", b"type", b"ttl", b"pttl", b"expiretime", b"pexpiretime"}
+    assert meta == {b"exists", b"type", b"ttl", b"pttl", b"expiretime", b"pexpiretime", b"watch"}
     assert spec("exists").load_keys([b"exists", b"a", b"b"]) == [b"a", b"b"]
 
 

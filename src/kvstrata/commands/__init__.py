@@ -11,6 +11,7 @@ from kvstrata.commands import (  # noqa: F401
     staging,
     strings,
     tairkv,
+    transactions,
 )
 from kvstrata.commands.registry import REGISTRY, CommandSpec, lookup
 

@@ -9,6 +9,7 @@ from kvstrata import acl as acl_mod
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
 from kvstrata.commands.registry import command, container
+from kvstrata.commands.transactions import end_transaction
 from kvstrata.errors import CommandError, WrongPassError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import OK, PONG, Status, Verbatim
 
@@ -123,6 +124,7 @@ def select(ctx: Context, args: list[bytes]) -> Any:
 @command("reset", 1, "no_auth fast stale", group="connection", since="6.2.0", summary="Resets the connection.")
 def reset(ctx: Context, args: list[bytes]) -> Any:
     client = ctx.client
+    end_transaction(ctx)
     client.proto = 2
     client.name = b""
     client.reply &= REPLY_SKIP  # as Redis: replies back on, but a pending SKIP still swallows RESET's own reply
@@ -146,8 +148,9 @@ def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
     events = "rw" if omem else "r"
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
-        f"idle={idle} flags=N db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf={qbuf} qbuf-free={qfree} "
-        f"argv-mem={argv} multi-mem=0 rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
+        f"idle={idle} flags={'N' if c.multi is None else 'x'} db=0 sub=0 psub=0 ssub=0 "
+        f"multi={-1 if c.multi is None else len(c.multi)} qbuf={qbuf} qbuf-free={qfree} "
+        f"argv-mem={argv} multi-mem={c.multi_bytes} rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
         f"cmd={_cmd_name(c.last_cmd)} "
         f"user={c.user.name if c.user is not None else 'default'} "
         f"redir=-1 resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "

@@ -34,6 +34,12 @@ class ClientState:
     # The process that connected this Unix socket, found by its first pull (kvstrata.engine.pull.Peer): looking it
     # up cost each PULL 40-175 us. The connection holds one reference, given back when it closes.
     pull_peer: Any = None
+    # MULTI: the queued (spec, args), None outside a transaction; whether a command was refused while queued (EXEC
+    # then aborts); WATCH's keys with their (version, expiry) when watched, None for absent (commands/transactions)
+    multi: list[Any] | None = None
+    multi_dirty: bool = False
+    multi_bytes: int = 0  # the queued arguments' bytes, bounded by client-query-buffer-limit
+    watched: dict[bytes, Any] = field(default_factory=dict)
 
 
 REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 1, 2, 4

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstrata.commands.pool_acks import abandon_writes, after_command_writes
 from kvstrata.commands.registry import CommandSpec
+from kvstrata.commands.transactions import exec_, exec_keys
 from kvstrata.commands.waits import PoolAck, Suspend
 from kvstrata.errors import CommandError
 from kvstrata.protocol.encoder import ErrorReply, encode
@@ -85,15 +86,19 @@ class CommandRuns:
     def _tiered(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         store = self.store
         ssd = store.ssd
-        keys = spec.load_keys(args)
+        if spec.handler is exec_:  # the queued commands' keys and waits, and the watched keys
+            keys, settle = exec_keys(self.client)
+            write = any(q.write for q, _ in self.client.multi or ())
+        else:
+            keys, settle, write = spec.load_keys(args), spec.settle, spec.write
         needs_io = bool(keys and store.missing(keys))
         if ssd is not None:
-            if spec.write and ssd.queued_bytes > self.server.ssd_write_queue:
+            if write and ssd.queued_bytes > self.server.ssd_write_queue:
                 needs_io = True
-            if spec.settle and not ssd.settled:
+            if settle and not ssd.settled:
                 needs_io = True
         if needs_io:
-            return self._slow(spec, args, keys, counts)
+            return self._slow(spec, args, keys, counts, settle, write)
         return self._invoke_sync(spec, args, counts)
 
     def _invoke_sync(self, spec: CommandSpec, args: list[Any], counts: CommandStats,
@@ -243,14 +248,15 @@ class CommandRuns:
         else:
             encode(reply, self.client.proto, self.out)
 
-    async def _slow(self, spec: CommandSpec, args: list[Any], keys: list[bytes], counts: CommandStats) -> None:
+    async def _slow(self, spec: CommandSpec, args: list[Any], keys: list[bytes], counts: CommandStats,
+                    settle: bool, write: bool) -> None:
         """The waits a command declares, before it runs: writer backpressure, a settled SSD, its keys loaded."""
         ssd = self.store.ssd
         srv = self.server
         if ssd is not None:
-            if spec.write and ssd.queued_bytes > srv.ssd_write_queue:
+            if write and ssd.queued_bytes > srv.ssd_write_queue:
                 await srv.wait_commit(ssd.enqueued_seq)
-            if spec.settle and not ssd.settled:
+            if settle and not ssd.settled:
                 await srv.wait_commit(ssd.enqueued_seq)
         # [prefetch hook, issue 19] what follows a chunk read: queued, its first chunks loaded with this one
         along = srv.prefetcher.expect(spec, keys, self.client.id, srv.prefetcher.along)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
 from kvstrata.commands.registry import CommandSpec, subcommand_syntax_error, unknown_subcommand
+from kvstrata.commands.transactions import QUEUED, RUN_IN_MULTI, end_transaction, exec_, refused_in_multi
 from kvstrata.commands.waits import Suspend
 from kvstrata.engine.bufpool import BufferPool, tune_malloc
 from kvstrata.errors import CommandError, NoAuthError, OutOfMemoryError, ProtocolError, wrong_arity
@@ -530,7 +531,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                     self._cross_protocol()
                     return None
                 self.server.stats.unknown += 1
-                self._error(_unknown(args))
+                self._refuse(_unknown(args))
                 return None
         n = len(args)
         arity = spec.arity
@@ -542,7 +543,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             name = args[1] if args[1].__class__ is bytes else bytes(args[1])
             sub = spec.subcommands.get(name) or spec.subcommands.get(name.lower())
             if sub is None:  # as Redis: an error, but no command ran (no stats row)
-                self._error(unknown_subcommand(args[0], name).message)
+                self._refuse(unknown_subcommand(args[0], name).message)
                 return None
             if not sub.arity_ok(n):
                 self._reject(sub, wrong_arity(sub.full_name).message)
@@ -564,13 +565,24 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         if spec.most and n > spec.most:  # more arguments than the subcommand's handler takes: it fails
             counts.calls += 1
             counts.failed += 1
-            self._error(subcommand_syntax_error(args).message)
+            self._refuse(subcommand_syntax_error(args).message)
             return None
         if spec.denyoom and self.store.dram.used > self.store.dram.budget:
             refused = self.store.refuse_denyoom()
             if refused is not None:  # as Redis: refused before it runs, a rejected call
                 self._reject(spec, refused)
                 return None
+        if client.multi is not None:
+            if spec.name not in RUN_IN_MULTI:
+                self._queue(spec, args)
+                return None
+            if spec.handler is exec_ and any(q.denyoom for q, _ in client.multi) \
+                    and self.store.dram.used > self.store.dram.budget:
+                refused = self.store.refuse_denyoom()
+                if refused is not None:  # as Redis: the transaction is discarded with the reason
+                    end_transaction(self.ctx)
+                    self._reject(spec, f"EXECABORT Transaction discarded because of: {refused}")
+                    return None
         if self.tiered:
             return self._tiered(spec, args, counts)
         t0 = perf_counter_ns()
@@ -601,7 +613,33 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
     def _reject(self, spec: CommandSpec, message: str) -> None:
         """Refused before it ran (arity, NOAUTH, ACL): Redis's ``rejected_calls`` of that (sub)command."""
         self.counts[spec].rejected += 1
+        self._refuse(message)
+
+    def _refuse(self, message: str) -> None:
+        """A command refused before it ran; inside MULTI that also dooms the transaction (EXEC answers
+        -EXECABORT), as Redis's flagTransaction."""
+        if self.client.multi is not None:
+            self.client.multi_dirty = True
         self._error(message)
+
+    def _queue(self, spec: CommandSpec, args: list[Any]) -> None:
+        """MULTI: keep the command for EXEC (its arguments as bytes of their own: a value received into a pooled
+        buffer would be reused once this batch has run) and answer +QUEUED."""
+        refused = refused_in_multi(spec)
+        if refused is not None:
+            self._refuse(refused)
+            return
+        client = self.client
+        assert client.multi is not None
+        client.multi_bytes += sum(len(a) for a in args)
+        if client.multi_bytes > self.query_limit():
+            # The queue is client memory no budget covers: bounded as a pending request is.
+            client.multi.clear()
+            client.multi_bytes = 0
+            self._refuse("ERR the transaction's queued commands exceed client-query-buffer-limit; it is discarded")
+            return
+        client.multi.append((spec, [a if a.__class__ is bytes else bytes(a) for a in args]))
+        encode(QUEUED, client.proto, self.out)
 
     def _fail(self, spec: CommandSpec, counts: CommandStats, exc: Exception, first: bool = True) -> None:
         """A handler raised: its error reply (a CommandError's text, or an internal error, logged).

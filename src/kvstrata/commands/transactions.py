@@ -1,0 +1,154 @@
+"""Transactions as Redis runs them: MULTI, EXEC, DISCARD, WATCH, UNWATCH.
+
+After MULTI the connection queues each command (``Connection.execute`` answers +QUEUED) instead of running it; a
+command refused while being queued (unknown, wrong arity, NOAUTH, ACL, -OOM, not allowed here) makes EXEC answer
+-EXECABORT. EXEC runs the queue in one go on the event loop, so no other client's command runs in between: on a
+tiered server the keys of every queued command (and the watched ones) are loaded before it starts
+(``CommandRuns._tiered``), as for any multi-key command. A runtime error of one command is its reply in EXEC's
+array and the others still run, as in Redis.
+
+WATCH keeps each key's (version, expiry) as it was, or None when absent: every write gives a key a new version
+and EXPIRE/PERSIST change its expiry, so EXEC answers a null array when any of them differs (a key deleted,
+re-created, rewritten, given or stripped of a TTL, or expired meanwhile; FLUSHALL included).
+
+Not inside a transaction: the TAIR.KV commands (their replies may wait for copies, the SSD writer or the pool
+within the command) and SHUTDOWN; and no transaction at all while the pool acknowledges writes
+(``pool-ack`` other than local), whose writes' replies wait for the pool one command at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+from kvstrata.commands.context import Context
+from kvstrata.commands.registry import CommandSpec, command
+from kvstrata.commands.waits import Suspend
+from kvstrata.errors import CommandError
+from kvstrata.protocol.encoder import NULL_ARRAY, OK, ErrorReply, Status
+
+log = logging.getLogger("kvstrata.conn")
+
+QUEUED = Status("QUEUED")
+# Run at once even inside MULTI (Redis's list: they act on the transaction or the connection itself).
+RUN_IN_MULTI = frozenset({"exec", "discard", "multi", "watch", "quit", "reset"})
+_NOT_IN_MULTI = frozenset({"shutdown"})
+
+
+def refused_in_multi(spec: CommandSpec) -> str | None:
+    """Why ``spec`` cannot be queued by MULTI (an error text), or None."""
+    top = spec.parent or spec
+    if top.group == "tairkv" or top.name in _NOT_IN_MULTI:
+        return f"ERR Command not allowed inside a transaction: '{spec.full_name}'"
+    return None
+
+
+def _pool_waits(ctx: Context) -> bool:
+    pool = ctx.store.pool
+    return pool is not None and pool.ack != "local"
+
+
+def _snapshot(ctx: Context, key: bytes) -> tuple[int, int] | None:
+    meta = ctx.store.probe(key)
+    return None if meta is None else (meta.version, meta.expire_at)
+
+
+def end_transaction(ctx: Context) -> None:
+    """Forget the queue and the watched keys (EXEC, DISCARD, RESET, a closed connection)."""
+    client = ctx.client
+    client.multi = None
+    client.multi_dirty = False
+    client.multi_bytes = 0
+    client.watched = {}
+
+
+@command("multi", 1, "noscript loading stale fast allow_busy", group="transactions", since="1.2.0", load=False,
+         summary="Starts a transaction.")
+def multi(ctx: Context, args: list[bytes]) -> Any:
+    client = ctx.client
+    if client.multi is not None:
+        raise CommandError("MULTI calls can not be nested")
+    if _pool_waits(ctx):
+        raise CommandError("MULTI is not supported while the pool acknowledges writes (pool-ack "
+                           f"{ctx.store.pool.ack}); send the commands on their own")
+    client.multi = []
+    client.multi_dirty = False
+    client.multi_bytes = 0
+    return OK
+
+
+@command("discard", 1, "noscript loading stale fast allow_busy", group="transactions", since="2.0.0", load=False,
+         summary="Discards a transaction.")
+def discard(ctx: Context, args: list[bytes]) -> Any:
+    if ctx.client.multi is None:
+        raise CommandError("DISCARD without MULTI")
+    end_transaction(ctx)
+    return OK
+
+
+@command("watch", -2, "noscript loading stale fast allow_busy", keys=(1, -1, 1), load="meta",
+         group="transactions", since="2.2.0", summary="Monitors changes to keys to determine the execution of a "
+                                                      "transaction.")
+def watch(ctx: Context, args: list[bytes]) -> Any:
+    client = ctx.client
+    if client.multi is not None:
+        raise CommandError("WATCH inside MULTI is not allowed")
+    for key in args[1:]:
+        if key not in client.watched:  # as Redis: watching a key again keeps the first snapshot
+            client.watched[key] = _snapshot(ctx, key)
+    return OK
+
+
+@command("unwatch", 1, "noscript loading stale fast allow_busy", group="transactions", since="2.2.0", load=False,
+         summary="Forgets about all watched keys.")
+def unwatch(ctx: Context, args: list[bytes]) -> Any:
+    ctx.client.watched = {}
+    return OK
+
+
+def exec_keys(client: Any) -> tuple[list[bytes], bool]:
+    """The keys EXEC must find in DRAM before it runs (every queued command's, and the watched ones), and whether
+    one of the queued commands needs a settled SSD tier."""
+    keys: list[bytes] = list(client.watched)
+    settle = False
+    for spec, args in client.multi or ():
+        keys += spec.load_keys(args)
+        settle = settle or spec.settle
+    return list(dict.fromkeys(keys)), settle
+
+
+def _run_one(ctx: Context, spec: CommandSpec, args: list[Any]) -> Any:
+    counts = ctx.server.command_counts[spec] if ctx.server is not None else None
+    if counts is not None:
+        counts.calls += 1
+    try:
+        reply = spec.handler(ctx, args)
+    except CommandError as exc:
+        if counts is not None:
+            counts.failed += 1
+        return ErrorReply(exc.message)
+    except Exception as exc:  # a bug in one handler: its reply says so, the others still run
+        log.error("command %s failed inside EXEC: %s", spec.full_name, traceback.format_exc())
+        if counts is not None:
+            counts.failed += 1
+        return ErrorReply(f"ERR internal error: {type(exc).__name__}")
+    if reply.__class__ is Suspend:  # not expected of the commands MULTI queues; never left waiting
+        reply.release()
+        return ErrorReply(f"ERR '{spec.full_name}' cannot wait inside a transaction")
+    return reply
+
+
+@command("exec", 1, "noscript loading stale skip_slowlog", group="transactions", since="1.2.0", load=False,
+         summary="Executes all commands in a transaction.")
+def exec_(ctx: Context, args: list[bytes]) -> Any:
+    client = ctx.client
+    queued, dirty, watched = client.multi, client.multi_dirty, client.watched
+    if queued is None:
+        raise CommandError("EXEC without MULTI")
+    end_transaction(ctx)
+    if dirty:
+        raise CommandError("EXECABORT Transaction discarded because of previous errors.", raw=True)
+    if any(_snapshot(ctx, key) != seen for key, seen in watched.items()):
+        return NULL_ARRAY
+    return [_run_one(ctx, spec, qargs) for spec, qargs in queued]
