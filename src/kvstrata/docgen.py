@@ -26,7 +26,7 @@ ACL, -OOM) makes EXEC answer -EXECABORT; EXEC runs the queue with no other clien
 tiered server the keys of every queued command, and the watched ones, are loaded into DRAM first) and answers
 each command's reply, a runtime error included. WATCH keeps each key's version and expiry: any write, EXPIRE,
 PERSIST, DEL, FLUSHALL or expiry of a watched key makes EXEC answer a null array. redis-py's default
-`pipeline()` works. Not queued: the TAIR.KV commands and SHUTDOWN; MULTI is refused while the pool
+`pipeline()` works. Not queued: the TAIR.KV commands, SHUTDOWN and HELLO; MULTI is refused while the pool
 acknowledges writes (`pool-ack` other than `local`).
 """
 

@@ -12,7 +12,7 @@ and EXPIRE/PERSIST change its expiry, so EXEC answers a null array when any of t
 re-created, rewritten, given or stripped of a TTL, or expired meanwhile; FLUSHALL included).
 
 Not inside a transaction: the TAIR.KV commands (their replies may wait for copies, the SSD writer or the pool
-within the command) and SHUTDOWN; and no transaction at all while the pool acknowledges writes
+within the command), SHUTDOWN and HELLO; and no transaction at all while the pool acknowledges writes
 (``pool-ack`` other than local), whose writes' replies wait for the pool one command at a time.
 """
 
@@ -33,7 +33,8 @@ log = logging.getLogger("kvstrata.conn")
 QUEUED = Status("QUEUED")
 # Run at once even inside MULTI (Redis's list: they act on the transaction or the connection itself).
 RUN_IN_MULTI = frozenset({"exec", "discard", "multi", "watch", "quit", "reset"})
-_NOT_IN_MULTI = frozenset({"shutdown"})
+# SHUTDOWN may answer nothing; HELLO would switch the protocol in the middle of EXEC's reply.
+_NOT_IN_MULTI = frozenset({"shutdown", "hello"})
 
 
 def refused_in_multi(spec: CommandSpec) -> str | None:
