@@ -631,7 +631,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             return
         client = self.client
         assert client.multi is not None
-        client.multi_bytes += sum(len(a) for a in args)
+        # Python's objects counted too (a bytes object per argument, a list and a tuple per command): a million
+        # queued PINGs held 213 MB of RSS, not 4 MB.
+        client.multi_bytes += sum(len(a) for a in args) + 56 * len(args) + 160
         if client.multi_bytes > self.query_limit():
             # The queue is client memory no budget covers: bounded as a pending request is.
             client.multi.clear()
