@@ -37,6 +37,13 @@ def test_queue_exec_discard_and_their_errors(raw, resp):
     assert c.cmd("EXEC") == resp.Error(EXECABORT)
     assert c.cmd("MULTI") == "OK"
     assert c.cmd("SET", "c", "1") == "QUEUED"
+    assert c.cmd("EXEC", "extra") == resp.Error(  # a refused EXEC discards the transaction
+        "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command")
+    assert c.cmd("EXEC", "extra") == resp.Error(  # outside MULTI too, as Redis 7
+        "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command")
+    assert c.cmd("GET", "c") is None
+    assert c.cmd("MULTI") == "OK"
+    assert c.cmd("SET", "c", "1") == "QUEUED"
     assert c.cmd("DISCARD") == "OK"
     assert c.cmd("GET", "c") is None
     assert c.cmd("MULTI") == "OK"
@@ -58,6 +65,17 @@ def test_watch_aborts_on_every_kind_of_change(raw):
         assert c.cmd("EXEC") is None, change
     other.cmd("SET", "w", "1")
     assert c.cmd("GET", "x") is None  # none of them ran
+    assert c.cmd("WATCH", "gone") == "OK"  # created and deleted again: still a change
+    assert other.cmd("SET", "gone", "1") == "OK"
+    assert other.cmd("DEL", "gone") == 1
+    assert c.cmd("MULTI") == "OK"
+    assert c.cmd("SET", "x", "aba") == "QUEUED"
+    assert c.cmd("EXEC") is None
+    assert c.cmd("WATCH", "never") == "OK"
+    assert other.cmd("FLUSHALL") == "OK"  # it was not there: FLUSHALL changes nothing watched, as in Redis
+    assert c.cmd("MULTI") == "OK"
+    assert c.cmd("EXEC") == []
+    other.cmd("SET", "w", "1")
     assert c.cmd("WATCH", "w", "never") == "OK"
     assert c.cmd("MULTI") == "OK"
     assert c.cmd("SET", "x", "ran") == "QUEUED"

@@ -7,9 +7,11 @@ tiered server the keys of every queued command (and the watched ones) are loaded
 (``CommandRuns._tiered``), as for any multi-key command. A runtime error of one command is its reply in EXEC's
 array and the others still run, as in Redis.
 
-WATCH keeps each key's (version, expiry) as it was, or None when absent: every write gives a key a new version
-and EXPIRE/PERSIST change its expiry, so EXEC answers a null array when any of them differs (a key deleted,
-re-created, rewritten, given or stripped of a TTL, or expired meanwhile; FLUSHALL included).
+WATCH keeps each key's epoch, version and expiry as they were: the store bumps a watched key's epoch on every
+write, delete, expiry change and flush of it (``Store.watch_epochs``, kept only while someone watches the key),
+and its version and expiry change with an eviction or an expiry, so EXEC answers a null array when any of them
+differs (a key rewritten, deleted, created and deleted again, given or stripped of a TTL, expired or evicted
+meanwhile; FLUSHALL included).
 
 Not inside a transaction: the TAIR.KV commands (their replies may wait for copies, the SSD writer or the pool
 within the command), SHUTDOWN and HELLO; and no transaction at all while the pool acknowledges writes
@@ -50,9 +52,19 @@ def _pool_waits(ctx: Context) -> bool:
     return pool is not None and pool.ack != "local"
 
 
-def _snapshot(ctx: Context, key: bytes) -> tuple[int, int] | None:
+def _snapshot(ctx: Context, key: bytes) -> tuple[int, int, int] | None:
+    """What EXEC compares: the key's epoch (bumped by every write, delete, expiry change or flush of a watched
+    key: a key created and deleted again meanwhile) and its version and expiry (an expiry or an eviction)."""
     meta = ctx.store.probe(key)
-    return None if meta is None else (meta.version, meta.expire_at)
+    epoch = ctx.store.watch_epoch(key)
+    return (epoch, -1, -1) if meta is None else (epoch, meta.version, meta.expire_at)
+
+
+def unwatch_all(ctx: Context) -> None:
+    client = ctx.client
+    if client.watched:
+        ctx.store.unwatch(client.watched)
+        client.watched = {}
 
 
 def end_transaction(ctx: Context) -> None:
@@ -61,7 +73,7 @@ def end_transaction(ctx: Context) -> None:
     client.multi = None
     client.multi_dirty = False
     client.multi_bytes = 0
-    client.watched = {}
+    unwatch_all(ctx)
 
 
 @command("multi", 1, "noscript loading stale fast allow_busy", group="transactions", since="1.2.0", load=False,
@@ -97,6 +109,7 @@ def watch(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError("WATCH inside MULTI is not allowed")
     for key in args[1:]:
         if key not in client.watched:  # as Redis: watching a key again keeps the first snapshot
+            ctx.store.watch(key)
             client.watched[key] = _snapshot(ctx, key)
     return OK
 
@@ -104,7 +117,7 @@ def watch(ctx: Context, args: list[bytes]) -> Any:
 @command("unwatch", 1, "noscript loading stale fast allow_busy", group="transactions", since="2.2.0", load=False,
          summary="Forgets about all watched keys.")
 def unwatch(ctx: Context, args: list[bytes]) -> Any:
-    ctx.client.watched = {}
+    unwatch_all(ctx)
     return OK
 
 
@@ -147,9 +160,10 @@ def exec_(ctx: Context, args: list[bytes]) -> Any:
     queued, dirty, watched = client.multi, client.multi_dirty, client.watched
     if queued is None:
         raise CommandError("EXEC without MULTI")
+    changed = any(_snapshot(ctx, key) != seen for key, seen in watched.items())
     end_transaction(ctx)
     if dirty:
         raise CommandError("EXECABORT Transaction discarded because of previous errors.", raw=True)
-    if any(_snapshot(ctx, key) != seen for key, seen in watched.items()):
+    if changed:
         return NULL_ARRAY
     return [_run_one(ctx, spec, qargs) for spec, qargs in queued]

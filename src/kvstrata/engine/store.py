@@ -146,6 +146,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             predictor.attach(self.dram.entries)  # what DRAM holds, read only (the walk's DRAM bound)
         # Smaller values are not profiled: a KV chunk is large, and profiling costs ~3 us per access.
         self.profile_min_bytes = profile_min_bytes
+        # WATCH (commands/transactions.py): per watched key, how many clients watch it and a counter every write,
+        # delete, expiry change or flush of it bumps, so that EXEC sees a key created and deleted again meanwhile.
+        self.watch_epochs: dict[bytes, list[int]] = {}
         # Chain-aware demotion (needs the predictor's profiles): chain heads stay head_keep times longer.
         self.chain_evict = chain_evict and predictor is not None
         self.head_keep = head_keep
@@ -210,6 +213,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         expected_version: int | None = None,
     ) -> Entry:
         """Store a new value (replacing any old one in any tier) and give it a fresh version."""
+        if self.watch_epochs:
+            self.touch_watched(key)
         if self.predictor is not None and len(value) >= self.profile_min_bytes:
             self.predictor.write(key, self.command.stream)
         pool = self.pool
@@ -297,6 +302,12 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
     def delete(self, key: bytes, *, track: bool = False) -> bool:
         """Delete ``key`` from every tier. ``track``: the caller takes the pool tombstone's outcome
         (``pool.take_outcome(self.command.pool_ack)``, as DEL's reply does); untracked ones record none."""
+        deleted = self._delete(key, track)
+        if deleted and self.watch_epochs:  # as Redis: a key that was not there is not changed
+            self.touch_watched(key)
+        return deleted
+
+    def _delete(self, key: bytes, track: bool) -> bool:
         pool = self.pool
         if pool is not None and not pool.usable(key):
             # Refused, never dropped: a delete the pool does not hold would let other copies come back.
@@ -321,6 +332,12 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
 
     def set_expire(self, key: bytes, expire_at: int) -> bool:
         """Set (or with 0, remove) the absolute expiry of an existing key; False if the key is missing."""
+        changed = self._set_expire(key, expire_at)
+        if changed and self.watch_epochs:
+            self.touch_watched(key)
+        return changed
+
+    def _set_expire(self, key: bytes, expire_at: int) -> bool:
         entry = self.dram.entries.get(key)
         if entry is not None and not entry.expired(self.clock.now_ms()):
             entry.expire_at = expire_at
@@ -342,7 +359,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if keeper is None:
             # Only copies below DRAM (DRAM + pool): the record comes up (as any copy hit) and changes here.
             if self.adopt(key, below, origin):
-                return self.set_expire(key, expire_at)
+                return self._set_expire(key, expire_at)
             return False
         moved = Entry(below.value, below.version, expire_at)
         seq = keeper.put(key, moved)
@@ -371,7 +388,34 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.command.ack_seq = self.ssd.barrier(sync=True)
         return self.command.ack_seq
 
+    def watch(self, key: bytes) -> int:
+        """A client starts watching ``key``: its epoch now (see ``watch_epochs``)."""
+        slot = self.watch_epochs.setdefault(key, [0, 0])
+        slot[0] += 1
+        return slot[1]
+
+    def watch_epoch(self, key: bytes) -> int:
+        slot = self.watch_epochs.get(key)
+        return slot[1] if slot is not None else -1
+
+    def unwatch(self, keys: Any) -> None:
+        """Clients stopped watching ``keys`` (each once per WATCH that counted it)."""
+        for key in keys:
+            slot = self.watch_epochs.get(key)
+            if slot is not None:
+                slot[0] -= 1
+                if slot[0] <= 0:
+                    del self.watch_epochs[key]
+
+    def touch_watched(self, key: bytes) -> None:
+        slot = self.watch_epochs.get(key)
+        if slot is not None:
+            slot[1] += 1
+
     def flush(self) -> None:
+        for key, slot in self.watch_epochs.items():
+            if self.probe(key) is not None:  # as Redis: a watched key that was not there is not changed
+                slot[1] += 1
         self.stats.prefetch_wasted += len(self.prefetched)
         self.prefetched.clear()
         if self.predictor is not None:

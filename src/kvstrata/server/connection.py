@@ -152,6 +152,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             peer.close()  # the connection's reference; a pull still copying holds its own
         if self.store.predictor is not None:
             self.store.predictor.forget_stream(self.client.id)
+        end_transaction(self.ctx)  # its watched keys are no longer watched by it
         self._stream = None
         self._stream_bytes = 0
         self.out = []
@@ -579,9 +580,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             if spec.handler is exec_ and any(q.denyoom for q, _ in client.multi) \
                     and self.store.dram.used > self.store.dram.budget:
                 refused = self.store.refuse_denyoom()
-                if refused is not None:  # as Redis: the transaction is discarded with the reason
-                    end_transaction(self.ctx)
-                    self._reject(spec, f"EXECABORT Transaction discarded because of: {refused}")
+                if refused is not None:
+                    self._reject(spec, refused)
                     return None
         if self.tiered:
             return self._tiered(spec, args, counts)
@@ -613,6 +613,10 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
     def _reject(self, spec: CommandSpec, message: str) -> None:
         """Refused before it ran (arity, NOAUTH, ACL): Redis's ``rejected_calls`` of that (sub)command."""
         self.counts[spec].rejected += 1
+        if spec.handler is exec_:  # as Redis, in MULTI or not: the transaction goes with it
+            end_transaction(self.ctx)
+            reason = message[4:] if message.startswith("ERR ") else message
+            message = f"EXECABORT Transaction discarded because of: {reason}"
         self._refuse(message)
 
     def _refuse(self, message: str) -> None:
