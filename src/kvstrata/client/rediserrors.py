@@ -9,48 +9,15 @@ message (redis-py's ``OutOfMemoryError("command not allowed ...")``, ``ResponseE
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import redis.exceptions as rx
-
-# Error code -> class, as redis-py's parser had them before 8.2 (the codes a KV client can meet); used only where
-# redis-py's parser cannot be imported.
-_BY_CODE: dict[str, type[rx.ResponseError] | type[rx.RedisError]] = {
-    "OOM": rx.OutOfMemoryError,
-    "NOPERM": rx.NoPermissionError,
-    "WRONGPASS": rx.AuthenticationError,
-    "NOAUTH": rx.AuthenticationError,
-    "READONLY": rx.ReadOnlyError,
-    "LOADING": rx.BusyLoadingError,
-    "TRYAGAIN": rx.TryAgainError,
-    "EXECABORT": rx.ExecAbortError,
-    "MASTERDOWN": rx.MasterDownError,
-}
-_ERR_TEXT: dict[str, type[rx.RedisError]] = {
-    "invalid password": rx.AuthenticationError,
-    "max number of clients reached": rx.ConnectionError,
-}
-
-
-try:  # redis-py's own mapping, which grows with its releases (8.2 made 'max number of clients' a class of its own)
-    from redis._parsers.base import BaseParser
-
-    _PARSE: Callable[[str], rx.RedisError] | None = BaseParser.parse_error
-except ImportError:  # a redis-py without it: the table above
-    _PARSE = None
+from redis._parsers.base import BaseParser
 
 
 def reply_error(text: str) -> rx.RedisError:
-    """An error reply's text (``"OOM command not allowed ..."``) as the exception redis-py would raise."""
-    if _PARSE is not None:
-        return _PARSE(text)
-    code, _, rest = text.partition(" ")
-    cls = _BY_CODE.get(code)
-    if cls is not None:
-        return cls(rest, status_code=code)
-    if code == "ERR":
-        return _ERR_TEXT.get(rest, rx.ResponseError)(rest, status_code=code)
-    return rx.ResponseError(text)
+    """An error reply's text (``"OOM command not allowed ..."``) as the exception redis-py would raise: its own
+    parser's mapping (every redis-py >= 5.0 has it), which grows with its releases (8.2 made 'max number of
+    clients reached' a class of its own)."""
+    return BaseParser.parse_error(text)
 
 
 def acl_refused(exc: BaseException) -> bool:

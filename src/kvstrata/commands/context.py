@@ -35,7 +35,7 @@ class ClientState:
     # up cost each PULL 40-175 us. The connection holds one reference, given back when it closes.
     pull_peer: Any = None
     # MULTI: the queued (spec, args), None outside a transaction; whether a command was refused while queued (EXEC
-    # then aborts); WATCH's keys with their (version, expiry) when watched, None for absent (commands/transactions)
+    # then aborts); WATCH's keys with what EXEC compares them to (commands/transactions._snapshot)
     multi: list[Any] | None = None
     multi_dirty: bool = False
     multi_bytes: int = 0  # the queued arguments' bytes, bounded by client-query-buffer-limit

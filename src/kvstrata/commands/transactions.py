@@ -24,7 +24,7 @@ import logging
 import traceback
 from typing import Any
 
-from kvstrata.commands.context import Context
+from kvstrata.commands.context import ClientState, Context
 from kvstrata.commands.registry import CommandSpec, command
 from kvstrata.commands.waits import Suspend
 from kvstrata.errors import CommandError
@@ -52,7 +52,7 @@ def _pool_waits(ctx: Context) -> bool:
     return pool is not None and pool.ack != "local"
 
 
-def _snapshot(ctx: Context, key: bytes) -> tuple[int, int, int] | None:
+def _snapshot(ctx: Context, key: bytes) -> tuple[int, int, int]:
     """What EXEC compares: the key's epoch (bumped by every write, delete, expiry change or flush of a watched
     key: a key created and deleted again meanwhile) and its version and expiry (an expiry or an eviction)."""
     meta = ctx.store.probe(key)
@@ -85,9 +85,7 @@ def multi(ctx: Context, args: list[bytes]) -> Any:
     if _pool_waits(ctx):
         raise CommandError("MULTI is not supported while the pool acknowledges writes (pool-ack "
                            f"{ctx.store.pool.ack}); send the commands on their own")
-    client.multi = []
-    client.multi_dirty = False
-    client.multi_bytes = 0
+    client.multi = []  # multi_dirty and multi_bytes are back at False and 0 since the last transaction ended
     return OK
 
 
@@ -121,15 +119,17 @@ def unwatch(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-def exec_keys(client: Any) -> tuple[list[bytes], bool]:
-    """The keys EXEC must find in DRAM before it runs (every queued command's, and the watched ones), and whether
-    one of the queued commands needs a settled SSD tier."""
+def exec_waits(client: ClientState) -> tuple[list[bytes], bool, bool]:
+    """What EXEC declares for the tiered path, from its queue: the keys it must find in DRAM before it runs (every
+    queued command's, and the watched ones), whether one of the queued commands needs a settled SSD tier, and
+    whether one writes (writer backpressure)."""
     keys: list[bytes] = list(client.watched)
-    settle = False
+    settle = write = False
     for spec, args in client.multi or ():
         keys += spec.load_keys(args)
         settle = settle or spec.settle
-    return list(dict.fromkeys(keys)), settle
+        write = write or spec.write
+    return list(dict.fromkeys(keys)), settle, write
 
 
 def _run_one(ctx: Context, spec: CommandSpec, args: list[Any]) -> Any:
@@ -157,11 +157,11 @@ def _run_one(ctx: Context, spec: CommandSpec, args: list[Any]) -> Any:
          summary="Executes all commands in a transaction.")
 def exec_(ctx: Context, args: list[bytes]) -> Any:
     client = ctx.client
-    queued, dirty, watched = client.multi, client.multi_dirty, client.watched
+    queued, dirty = client.multi, client.multi_dirty
     if queued is None:
         raise CommandError("EXEC without MULTI")
-    changed = any(_snapshot(ctx, key) != seen for key, seen in watched.items())
-    end_transaction(ctx)
+    changed = not dirty and any(_snapshot(ctx, key) != seen for key, seen in client.watched.items())
+    end_transaction(ctx)  # unwatches: the comparison above comes first
     if dirty:
         raise CommandError("EXECABORT Transaction discarded because of previous errors.", raw=True)
     if changed:

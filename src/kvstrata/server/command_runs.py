@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstrata.commands.pool_acks import abandon_writes, after_command_writes
 from kvstrata.commands.registry import CommandSpec
-from kvstrata.commands.transactions import exec_, exec_keys
+from kvstrata.commands.transactions import exec_, exec_waits
 from kvstrata.commands.waits import PoolAck, Suspend
 from kvstrata.errors import CommandError
 from kvstrata.protocol.encoder import ErrorReply, encode
@@ -87,8 +87,7 @@ class CommandRuns:
         store = self.store
         ssd = store.ssd
         if spec.handler is exec_:  # the queued commands' keys and waits, and the watched keys
-            keys, settle = exec_keys(self.client)
-            write = any(q.write for q, _ in self.client.multi or ())
+            keys, settle, write = exec_waits(self.client)
         else:
             keys, settle, write = spec.load_keys(args), spec.settle, spec.write
         needs_io = bool(keys and store.missing(keys))
