@@ -35,7 +35,7 @@ _GROUP_CATEGORY = {"string": "string", "generic": "keyspace", "connection": "con
 # MEMORY DOCTOR are added because here they show the top key prefixes of every tenant.
 _ADMIN = frozenset({"client|kill", "client|list", "config|get", "config|set", "config|resetstat",
                     "config|rewrite", "slowlog|get", "slowlog|len", "slowlog|reset", "latency|latest",
-                    "latency|history", "latency|reset", "latency|histogram", "save", "shutdown", "lastsave",
+                    "latency|history", "latency|reset", "latency|histogram", "save", "shutdown", "lastsave", "role",
                     "acl|setuser", "acl|getuser", "acl|deluser", "acl|list", "acl|users", "acl|load", "acl|save",
                     "acl|log", "acl|dryrun", "memory|stats", "memory|doctor"})
 _DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info"}

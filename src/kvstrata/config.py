@@ -94,6 +94,23 @@ def _float(text: str | float) -> float:
     return float(text)
 
 
+def save_points(text: str) -> list[tuple[int, int]]:
+    """``"3600 1 300 100"`` -> ``[(3600, 1), (300, 100)]``: Redis's save points, (seconds, changes) pairs, with
+    Redis's checks (seconds >= 1, changes >= 0, an even count); ``""`` is none."""
+    words = str(text).split()
+    if not all(w.lstrip("+-").isascii() and w.lstrip("+-").isdigit() and len(w) - len(w.lstrip("+-")) <= 1
+               for w in words):
+        raise ValueError("Invalid save parameters")
+    numbers = [min(int(w), INT64_MAX) for w in words]  # as Redis's strtoll, which saturates
+    if len(numbers) % 2 or any(n < 1 if i % 2 == 0 else n < 0 for i, n in enumerate(numbers)):
+        raise ValueError("Invalid save parameters")
+    return list(zip(numbers[::2], numbers[1::2], strict=True))
+
+
+def _save(text: str) -> str:
+    return " ".join(f"{s} {c}" for s, c in save_points(text))
+
+
 @dataclass(frozen=True)
 class Param:
     """One configuration parameter. ``name`` is the Redis-style spelling used by CONFIG and the file."""
@@ -341,9 +358,12 @@ PARAMS: tuple[Param, ...] = (
     Param("http-bind", _str, "127.0.0.1",
           "Address(es) of the HTTP endpoint. A non-loopback address requires requirepass: clients send it as a "
           "Bearer token or as the basic-auth password."),
-    Param("save", _str, "",
-          "Accepted for compatibility: kvstrata takes no snapshots, its SSD tier persists every write. Without "
-          "essd-path a non-empty value is a startup error (nothing would survive a restart); \"\" is accepted."),
+    Param("save", _save, "",
+          "Save points, as Redis's: \"<seconds> <changes> [...]\" checkpoints write-back DRAM to the SSD tier in "
+          "the background once at least <changes> writes happened and <seconds> passed since the last save (e.g. "
+          "\"3600 1 300 100 60 10000\"); \"\" (default): only SAVE, BGSAVE and a clean shutdown do. Needs essd-path "
+          "(without it a non-empty value is refused); under write-through every write is on SSD already.",
+          mutable=True),
     Param("appendonly", _choice("no"), "no", "Accepted for compatibility: there is no append-only file."),
     Param("cluster-enabled", _choice("no"), "no", "Accepted for Tair compatibility; only 'no' is supported."),
     Param("databases", _int, 1, "Only database 0 exists."),

@@ -30,6 +30,16 @@ PERSIST, DEL, FLUSHALL or expiry of a watched key makes EXEC answer a null array
 acknowledges writes (`pool-ack` other than `local`).
 """
 
+_SAVE_NOTES = """
+**Saves.** `SAVE`, `BGSAVE [SCHEDULE]` and the `save` points write every DRAM value that has no copy on the SSD
+tier yet to it (needs `--essd-path`; under write-through everything is there already). `SAVE` answers once the
+SSD writer committed them, or `-ERR SAVE failed: ...` when writes failed or the tier evicted some of them to make
+room; `BGSAVE` answers at once (inside EXEC it is scheduled, as in Redis). LASTSAVE and INFO `persistence`
+(`rdb_changes_since_last_save`, `rdb_bgsave_in_progress`, `rdb_last_bgsave_status`, `rdb_saves`) report them.
+What a save keeps through a crash: [architecture](architecture.md), "Saves". `ROLE` and INFO `replication` say
+`master` with no replicas (kvstrata nodes share data through the pool, as its clients).
+"""
+
 _TAIRKV_NOTES = """
 ### KV-cache command details
 
@@ -75,6 +85,8 @@ def commands_markdown() -> str:
         lines.append("")
         if group == "tairkv":
             lines += _TAIRKV_NOTES.strip("\n").splitlines() + [""]
+        if group == "server":
+            lines += _SAVE_NOTES.strip("\n").splitlines() + [""]
         if group == "transactions":
             lines += _TRANSACTION_NOTES.strip("\n").splitlines() + [""]
     return "\n".join(lines)
@@ -123,7 +135,8 @@ def configuration_markdown() -> str:
         "|---|---|---|---|",
         "| memory only (no `--essd-path`; the server says so at startup) | nothing | nothing | nothing |",
         "| `--essd-path`, write-back (default) | every unexpired key (DRAM is checkpointed to SSD on the way out) | "
-        "what had reached SSD (demoted, `SAVE`d) | what had reached SSD and was fsynced (`--fsync`) |",
+        "what was on SSD: demoted or saved (`SAVE`, `BGSAVE`, save points), and not written or read back into "
+        "DRAM since | what was on SSD and fsynced (`--fsync`) |",
         "| `--essd-path`, write-through | every unexpired key | every acknowledged write | per `--fsync` "
         "(below) |",
         "",
@@ -134,17 +147,22 @@ def configuration_markdown() -> str:
         "plus those changed at run time, as given; flags and the environment are not written; the file is "
         "replaced atomically with its permissions, and its comments are not kept); without a file, REWRITE is "
         "refused as in Redis. What never survives a restart: `TAIR.KV.MARKHOT` patterns, access profiles, the "
-        "slow log and the statistics. `--save` is accepted for Redis compatibility only with `--essd-path` (the SSD "
-        "tier persists every write, there are no snapshots); without it a non-empty `--save` is a startup error "
-        "rather than a promise that would be broken at the next restart. `--save \"\"` means no persistence, "
-        "as in Redis.",
+        "slow log and the statistics. `--save` takes Redis's save points (`--save \"3600 1 300 100 60 10000\"`; "
+        "`CONFIG SET save` too): under write-back they checkpoint DRAM to the SSD tier in the background, writing "
+        "what changed since the last save, as `BGSAVE` does; LASTSAVE and INFO `persistence` tell when the last "
+        "one completed and how many writes came since. Unlike a Redis snapshot, a key written after its save, or "
+        "read back into DRAM from the SSD tier, has no SSD copy until it is demoted or saved again (the tiers are "
+        "exclusive under write-back): a crash meanwhile loses the key ([architecture](architecture.md), "
+        "\"Saves\"). Save points need `--essd-path`: without it a non-empty `--save` is a startup error (and "
+        "CONFIG SET refuses it) rather than a promise that would be broken at the next restart; `--save \"\"` "
+        "means none, as in Redis.",
         "",
         "## Durability modes",
         "",
         "| `--durability` | `--fsync` | a write is acknowledged | lost on kill -9 / power loss |",
         "|---|---|---|---|",
         "| `write-back` (default) | any | at once, in DRAM | data only in DRAM (it reaches SSD when demoted, on "
-        "`SAVE`, and on clean shutdown) |",
+        "`SAVE`/`BGSAVE` and save points, and on clean shutdown) |",
         "| `write-through` | `always` | after the LMDB transaction holding it is committed and fsynced "
         "(group commit) | nothing acknowledged |",
         "| `write-through` | `everysec` | after the LMDB commit; fsync within about a second | nothing on kill -9; "

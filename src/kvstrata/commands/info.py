@@ -212,6 +212,40 @@ def _cpu(ctx: Context) -> list[tuple[str, Any]]:
     return rows
 
 
+def _persistence(ctx: Context) -> list[tuple[str, Any]]:
+    """Redis's fields, for the checkpoints of write-back DRAM to the SSD tier (kvstrata.server.saves)."""
+    saves = ctx.server.saves if ctx.server is not None else None
+    started = saves.started if saves is not None else None
+    return [
+        ("loading", 0),
+        ("async_loading", 0),
+        ("rdb_changes_since_last_save", saves.changes if saves is not None else ctx.store.changes),
+        ("rdb_bgsave_in_progress", int(started is not None)),
+        ("rdb_last_save_time", saves.last_save if saves is not None else 0),
+        ("rdb_last_bgsave_status", "ok" if saves is None or saves.last_ok else "err"),
+        ("rdb_last_bgsave_time_sec", saves.last_duration if saves is not None else -1),
+        ("rdb_current_bgsave_time_sec", int(time.monotonic() - started) if started is not None else -1),
+        ("rdb_saves", saves.count if saves is not None else 0),
+        ("aof_enabled", 0),
+        ("aof_rewrite_in_progress", 0),
+        ("aof_rewrite_scheduled", 0),
+    ]
+
+
+def _replication(ctx: Context) -> list[tuple[str, Any]]:
+    # A kvstrata node has no replicas (nodes share data through the pool, which they are clients of).
+    return [
+        ("role", "master"),
+        ("connected_slaves", 0),
+        ("master_failover_state", "no-failover"),
+        ("master_replid", ctx.server.replid if ctx.server is not None else "0" * 40),
+        ("master_replid2", "0" * 40),
+        ("master_repl_offset", 0),
+        ("second_repl_offset", -1),
+        ("repl_backlog_active", 0),
+    ]
+
+
 def _cluster(ctx: Context) -> list[tuple[str, Any]]:
     # kvstrata nodes are standalone (the shared pool may be a Redis Cluster, which kvstrata is a client of).
     return [("cluster_enabled", 0)]
@@ -221,7 +255,9 @@ SECTIONS: dict[str, Section] = {
     "server": _server,
     "clients": _clients,
     "memory": _memory,
+    "persistence": _persistence,
     "stats": _stats,
+    "replication": _replication,
     "cpu": _cpu,
     "cluster": _cluster,
     "keyspace": _keyspace,
@@ -232,7 +268,8 @@ SECTIONS: dict[str, Section] = {
     "latencystats": _latencystats,
     "tier_pool": _tier("pool"),
 }
-DEFAULT = ["server", "clients", "memory", "stats", "cpu", "cluster", "tier_dram", "tier_ssd", "prefetch", "keyspace"]
+DEFAULT = ["server", "clients", "memory", "persistence", "stats", "replication", "cpu", "cluster", "tier_dram",
+           "tier_ssd", "prefetch", "keyspace"]
 _TITLES = {"cpu": "CPU"}
 
 

@@ -10,12 +10,13 @@ from kvstrata.commands import info as info_report
 from kvstrata.commands.context import Context
 from kvstrata.commands.observe import help_reply
 from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container, lookup_full
+from kvstrata.commands.waits import Commit, Suspend
 from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
 from kvstrata.config_rewrite import rewrite
 from kvstrata.engine.keyspace import glob_match
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import NO_REPLY, OK, Status, Verbatim
-from kvstrata.server.limits import empty_budget
+from kvstrata.server.limits import empty_budget, save_problem
 
 
 def _spec_info(spec: CommandSpec) -> list[Any]:
@@ -205,6 +206,10 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
         shown = next((n.strip().lower() for n, _ in pairs if canonical(n) == "dram-size"), "dram-size")
         _restore(ctx, old)
         raise CommandError(f"CONFIG SET failed (possibly related to argument '{shown}') - {problem}")
+    problem = save_problem(ctx.config.get("save"), ctx.store.ssd is not None)
+    if problem is not None:
+        _restore(ctx, old)
+        raise CommandError(f"CONFIG SET failed (possibly related to argument 'save') - {problem}")
     for name, value in pairs:
         if PARAMS_BY_NAME[canonical(name)].mutable:
             ctx.config.persisted[canonical(name)] = value  # CONFIG REWRITE writes it as given
@@ -292,18 +297,66 @@ def time_(ctx: Context, args: list[bytes]) -> Any:
 @command("lastsave", 1, "loading stale fast", group="server", summary="Returns the Unix timestamp of the last "
          "successful save to disk.")
 def lastsave(ctx: Context, args: list[bytes]) -> Any:
-    return int(time.time())
+    """When the last save (SAVE, BGSAVE, a save point) completed; as Redis, the server's start before any."""
+    return ctx.server.saves.last_save if ctx.server is not None else int(time.time())
 
 
-@command("save", 1, "admin", group="server", summary="Synchronously saves the database(s) to disk.")
-def save(ctx: Context, args: list[bytes]) -> Any:
+@command("role", 1, "noscript loading stale fast", group="server", since="2.8.12",
+         summary="Returns the replication role.")
+def role(ctx: Context, args: list[bytes]) -> Any:
+    """A kvstrata node is a master without replicas (nodes share data through the pool, as its clients)."""
+    return [b"master", 0, []]
+
+
+def _saves(ctx: Context) -> Any:
+    """The server's saves (kvstrata.server.saves), refusing a server without the SSD tier or with a save running."""
     if ctx.store.ssd is None:
         raise CommandError("no SSD tier configured (start with --essd-path)")
-    ctx.store.checkpoint()
-    return OK
+    saves = ctx.server.saves if ctx.server is not None else None
+    if saves is not None and saves.running:
+        raise CommandError("Background save already in progress")
+    return saves
 
 
-@command("shutdown", -1, "admin loading stale", group="server", summary="Synchronously saves the database(s) to "
+@command("save", 1, "admin noscript no_async_loading no_multi", group="server",
+         summary="Synchronously saves the database(s) to disk.")
+def save(ctx: Context, args: list[bytes]) -> Any:
+    """Writes every DRAM value not yet on the SSD tier and answers once the SSD writer committed them; an error if
+    some could not be written (a full or failing disk: they stay in memory and are retried)."""
+    saves = _saves(ctx)
+    store = ctx.store
+    base = store.changes
+    keys, entries = list(store.dram.entries), list(store.dram.entries.values())
+    seq = store.checkpoint()
+    if saves is None:
+        return OK
+
+    def then(_: Any) -> Any:
+        if not saves.finished(base, keys, entries):
+            raise CommandError(f"SAVE failed: {saves.failure(keys, entries)}")
+        return OK
+
+    return Suspend(Commit(seq), then)
+
+
+@command("bgsave", -1, "admin noscript no_async_loading", group="server", syntax="BGSAVE [SCHEDULE]",
+         summary="Asynchronously saves the database(s) to disk.")
+def bgsave(ctx: Context, args: list[bytes]) -> Any:
+    """Starts writing every DRAM value not yet on the SSD tier in the background (LASTSAVE and INFO persistence
+    tell when it is done). SCHEDULE, and any BGSAVE inside EXEC, starts it from the next server cycle, as Redis."""
+    if len(args) > 2 or (len(args) == 2 and bytes(args[1]).upper() != b"SCHEDULE"):
+        raise syntax_error()
+    saves = _saves(ctx)
+    if saves is None:
+        raise CommandError("no server")
+    if ctx.client.executing:
+        saves.scheduled = True
+        return Status("Background saving scheduled")
+    saves.start()
+    return Status("Background saving started")
+
+
+@command("shutdown", -1, "admin noscript loading stale no_multi allow_busy", group="server", summary="Synchronously saves the database(s) to "
          "disk and shuts down the Redis server.", syntax="SHUTDOWN [NOSAVE | SAVE] [NOW] [FORCE]")
 def shutdown(ctx: Context, args: list[bytes]) -> Any:
     """As Redis: no reply when the server goes down (the connection closes), ``Errors trying to SHUTDOWN`` when

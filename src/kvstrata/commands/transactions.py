@@ -35,13 +35,16 @@ log = logging.getLogger("kvstrata.conn")
 QUEUED = Status("QUEUED")
 # Run at once even inside MULTI (Redis's list: they act on the transaction or the connection itself).
 RUN_IN_MULTI = frozenset({"exec", "discard", "multi", "watch", "quit", "reset"})
-# SHUTDOWN may answer nothing; HELLO would switch the protocol in the middle of EXEC's reply.
-_NOT_IN_MULTI = frozenset({"shutdown", "hello"})
+# HELLO would switch the protocol in the middle of EXEC's reply (SHUTDOWN, which may answer nothing, and SAVE are
+# flagged no_multi, as in Redis).
+_NOT_IN_MULTI = frozenset({"hello"})
 
 
 def refused_in_multi(spec: CommandSpec) -> str | None:
     """Why ``spec`` cannot be queued by MULTI (an error text), or None."""
     top = spec.parent or spec
+    if "no_multi" in top.flags:  # Redis's own (SAVE, SHUTDOWN): its text
+        return "ERR Command not allowed inside a transaction"
     if top.group == "tairkv" or top.name in _NOT_IN_MULTI:
         return f"ERR Command not allowed inside a transaction: '{spec.full_name}'"
     return None
@@ -166,4 +169,8 @@ def exec_(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError("EXECABORT Transaction discarded because of previous errors.", raw=True)
     if changed:
         return NULL_ARRAY
-    return [_run_one(ctx, spec, qargs) for spec, qargs in queued]
+    client.executing = True
+    try:
+        return [_run_one(ctx, spec, qargs) for spec, qargs in queued]
+    finally:
+        client.executing = False

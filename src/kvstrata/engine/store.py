@@ -22,7 +22,7 @@ tiers only where a duty is theirs alone (write-through and checkpoints; versions
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvstrata.clock import Clock, SystemClock
@@ -149,6 +149,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # WATCH (commands/transactions.py): per watched key, how many clients watch it and a counter every write,
         # delete, expiry change or flush of it bumps, so that EXEC sees a key created and deleted again meanwhile.
         self.watch_epochs: dict[bytes, list[int]] = {}
+        # Writes, deletes and expiry changes since the store was made (Redis's ``dirty``): save points compare it with
+        # what the last save had seen (kvstrata.server.saves).
+        self.changes = 0
         # Chain-aware demotion (needs the predictor's profiles): chain heads stay head_keep times longer.
         self.chain_evict = chain_evict and predictor is not None
         self.head_keep = head_keep
@@ -213,6 +216,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         expected_version: int | None = None,
     ) -> Entry:
         """Store a new value (replacing any old one in any tier) and give it a fresh version."""
+        self.changes += 1
         if self.watch_epochs:
             self.touch_watched(key)
         if self.predictor is not None and len(value) >= self.profile_min_bytes:
@@ -303,8 +307,10 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         """Delete ``key`` from every tier. ``track``: the caller takes the pool tombstone's outcome
         (``pool.take_outcome(self.command.pool_ack)``, as DEL's reply does); untracked ones record none."""
         deleted = self._delete(key, track)
-        if deleted and self.watch_epochs:  # as Redis: a key that was not there is not changed
-            self.touch_watched(key)
+        if deleted:
+            self.changes += 1
+            if self.watch_epochs:  # as Redis: a key that was not there is not changed
+                self.touch_watched(key)
         return deleted
 
     def _delete(self, key: bytes, track: bool) -> bool:
@@ -333,8 +339,10 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
     def set_expire(self, key: bytes, expire_at: int) -> bool:
         """Set (or with 0, remove) the absolute expiry of an existing key; False if the key is missing."""
         changed = self._set_expire(key, expire_at)
-        if changed and self.watch_epochs:
-            self.touch_watched(key)
+        if changed:
+            self.changes += 1
+            if self.watch_epochs:
+                self.touch_watched(key)
         return changed
 
     def _set_expire(self, key: bytes, expire_at: int) -> bool:
@@ -380,13 +388,32 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         """Queue a durable copy of every DRAM entry not yet on SSD (clean shutdown, SAVE); returns the last seq."""
         if self.ssd is None:
             return 0
-        now = self.clock.now_ms()
-        for key, entry in self.dram.entries.items():
-            if not entry.on_ssd and not entry.expired(now):
-                self.ssd.put(key, entry)
-                entry.on_ssd = True
+        self.checkpoint_keys(self.dram.entries)
         self.command.ack_seq = self.ssd.barrier(sync=True)
         return self.command.ack_seq
+
+    def checkpoint_keys(self, keys: Iterable[bytes]) -> None:
+        """Queue to the SSD writer those of ``keys`` whose DRAM entry has no copy there yet (a background save does
+        the DRAM a slice at a time: ``kvstrata.server.saves``)."""
+        ssd = self.ssd
+        if ssd is None:
+            return
+        now = self.clock.now_ms()
+        entries = self.dram.entries
+        for key in keys:
+            entry = entries.get(key)
+            if entry is not None and not entry.on_ssd and not entry.expired(now):
+                ssd.put(key, entry)
+                entry.on_ssd = True
+
+    def unsaved(self, keys: list[bytes], entries: list[Entry]) -> int:
+        """Of the DRAM entries a save started with (``keys``, ``entries``: parallel lists), how many are still
+        their key's value and unexpired but have no SSD copy now that the save committed: the SSD tier evicted
+        them (its budget is below the data), this save's copy or an earlier one."""
+        now = self.clock.now_ms()
+        current = self.dram.entries
+        return sum(1 for key, entry in zip(keys, entries, strict=True)
+                   if not entry.on_ssd and current.get(key) is entry and not entry.expired(now))
 
     def watch(self, key: bytes) -> int:
         """A client starts watching ``key``: its epoch now (see ``watch_epochs``)."""

@@ -102,6 +102,17 @@ class KvstrataCollector:
                                 "The per-node version counter: the version the last write got.",
                                 value=snap["version_counter"])
 
+        saves = snap["persistence"]
+        yield GaugeMetricFamily("kvstrata_changes_since_last_save", "Writes since the last completed save of "
+                                "write-back DRAM to the SSD tier (0 under write-through).",
+                                value=saves["changes_since_last_save"])
+        yield GaugeMetricFamily("kvstrata_last_save_timestamp_seconds", "When the last save completed (the start "
+                                "before any), Unix time.", value=saves["last_save_time"])
+        yield GaugeMetricFamily("kvstrata_last_save_ok", "1 if the last save wrote everything, 0 if it failed.",
+                                value=int(saves["last_save_ok"]))
+        yield CounterMetricFamily("kvstrata_saves", "Saves completed (SAVE, BGSAVE, save points).",
+                                  value=saves["saves"])
+
         # ---- tiers ----
         tiers = snap["tiers"]
         for name, help_text, field in (

@@ -170,6 +170,18 @@ def expired_keys(store: Any) -> int:
     return n
 
 
+def _persistence(server: Any) -> dict[str, Any]:
+    """Saves of write-back DRAM to the SSD tier (kvstrata.server.saves), as INFO persistence has them."""
+    saves = server.saves
+    return {
+        "changes_since_last_save": saves.changes,
+        "last_save_time": saves.last_save,
+        "last_save_ok": saves.last_ok,
+        "saves": saves.count,
+        "save_in_progress": saves.running,
+    }
+
+
 def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Random | None = None,
           include_hist: bool = False) -> dict[str, Any]:
     """The snapshot of a running ``kvstrata.server.app.Server`` (duck-typed: only its attributes are read).
@@ -205,6 +217,7 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
             "maxmemory_policy": config.get("maxmemory-policy"),
             "durability": config.get("durability"),
         },
+        "persistence": _persistence(server),
         "keys": keys,
         "keys_estimated": keys_estimated,
         "version_counter": store.version,

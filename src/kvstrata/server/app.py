@@ -33,6 +33,7 @@ from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.limits import empty_budget
 from kvstrata.server.prefetch import Prefetcher
+from kvstrata.server.saves import Saves
 from kvstrata.server.stats import ServerStats
 from kvstrata.server.tls import server_context, tls_wanted
 
@@ -120,8 +121,10 @@ class Server:
         # Read per write command on the tiered path: kept here, refreshed by apply_config.
         self.ssd_write_queue = int(config.get("ssd-write-queue"))
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.saves = Saves(self)  # SAVE, BGSAVE, save points, LASTSAVE (server/saves.py)
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
+        self.replid = os.urandom(20).hex()  # INFO replication's master_replid: another random id, as Redis's
         self.uvloop = False
         self.now_ms = self.store.clock.now_ms()
         self._ids = itertools.count(1)
@@ -338,6 +341,10 @@ class Server:
             if pool.probe_due():
                 self._probe_pool(pool)
         store.sweep_lower()
+        if self.saves.due(time.monotonic()):
+            log.info("%s: background saving started", "BGSAVE SCHEDULE" if self.saves.scheduled else
+                     f"{self.saves.changes} changes since the last save (save points: {self.config.get('save')})")
+            self.saves.start()
         if store.ssd is not None:
             if store.ssd.stuck:
                 store.ssd.retry_stuck()

@@ -43,13 +43,20 @@ def fit_maxclients(config: Config) -> int:
     return fitted
 
 
+def save_problem(save: str, ssd: bool) -> str | None:
+    """Why save points cannot be kept (none without the SSD tier), or None."""
+    if str(save).strip() and not ssd:
+        return ("save asks for persistence, but kvstrata persists only through its SSD tier: add --essd-path DIR "
+                "(data there survives restarts), or give save \"\" to run in memory only")
+    return None
+
+
 def check_persistence(config: Config) -> None:
     """Refuse persistence options without the SSD tier; say so when nothing will survive a restart."""
     if not config.get("essd-path"):
-        if str(config.get("save")).strip():
-            raise ValueError(
-                "--save asks for persistence, but kvstrata persists only through its SSD tier: add --essd-path "
-                "DIR (data there survives restarts), or drop --save (or give --save \"\") to run in memory only")
+        problem = save_problem(config.get("save"), False)
+        if problem is not None:
+            raise ValueError("--" + problem)
         log.warning("running in memory only (no --essd-path): nothing stored survives a restart of the server")
 
 

@@ -1,0 +1,129 @@
+"""Saves: checkpoints of write-back DRAM to the SSD tier, as Redis's snapshots are to its RDB file.
+
+Under write-back a value reaches the SSD tier when it is demoted, so a crash (kill -9, the OOM killer) loses what
+was only in DRAM. A save queues every DRAM entry without an SSD copy (``Entry.on_ssd``) to the SSD writer and
+waits for its commit (fsynced as ``fsync`` says): every write acknowledged before the save started then survives
+a crash. An entry keeps its mark until it is overwritten, so each save writes what changed since the last one,
+not the whole data set.
+
+- ``SAVE`` queues everything at once and answers once it is committed (other clients are served meanwhile).
+- ``BGSAVE`` answers at once; a task queues the DRAM keys a slice at a time, between other clients' commands.
+- Save points (``save "<seconds> <changes> ..."``) start a background save from the server's cycle, as Redis's
+  serverCron does; a failed one is tried again after ``RETRY_DELAY``.
+- ``LASTSAVE`` and INFO ``persistence`` report the last completed save and the changes since.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from kvstrata.config import save_points
+from kvstrata.engine.entry import Entry
+
+log = logging.getLogger("kvstrata.saves")
+
+# DRAM keys queued per turn of the event loop: a large DRAM is checkpointed without holding up other clients.
+SLICE = 4096
+# Redis's CONFIG_BGSAVE_RETRY_DELAY: save points retry a failed save no sooner than this (seconds).
+RETRY_DELAY = 5.0
+
+
+class Saves:
+    """The server's saves: the one in progress, the last one's outcome, the changes since."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.store = server.store
+        # As Redis: the data found at startup counts as saved.
+        self.last_save = int(time.time())
+        self.last_ok = True
+        self.last_try = 0.0  # monotonic start of the last save tried
+        self.last_duration = -1  # seconds the last background save took (-1: none yet)
+        self.count = 0  # saves completed
+        self.scheduled = False  # BGSAVE inside EXEC: started by the next cycle, as Redis does
+        self.started: float | None = None  # monotonic start of the background save in progress
+        self._task: asyncio.Task[None] | None = None
+        self._base = self.store.changes  # store.changes when the last completed save started
+
+    @property
+    def changes(self) -> int:
+        """Writes since the last completed save started (Redis's rdb_changes_since_last_save); none under
+        write-through, where every acknowledged write is on the SSD tier already."""
+        return 0 if self.store.write_through else self.store.changes - self._base
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def start(self) -> None:
+        """Start a background save (the caller checked that none runs and that there is an SSD tier)."""
+        self.scheduled = False
+        self._task = task = asyncio.ensure_future(self._background())
+        self.server.tasks.add(task)
+        task.add_done_callback(self.server.tasks.discard)
+
+    async def _background(self) -> None:
+        store = self.store
+        t0 = self.started = self.last_try = time.monotonic()
+        base = store.changes
+        keys, entries = list(store.dram.entries), list(store.dram.entries.values())
+        ok = False
+        try:
+            for i in range(0, len(keys), SLICE):
+                store.checkpoint_keys(keys[i:i + SLICE])
+                await asyncio.sleep(0)
+            await self.server.wait_commit(store.ssd.barrier(sync=True))
+            ok = self.finished(base, keys, entries)
+        finally:
+            self._task = self.started = None
+            self.last_duration = round(time.monotonic() - t0)
+            if not ok:
+                self.last_ok = False
+                log.warning("background save failed: %s", self.failure(keys, entries) or "stopped")
+            else:
+                log.info("background save done in %.3f s", time.monotonic() - t0)
+
+    def failure(self, keys: list[bytes], entries: list[Entry]) -> str | None:
+        """Why the DRAM entries a save started with (``keys``, ``entries``) are not all on the SSD tier now that
+        it committed, or None: writes failed (a full or failing disk), or the tier evicted some of them to make
+        room (its budget is below the data's)."""
+        ssd = self.store.ssd
+        failed = len(ssd.stuck) + len(ssd.retrying) if ssd is not None else 0
+        if failed:
+            return (f"{failed} writes to the SSD tier failed ({ssd.degraded or 'being retried'}); they are held in "
+                    "memory")
+        evicted = self.store.unsaved(keys, entries)
+        if evicted:
+            return (f"the SSD tier evicted {evicted} of the values it was saving to make room (essd-size is below "
+                    "the data's size); they are held in memory only")
+        return None
+
+    def finished(self, base: int, keys: list[bytes], entries: list[Entry]) -> bool:
+        """A save that started when store.changes was ``base`` (and DRAM held ``keys``: ``entries``) committed:
+        recorded if all of it is on the SSD tier."""
+        if self.failure(keys, entries) is not None:
+            self.last_ok = False
+            return False
+        self.last_ok = True
+        self.last_save = int(time.time())
+        self._base = max(self._base, base)
+        self.count += 1
+        return True
+
+    def due(self, now: float) -> bool:
+        """Whether the server's cycle should start a background save now: BGSAVE SCHEDULE asked for one, or a save
+        point is reached (as Redis: ``changes`` writes and ``seconds`` since the last save; after a failure not
+        before RETRY_DELAY)."""
+        if self.running or self.store.ssd is None:
+            return False
+        if self.scheduled:
+            return True
+        points = save_points(self.server.config.get("save"))
+        if not points or (not self.last_ok and now - self.last_try < RETRY_DELAY):
+            return False
+        changes = self.changes
+        elapsed = time.time() - self.last_save
+        return any(changes >= c and elapsed >= s for s, c in points)
