@@ -45,8 +45,9 @@ PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})
 # Commands that act on every key, or show every value: only for users with allkeys (kvstrata's rule; Redis
 # leaves them to the command rules, so a tenant allowed +@all could flush every other tenant's keys). The arena's
 # descriptor maps every value in DRAM into the client, whoever stored it, and a mapping cannot be taken back:
-# only a user who may read every key gets one (a tenant's SDK reads over its socket instead).
-WHOLE_KEYSPACE = frozenset({"flushall", "flushdb", "tair.kv.arena"})
+# only a user who may read every key gets one (a tenant's SDK reads over its socket instead). MONITOR shows every
+# client's keys and values.
+WHOLE_KEYSPACE = frozenset({"flushall", "flushdb", "tair.kv.arena", "monitor"})
 _GLOB_SPECIAL = frozenset(b"*?[\\")
 ACL_LOG_MAX = 128
 ACL_LOG_GROUP_MS = 60_000

@@ -30,7 +30,7 @@ PERSIST, DEL, FLUSHALL or expiry of a watched key makes EXEC answer a null array
 acknowledges writes (`pool-ack` other than `local`).
 """
 
-_SAVE_NOTES = """
+_SERVER_NOTES = """
 **Saves.** `SAVE`, `BGSAVE [SCHEDULE]` and the `save` points write every DRAM value that has no copy on the SSD
 tier yet to it (needs `--essd-path`; under write-through everything is there already). `SAVE` answers once the
 SSD writer committed them, or `-ERR SAVE failed: ...` when writes failed or the tier evicted some of them to make
@@ -38,6 +38,13 @@ room; `BGSAVE` answers at once (inside EXEC it is scheduled, as in Redis). LASTS
 (`rdb_changes_since_last_save`, `rdb_bgsave_in_progress`, `rdb_last_bgsave_status`, `rdb_saves`) report them.
 What a save keeps through a crash: [architecture](architecture.md), "Saves". `ROLE` and INFO `replication` say
 `master` with no replicas (kvstrata nodes share data through the pool, as its clients).
+
+**MONITOR** streams every command the server runs, in Redis's format and with Redis's rules: `@admin` commands
+and commands refused before they ran are not shown, AUTH's and HELLO's credentials are redacted, a transaction's
+commands show when EXEC runs them, a monitor cannot touch keys, RESET ends it. Unlike Redis, an argument longer
+than 1 KiB shows its first 64 bytes and its length (`"abc..."...(1048576 bytes)`: KV chunks are megabytes), a
+monitor that does not keep up is closed at `client-output-buffer-limit`, and MONITOR needs `allkeys` under ACL
+([security](security.md)).
 """
 
 _TAIRKV_NOTES = """
@@ -86,7 +93,7 @@ def commands_markdown() -> str:
         if group == "tairkv":
             lines += _TAIRKV_NOTES.strip("\n").splitlines() + [""]
         if group == "server":
-            lines += _SAVE_NOTES.strip("\n").splitlines() + [""]
+            lines += _SERVER_NOTES.strip("\n").splitlines() + [""]
         if group == "transactions":
             lines += _TRANSACTION_NOTES.strip("\n").splitlines() + [""]
     return "\n".join(lines)

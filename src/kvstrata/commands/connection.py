@@ -125,6 +125,9 @@ def select(ctx: Context, args: list[bytes]) -> Any:
 def reset(ctx: Context, args: list[bytes]) -> Any:
     client = ctx.client
     end_transaction(ctx)
+    if client.monitor:
+        client.monitor = False
+        ctx.server.monitors.discard(client.id)
     client.proto = 2
     client.name = b""
     client.reply &= REPLY_SKIP  # as Redis: replies back on, but a pending SKIP still swallows RESET's own reply
@@ -140,6 +143,11 @@ def _cmd_name(spec: Any) -> str:
     return spec if isinstance(spec, str) else spec.full_name
 
 
+def _flags(c: ClientState) -> str:
+    """CLIENT LIST's flags, as Redis: O a monitor, x in MULTI, N none."""
+    return ("O" if c.monitor else "") + ("x" if c.multi is not None else "") or "N"
+
+
 def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
     """One CLIENT LIST line; ``running``: ``c`` is the client asking (its command counts in qbuf/argv-mem)."""
     age = (now_ms - c.created_ms) // 1000
@@ -148,7 +156,7 @@ def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
     events = "rw" if omem else "r"
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
-        f"idle={idle} flags={'N' if c.multi is None else 'x'} db=0 sub=0 psub=0 ssub=0 "
+        f"idle={idle} flags={_flags(c)} db=0 sub=0 psub=0 ssub=0 "
         f"multi={-1 if c.multi is None else len(c.multi)} qbuf={qbuf} qbuf-free={qfree} "
         f"argv-mem={argv} multi-mem={c.multi_bytes} rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
         f"cmd={_cmd_name(c.last_cmd)} "
@@ -193,7 +201,7 @@ def client_info(ctx: Context, args: list[bytes]) -> Any:
     return Verbatim(client_line(ctx.client, _now(ctx), running=True) + "\n")
 
 
-@command("list", -2, "", parent="client", group="connection", since="2.4.0",
+@command("list", -2, "admin noscript loading stale", parent="client", group="connection", since="2.4.0",
          summary="Lists open connections.", syntax="CLIENT LIST [TYPE normal|master|replica|pubsub] [ID id ...]")
 def client_list(ctx: Context, args: list[bytes]) -> Any:
     conns = _connections(ctx)
@@ -328,7 +336,7 @@ def client_reply(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("no-evict", 3, "fast", parent="client", group="connection", since="7.0.0",
+@command("no-evict", 3, "admin noscript loading stale", parent="client", group="connection", since="7.0.0",
          summary="Sets the client eviction mode of the connection.")
 def client_no_evict(ctx: Context, args: list[bytes]) -> Any:
     if args[2].lower() not in (b"on", b"off"):

@@ -41,6 +41,7 @@ class ClientState:
     multi_bytes: int = 0  # the queued arguments' bytes, bounded by client-query-buffer-limit
     watched: dict[bytes, Any] = field(default_factory=dict)
     executing: bool = False  # EXEC is running the queue (BGSAVE then only schedules, as Redis's server.in_exec)
+    monitor: bool = False  # MONITOR mode (server/monitor.py)
 
 
 REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 1, 2, 4

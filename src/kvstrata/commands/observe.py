@@ -1,4 +1,4 @@
-"""Redis-side introspection: SLOWLOG, LATENCY and MEMORY.
+"""Redis-side introspection: SLOWLOG, LATENCY, MEMORY and MONITOR.
 
 - ``SLOWLOG GET/LEN/RESET/HELP`` read the slow log the connection fills (``slowlog-log-slower-than``).
 - ``LATENCY HISTOGRAM`` answers from the per-command power-of-two histograms, in Redis 7's format.
@@ -7,6 +7,7 @@
 - ``MEMORY USAGE key [SAMPLES n]`` is the bytes the key is charged in the tier that holds it (DRAM: key, value
   and the per-entry overhead; SSD: the record and its index entry). ``MEMORY STATS`` reports the tiers, the
   per-entry overhead and the top key prefixes by bytes (sampled). ``MEMORY DOCTOR`` reads them back in words.
+- ``MONITOR`` streams the commands the server runs to this connection (``kvstrata.server.monitor``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kvstrata.commands.registry import REGISTRY, command, container
 from kvstrata.errors import CommandError, syntax_error
 from kvstrata.observability.latency import cumulative_usec
 from kvstrata.observability.snapshot import count_keys, sample_dram, top_prefixes
-from kvstrata.protocol.encoder import OK, Status
+from kvstrata.protocol.encoder import NO_REPLY, OK, Status
 
 
 def help_reply(name: str, lines: list[str]) -> list[Status]:
@@ -274,3 +275,18 @@ def memory_help(ctx: Context, args: list[bytes]) -> Any:
         "HELP",
         "    Print this help.",
     ])
+
+
+@command("monitor", 1, "admin noscript loading stale", group="server", since="1.0.0",
+         summary="Listens for all requests received by the server in real-time.")
+def monitor(ctx: Context, args: list[bytes]) -> Any:
+    client = ctx.client
+    if client.executing:  # Redis's text: inside EXEC a client expects one reply per command
+        raise CommandError("MONITOR isn't allowed for DENY BLOCKING client")
+    if client.monitor:
+        return NO_REPLY  # as Redis: a monitor asking again is ignored
+    if ctx.server is None:
+        raise CommandError("no server")
+    client.monitor = True
+    ctx.server.monitors.add(ctx.server.clients[client.id])
+    return OK

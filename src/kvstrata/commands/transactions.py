@@ -135,8 +135,10 @@ def exec_waits(client: ClientState) -> tuple[list[bytes], bool, bool]:
     return list(dict.fromkeys(keys)), settle, write
 
 
-def _run_one(ctx: Context, spec: CommandSpec, args: list[Any]) -> Any:
+def _run_one(ctx: Context, spec: CommandSpec, args: list[Any], monitors: Any = None) -> Any:
     counts = ctx.server.command_counts[spec] if ctx.server is not None else None
+    if monitors and "admin" not in spec.flags:
+        monitors.feed(ctx.client, args, ctx.server.clients.get(ctx.client.id))
     if counts is not None:
         counts.calls += 1
     try:
@@ -159,6 +161,15 @@ def _run_one(ctx: Context, spec: CommandSpec, args: list[Any]) -> Any:
 @command("exec", 1, "noscript loading stale skip_slowlog", group="transactions", since="1.2.0", load=False,
          summary="Executes all commands in a transaction.")
 def exec_(ctx: Context, args: list[bytes]) -> Any:
+    monitors = ctx.server.monitors if ctx.server is not None else None
+    try:
+        return _exec(ctx, monitors)
+    finally:
+        if monitors:  # as Redis: EXEC's line follows those of the commands it ran
+            monitors.feed(ctx.client, args, ctx.server.clients.get(ctx.client.id))
+
+
+def _exec(ctx: Context, monitors: Any) -> Any:
     client = ctx.client
     queued, dirty = client.multi, client.multi_dirty
     if queued is None:
@@ -171,6 +182,6 @@ def exec_(ctx: Context, args: list[bytes]) -> Any:
         return NULL_ARRAY
     client.executing = True
     try:
-        return [_run_one(ctx, spec, qargs) for spec, qargs in queued]
+        return [_run_one(ctx, spec, qargs, monitors) for spec, qargs in queued]
     finally:
         client.executing = False

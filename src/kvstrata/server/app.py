@@ -32,6 +32,7 @@ from kvstrata.server import dataplane
 from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.limits import empty_budget
+from kvstrata.server.monitor import Monitors
 from kvstrata.server.prefetch import Prefetcher
 from kvstrata.server.saves import Saves
 from kvstrata.server.stats import ServerStats
@@ -122,6 +123,7 @@ class Server:
         self.ssd_write_queue = int(config.get("ssd-write-queue"))
         self.tasks: set[asyncio.Task[Any]] = set()
         self.saves = Saves(self)  # SAVE, BGSAVE, save points, LASTSAVE (server/saves.py)
+        self.monitors = Monitors(config)  # connections in MONITOR mode (server/monitor.py)
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
         self.replid = os.urandom(20).hex()  # INFO replication's master_replid: another random id, as Redis's

@@ -147,6 +147,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.clients.pop(self.client.id, None)
+        if self.client.monitor:
+            self.server.monitors.discard(self.client.id)
         peer, self.client.pull_peer = self.client.pull_peer, None
         if peer is not None:
             peer.close()  # the connection's reference; a pull still copying holds its own
@@ -245,6 +247,16 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.pause_reading()
             self._check_output_limit()
+
+    def monitor_write(self, data: bytes) -> None:
+        """A MONITOR line (server/monitor.py), behind any reply still streaming, bounded as replies are."""
+        if self.closed or self.transport is None or self._check_output_limit(len(data)):
+            return
+        if self._stream is not None:
+            self._stream.append(data)
+            self._stream_bytes += len(data)
+        else:
+            self.transport.write(data)
 
     def _check_output_limit(self, adding: int = 0) -> bool:
         """Close a client whose unsent replies exceed client-output-buffer-limit; True when it was closed."""
@@ -573,6 +585,12 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             if refused is not None:  # as Redis: refused before it runs, a rejected call
                 self._reject(spec, refused)
                 return None
+        monitors = self.server.monitors
+        watching = monitors.conns  # a dict's truth is cheaper than Monitors.__bool__ on every command
+        if watching and client.monitor and (spec.write or "readonly" in spec.flags or spec.key_specs
+                                            or (spec.parent or spec).group == "tairkv"):
+            self._reject(spec, "ERR Replica can't interact with the keyspace")  # Redis's text for monitors
+            return None
         if client.multi is not None:
             if spec.name not in RUN_IN_MULTI:
                 self._queue(spec, args)
@@ -583,6 +601,10 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                 if refused is not None:
                     self._reject(spec, refused)
                     return None
+        if watching and "admin" not in spec.flags and spec.handler is not exec_:  # EXEC feeds its own lines
+            if client.monitor:
+                return self._monitor_own(spec, args, counts)
+            monitors.feed(client, args)
         if self.tiered:
             return self._tiered(spec, args, counts)
         t0 = perf_counter_ns()
@@ -605,6 +627,16 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             return self._continue(spec, args, counts, reply)
         encode(reply, client.proto, self.out)
         return None
+
+    def _monitor_own(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
+        """A monitor's own command (none touches keys): the other monitors see it now, this one after its reply, as
+        Redis feeds a command once it ran (so not its RESET, which ends monitor mode)."""
+        monitors = self.server.monitors
+        monitors.feed(self.client, args, skip=self)
+        waiter = self._tiered(spec, args, counts) if self.tiered else self._invoke_sync(spec, args, counts)
+        if waiter is None and self.client.monitor:
+            self.out.append(monitors.line_for(self.client, args))
+        return waiter
 
     def _error(self, message: str) -> None:
         self.server.stats.errors += 1
