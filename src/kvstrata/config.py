@@ -361,8 +361,9 @@ PARAMS: tuple[Param, ...] = (
     Param("save", _save, "",
           "Save points, as Redis's: \"<seconds> <changes> [...]\" checkpoints write-back DRAM to the SSD tier in "
           "the background once at least <changes> writes happened and <seconds> passed since the last save (e.g. "
-          "\"3600 1 300 100 60 10000\"); \"\" (default): only SAVE, BGSAVE and a clean shutdown do. Needs essd-path "
-          "(without it a non-empty value is refused); under write-through every write is on SSD already.",
+          "\"3600 1 300 100 60 10000\"); \"\" (default): only SAVE, BGSAVE and a clean shutdown do. With save points "
+          "(or after a SAVE) a saved key keeps its SSD copy when read back or written. Needs essd-path (without it "
+          "a non-empty value is refused); under write-through every write is on SSD already.",
           mutable=True),
     Param("appendonly", _choice("no"), "no", "Accepted for compatibility: there is no append-only file."),
     Param("cluster-enabled", _choice("no"), "no", "Accepted for Tair compatibility; only 'no' is supported."),

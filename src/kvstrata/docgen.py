@@ -36,7 +36,8 @@ tier yet to it (needs `--essd-path`; under write-through everything is there alr
 SSD writer committed them, or `-ERR SAVE failed: ...` when writes failed or the tier evicted some of them to make
 room; `BGSAVE` answers at once (inside EXEC it is scheduled, as in Redis). LASTSAVE and INFO `persistence`
 (`rdb_changes_since_last_save`, `rdb_bgsave_in_progress`, `rdb_last_bgsave_status`, `rdb_saves`) report them.
-What a save keeps through a crash: [architecture](architecture.md), "Saves". `ROLE` and INFO `replication` say
+From the first save (or with save points) on, a saved key keeps its SSD copy when read back or written, so a
+crash loses only keys created since the last save: [architecture](architecture.md), "Saves". `ROLE` and INFO `replication` say
 `master` with no replicas (kvstrata nodes share data through the pool, as its clients).
 
 **MONITOR** streams every command the server runs, in Redis's format and with Redis's rules: `@admin` commands
@@ -142,8 +143,8 @@ def configuration_markdown() -> str:
         "|---|---|---|---|",
         "| memory only (no `--essd-path`; the server says so at startup) | nothing | nothing | nothing |",
         "| `--essd-path`, write-back (default) | every unexpired key (DRAM is checkpointed to SSD on the way out) | "
-        "what was on SSD: demoted or saved (`SAVE`, `BGSAVE`, save points), and not written or read back into "
-        "DRAM since | what was on SSD and fsynced (`--fsync`) |",
+        "what was on SSD: demoted and not read back since; once saves are asked for (`SAVE`, `BGSAVE`, save "
+        "points), every key saved or demoted, with its last value | what was on SSD and fsynced (`--fsync`) |",
         "| `--essd-path`, write-through | every unexpired key | every acknowledged write | per `--fsync` "
         "(below) |",
         "",
@@ -157,10 +158,10 @@ def configuration_markdown() -> str:
         "slow log and the statistics. `--save` takes Redis's save points (`--save \"3600 1 300 100 60 10000\"`; "
         "`CONFIG SET save` too): under write-back they checkpoint DRAM to the SSD tier in the background, writing "
         "what changed since the last save, as `BGSAVE` does; LASTSAVE and INFO `persistence` tell when the last "
-        "one completed and how many writes came since. Unlike a Redis snapshot, a key written after its save, or "
-        "read back into DRAM from the SSD tier, has no SSD copy until it is demoted or saved again (the tiers are "
-        "exclusive under write-back): a crash meanwhile loses the key ([architecture](architecture.md), "
-        "\"Saves\"). Save points need `--essd-path`: without it a non-empty `--save` is a startup error (and "
+        "one completed and how many writes came since. From then on a key that reached the SSD tier keeps its copy "
+        "there (read back into DRAM, or written again: the write goes to the SSD too), so a crash loses only the "
+        "keys created since the last save and not yet demoted ([architecture](architecture.md), \"Saves\"). "
+        "Save points need `--essd-path`: without it a non-empty `--save` is a startup error (and "
         "CONFIG SET refuses it) rather than a promise that would be broken at the next restart; `--save \"\"` "
         "means none, as in Redis.",
         "",

@@ -325,6 +325,8 @@ def save(ctx: Context, args: list[bytes]) -> Any:
     some could not be written (a full or failing disk: they stay in memory and are retried)."""
     saves = _saves(ctx)
     store = ctx.store
+    if saves is not None:
+        saves.keep()
     base = store.changes
     keys, entries = list(store.dram.entries), list(store.dram.entries.values())
     seq = store.checkpoint()

@@ -202,7 +202,7 @@ class PlacementMixin:
             self.stats.evicted_keys += 1
 
     def _promote(self, key: bytes, entry: Entry) -> bool:
-        """Bring a record of the authoritative tier up into DRAM (under write-back it leaves that tier)."""
+        """Bring a record of the authoritative tier up into DRAM (it leaves that tier unless ``keep_below``)."""
         keeper = self.keeper
         size = self.dram.size(key, entry.value)
         if size > self.dram.budget or keeper is None:
@@ -212,7 +212,7 @@ class PlacementMixin:
         except OutOfMemoryError:
             return False
         fresh = self._install(key, entry, size)
-        if self.write_through:
+        if self.keep_below:
             # A clean copy (demoting it writes nothing), unless the SSD evicted the record after a load read it:
             # then nothing is below, and the entry stays dirty so that its demotion writes it.
             if key in self._evicted_below:
@@ -258,6 +258,8 @@ class PlacementMixin:
                 ssd.put(key, fresh)
             fresh.on_ssd = True
         else:
+            # Under write-back the local record is older than the adopted copy (kept saved copies too: the
+            # newer version lives in the pool, a pool read would cost an SSD write each otherwise).
             ssd.delete(key)
         self.tier_stats[origin].promotions += 1
         return True

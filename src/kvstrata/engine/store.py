@@ -110,6 +110,11 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         pool = next((t for t in self.lower if isinstance(t, PoolTier)), None)
         self.ssd = ssd
         self.write_through = durability == "write-through" and ssd is not None
+        # Whether a key keeps its SSD copy once it has one: a promotion leaves the record as the entry's clean copy
+        # and a write to such a key is written to the SSD too (queued, not waited for under write-back). Always under
+        # write-through; under write-back once saves are asked for (save points, SAVE, BGSAVE:
+        # kvstrata.server.saves), so that what a save wrote stays saved. Otherwise the tiers are exclusive.
+        self.keep_below = self.write_through
         self.noeviction = noeviction
         self.admission = Admission(promote_hits, promote_window)
         self.hot_max_fraction = hot_max_fraction
@@ -268,7 +273,11 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             self._insert(key, entry, size, old)
             # Only once the new value is in: a write refused for room must not lose the old one.
             if stale_below:
-                ssd.delete(key)
+                if self.keep_below:  # its saved copy is kept current, not dropped (see keep_below)
+                    ssd.put(key, entry)
+                    entry.on_ssd = True
+                else:
+                    ssd.delete(key)
         else:
             self._insert(key, entry, size, old)
         if self.write_through:
@@ -467,7 +476,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             entry = self.dram.entries.get(key)
             if entry is not None:
                 entry.on_ssd = False
-            elif self.write_through:
+            elif self.keep_below:
                 gone.pop(key, None)
                 gone[key] = None
         while len(gone) > EVICTED_BELOW_MAX:

@@ -283,6 +283,7 @@ class Server:
         store.head_keep = float(self.config.get("head-keep"))
         store.inline_max = int(self.config.get("ssd-inline-max"))
         self.prefetcher.along = int(self.config.get("prefetch-along"))
+        self.saves.configured()
         if store.predictor is not None:
             store.predictor.min_confidence = float(self.config.get("prefetch-min-confidence"))
             store.predictor.set_half_life(float(self.config.get("prefetch-half-life")))

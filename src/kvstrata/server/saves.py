@@ -11,6 +11,10 @@ not the whole data set.
 - Save points (``save "<seconds> <changes> ..."``) start a background save from the server's cycle, as Redis's
   serverCron does; a failed one is tried again after ``RETRY_DELAY``.
 - ``LASTSAVE`` and INFO ``persistence`` report the last completed save and the changes since.
+
+From the first save (or with save points configured) on, what reached the SSD tier stays there
+(``Store.keep_below``): a key read back into DRAM keeps its record and a write to it goes to the SSD too, so a
+save keeps each key it wrote, with its last value, not only until the key is next read.
 """
 
 from __future__ import annotations
@@ -47,6 +51,19 @@ class Saves:
         self.started: float | None = None  # monotonic start of the background save in progress
         self._task: asyncio.Task[None] | None = None
         self._base = self.store.changes  # store.changes when the last completed save started
+        self.configured()
+
+    def configured(self) -> None:
+        """Save points asked for (at startup, CONFIG SET save): saved copies are kept from now on."""
+        if save_points(self.server.config.get("save")):
+            self.keep()
+
+    def keep(self) -> None:
+        """From the first save (or save points) on, what reached the SSD tier stays there (``Store.keep_below``):
+        a key read back into DRAM keeps its record, a write to it goes to the SSD too, so a save keeps every key it
+        wrote until the key is deleted, not only until it is next read. Never undone: saved data stays saved."""
+        if self.store.ssd is not None:
+            self.store.keep_below = True
 
     @property
     def changes(self) -> int:
@@ -61,6 +78,7 @@ class Saves:
     def start(self) -> None:
         """Start a background save (the caller checked that none runs and that there is an SSD tier)."""
         self.scheduled = False
+        self.keep()
         self._task = task = asyncio.ensure_future(self._background())
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
