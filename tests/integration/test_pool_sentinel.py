@@ -151,7 +151,11 @@ def test_failover_to_the_promoted_replica(node, sentinel):
     # B's writes were refused while the master was down (its pool degraded) and its probe found the new master.
     assert refused and b.info("tier_pool")["recoveries"] >= 1
     assert a.info("tier_pool")["pool_degraded"] == 0 and b.info("tier_pool")["pool_degraded"] == 0
-    # Invalidations follow the new master too: a delete through B reaches A's local copy.
+    # Invalidations follow the new master too: once A's subscription is back (it was lost with the master, and
+    # what is published while it is down is missed: invalidation_gaps), a delete through B reaches A's copy.
+    wait_for(lambda: a.info("tier_pool")["invalidation_subscribed"] == 1, timeout=15,
+             what="A's invalidation subscription to come back")
+    assert a.info("tier_pool")["invalidation_gaps"] >= 1
     assert b.delete("sn:after") == 1
     wait_for(lambda: a.execute_command("TAIR.KV.MGET", "sn:after", "CONSISTENCY_LEVEL", "EVENTUAL") == [None],
              timeout=10, what="A to drop its copy after B's delete")

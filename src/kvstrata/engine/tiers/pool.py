@@ -138,6 +138,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         self.maxmemory_policy = ""
         self.invalidations = 0
         self.invalidation_gaps = 0
+        self.subscribed = False  # the invalidation subscription is up (pool_subscriber)
         self.dropped_copies = 0
         self.replay: dict[bytes, int] = {}  # key -> tombstone version: deletes the pool has not taken yet
         self.replayed = 0
@@ -233,7 +234,8 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
             "cas_refused": self.cas_refused, "tombstones": self.tombstones, "invalidations": self.invalidations, "dropped_copies": self.dropped_copies,
             "deletes_to_replay": len(self.replay), "deletes_replayed": self.replayed,
             "acks_held": len(self.outcomes),
-            "invalidation_gaps": self.invalidation_gaps, "replica_waits_short": self.replica_waits_short,
+            "invalidation_gaps": self.invalidation_gaps, "invalidation_subscribed": int(self.subscribed),
+            "replica_waits_short": self.replica_waits_short,
             "ack": self.ack, "maxmemory_policy": self.maxmemory_policy,
             "masters_degraded": len(self.masters_down), "master_recoveries": self.master_recoveries,
             "masters_degraded_names": ",".join(sorted(self.masters_down)),

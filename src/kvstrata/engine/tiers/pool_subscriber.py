@@ -1,6 +1,7 @@
 """The pool's invalidation subscriber: a thread subscribed to the invalidation channel that hands each
 ``(key, version, deleted)`` to ``on_invalidate`` on the owner's thread, so this node drops older local copies
-(docs/pool.md). It reconnects on its own; invalidations missed meanwhile are counted in ``invalidation_gaps``.
+(docs/pool.md). It reconnects on its own; invalidations missed meanwhile are counted in ``invalidation_gaps``, and
+``subscribed`` says whether the pool node has taken the subscription (INFO ``invalidation_subscribed``).
 
 ``PoolSubscriber`` is a mixin of ``PoolTier`` (pool.py), which owns the state.
 """
@@ -38,12 +39,17 @@ class PoolSubscriber:
             conn = None
             try:
                 conn = self._subscriber_conn(n)
-                ps = conn.pubsub(ignore_subscribe_messages=True)
+                ps = conn.pubsub()
                 ps.subscribe(self.channel)
                 plen = len(self.prefix)
                 while not self._stop.is_set():
                     msg = ps.get_message(timeout=min(0.2, self.timeout_ms / 2000))
-                    if msg is None or msg.get("type") != "message":
+                    if msg is None:
+                        continue
+                    if msg.get("type") == "subscribe":  # the pool node took it: messages from now on arrive
+                        self.subscribed = True
+                        continue
+                    if msg.get("type") != "message":
                         continue
                     data = msg["data"]
                     if len(data) < 9 + plen:
@@ -54,6 +60,7 @@ class PoolSubscriber:
                     self._deliver(lambda key=key, version=version, deleted=deleted:
                                   self._invalidated(key, version, deleted))
             except Exception as exc:
+                self.subscribed = False
                 if self._stop.is_set():
                     break
                 self.invalidation_gaps += 1
@@ -70,7 +77,11 @@ class PoolSubscriber:
 
         if self._url.service is not None:
             return sentinel_client(self._url, self._common())
-        kwargs = {k: v for k, v in self._url.kwargs.items() if k != "db"}
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        # No retries inside redis-py: a lost subscription must reach this loop (gaps counted, subscribed cleared).
+        kwargs = {"retry": Retry(NoBackoff(), 0), **{k: v for k, v in self._url.kwargs.items() if k != "db"}}
         if not self.nodes:
             return redis.Redis(socket_timeout=self.timeout_ms / 1000, **kwargs)
         host, port = self.nodes[(n - 1) % len(self.nodes)]
