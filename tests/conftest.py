@@ -82,11 +82,13 @@ def config_args(config: dict | None) -> list[str]:
     return args
 
 
-def server_command(target: str, port: int, config: dict | None) -> list[str]:
+def server_command(target: str, port: int, config: dict | None, workdir: str | None = None) -> list[str]:
     if target == "kvstrata":
         return [sys.executable, "-m", "kvstrata", "serve", "--port", str(port), "--bind", HOST,
                 *config_args(config)]
-    return ["redis-server", "--port", str(port), "--bind", HOST, *REDIS_BASE_ARGS, *config_args(config)]
+    # A directory of its own: redis-server loads any dump.rdb in its working directory (a BGSAVE left one).
+    where = ["--dir", workdir] if workdir and "dir" not in (config or {}) else []
+    return ["redis-server", "--port", str(port), "--bind", HOST, *REDIS_BASE_ARGS, *where, *config_args(config)]
 
 
 def _answers_ping(port: int) -> bool:
@@ -116,6 +118,7 @@ class ServerProc:
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self._log = tempfile.NamedTemporaryFile(prefix=f"{target}-", suffix=".log", delete=False)
+        self.workdir: str | None = None  # redis-server's --dir, removed at stop()
         self.log_path = Path(self._log.name)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
@@ -141,7 +144,9 @@ class ServerProc:
         raise AssertionError("unreachable")
 
     def _spawn(self) -> None:
-        self.argv = server_command(self.target, self.port, self.config)
+        if self.target == "redis" and self.workdir is None:
+            self.workdir = tempfile.mkdtemp(prefix="redis-target-")
+        self.argv = server_command(self.target, self.port, self.config, self.workdir)
         env = dict(os.environ)
         if self.target == "kvstrata":
             src = str(REPO_ROOT / "src")
@@ -184,6 +189,8 @@ class ServerProc:
         crashed = self.proc is not None and self.proc.poll() is not None
         code = self._reap()
         self._log.close()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         if crashed:
             pytest.fail(f"{self.target} on port {self.port} exited on its own (status {code})\n"
                         f"--- server output ---\n{self.log_text()}", pytrace=False)

@@ -473,6 +473,28 @@ def test_config_resetstat(r, raw):
     assert raw().cmd_raw("CONFIG", "RESETSTAT") == b"+OK\r\n"
 
 
+def test_errorstats_count_error_replies_by_code(raw, resp):
+    """INFO errorstats and total_error_replies as Redis counts them: refusals, runtime errors, errors inside
+    EXEC's reply, EXECABORT; CONFIG RESETSTAT clears them."""
+    c = raw()
+    assert c.cmd("CONFIG", "RESETSTAT") == "OK"
+    assert c.cmd("SET", "s", "x") == "OK"
+    for args in (("INCR", "s"), ("NOSUCH",), ("GET",), ("AUTH", "x")):
+        assert isinstance(c.cmd(*args), resp.Error), args
+    assert c.cmd("MULTI") == "OK"
+    assert isinstance(c.cmd("NOSUCH"), resp.Error)
+    assert c.cmd("EXEC") == resp.Error("EXECABORT Transaction discarded because of previous errors.")
+    assert c.cmd("MULTI") == "OK"
+    assert c.cmd("INCR", "s") == "QUEUED"
+    assert c.cmd("EXEC") == [resp.Error("ERR value is not an integer or out of range")]
+    text = c.cmd("INFO", "errorstats").decode()
+    assert text == "# Errorstats\r\nerrorstat_ERR:count=6\r\nerrorstat_EXECABORT:count=1\r\n"
+    fields, _ = info_fields(c.cmd("INFO", "stats").decode())
+    assert fields["total_error_replies"] == "7"
+    assert c.cmd("CONFIG", "RESETSTAT") == "OK"
+    assert c.cmd("INFO", "errorstats").decode() == "# Errorstats\r\n"
+
+
 # --------------------------------------------------------------------------------------------------------------
 # INFO
 # --------------------------------------------------------------------------------------------------------------
@@ -481,7 +503,8 @@ def test_config_resetstat(r, raw):
 def test_info_default_sections(raw):
     text = raw().cmd("INFO").decode()
     fields, sections = info_fields(text)
-    for section in ("Server", "Clients", "Memory", "Stats", "Keyspace"):
+    for section in ("Server", "Clients", "Memory", "Persistence", "Stats", "Replication", "CPU", "Errorstats",
+                    "Keyspace"):
         assert section in sections
     assert text.endswith("\r\n")
 

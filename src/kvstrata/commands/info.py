@@ -246,6 +246,11 @@ def _replication(ctx: Context) -> list[tuple[str, Any]]:
     ]
 
 
+def _errorstats(ctx: Context) -> list[tuple[str, Any]]:
+    codes = ctx.server.error_codes if ctx.server is not None else {}
+    return [(f"errorstat_{code}", f"count={n}") for code, n in sorted(codes.items())]
+
+
 def _cluster(ctx: Context) -> list[tuple[str, Any]]:
     # kvstrata nodes are standalone (the shared pool may be a Redis Cluster, which kvstrata is a client of).
     return [("cluster_enabled", 0)]
@@ -259,6 +264,7 @@ SECTIONS: dict[str, Section] = {
     "stats": _stats,
     "replication": _replication,
     "cpu": _cpu,
+    "errorstats": _errorstats,
     "cluster": _cluster,
     "keyspace": _keyspace,
     "tier_dram": _tier("dram"),
@@ -268,8 +274,8 @@ SECTIONS: dict[str, Section] = {
     "latencystats": _latencystats,
     "tier_pool": _tier("pool"),
 }
-DEFAULT = ["server", "clients", "memory", "persistence", "stats", "replication", "cpu", "cluster", "tier_dram",
-           "tier_ssd", "prefetch", "keyspace"]
+DEFAULT = ["server", "clients", "memory", "persistence", "stats", "replication", "cpu", "errorstats", "cluster",
+           "tier_dram", "tier_ssd", "prefetch", "keyspace"]
 _TITLES = {"cpu": "CPU"}
 
 

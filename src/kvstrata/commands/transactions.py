@@ -29,6 +29,7 @@ from kvstrata.commands.registry import CommandSpec, command
 from kvstrata.commands.waits import Suspend
 from kvstrata.errors import CommandError
 from kvstrata.protocol.encoder import NULL_ARRAY, OK, ErrorReply, Status
+from kvstrata.server.stats import count_error
 
 log = logging.getLogger("kvstrata.conn")
 
@@ -139,6 +140,14 @@ def _run_one(ctx: Context, spec: CommandSpec, args: list[Any], monitors: Any = N
     counts = ctx.server.command_counts[spec] if ctx.server is not None else None
     if monitors and "admin" not in spec.flags:
         monitors.feed(ctx.client, args, ctx.server.clients.get(ctx.client.id))
+    reply = _reply_of(ctx, spec, args, counts)
+    if reply.__class__ is ErrorReply and ctx.server is not None:  # counted as every error reply is
+        ctx.server.stats.errors += 1
+        count_error(ctx.server.error_codes, reply)
+    return reply
+
+
+def _reply_of(ctx: Context, spec: CommandSpec, args: list[Any], counts: Any) -> Any:
     if counts is not None:
         counts.calls += 1
     try:

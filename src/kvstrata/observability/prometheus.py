@@ -190,6 +190,11 @@ class KvstrataCollector:
                                   value=snap["commands_processed"])
         err = snap["errors"]
         yield CounterMetricFamily("kvstrata_error_replies", "Error replies sent.", value=err["error_replies"])
+        by_code = CounterMetricFamily("kvstrata_error_replies_by_code", "Error replies sent, by their code (the "
+                                      "first word: ERR, NOPERM, OOM, ...), as INFO errorstats.", labels=["code"])
+        for code, n in sorted(err.get("by_code", {}).items()):
+            by_code.add_metric([code], n)
+        yield by_code
         yield CounterMetricFamily("kvstrata_protocol_errors", "Connections closed for a protocol error.",
                                   value=err["protocol_errors"])
         yield CounterMetricFamily("kvstrata_unknown_commands", "Commands not in the command table.",

@@ -243,6 +243,7 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
             "error_replies": stats.errors,
             "protocol_errors": stats.protocol_errors,
             "unknown_commands": stats.unknown,
+            "by_code": dict(server.error_codes),
         },
         "commands": commands,
         "prefetch": {

@@ -110,6 +110,7 @@ class Server:
         # Users, passwords and key patterns; the default user's password is requirepass (raises on a bad aclfile).
         self.acl = Acl(config.get("requirepass"), str(config.get("aclfile")))
         self.stats = ServerStats()
+        self.error_codes: dict[str, int] = {}  # error replies by code (INFO errorstats)
         self.clients: dict[int, Connection] = {}
         # Per command spec; created up front so the hot path is one dict lookup.
         self.command_counts: dict[CommandSpec, CommandStats] = {}
@@ -307,6 +308,7 @@ class Server:
 
     def reset_stats(self) -> None:
         self.stats.reset()
+        self.error_codes.clear()
         for counts in self.command_counts.values():
             counts.reset()
 

@@ -26,6 +26,7 @@ from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import LargeArgv, RequestParser
 from kvstrata.server.cmdstats import CommandStats
 from kvstrata.server.command_runs import CommandRuns, HeldReply, PoolAckWait
+from kvstrata.server.stats import count_error
 
 if TYPE_CHECKING:
     from kvstrata.server.app import Server
@@ -640,6 +641,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
 
     def _error(self, message: str) -> None:
         self.server.stats.errors += 1
+        count_error(self.server.error_codes, message)
         encode(ErrorReply(message), self.client.proto, self.out)
 
     def _reject(self, spec: CommandSpec, message: str) -> None:

@@ -19,3 +19,16 @@ class ServerStats(Counters):
     output_limit_closed: int = 0
     query_limit_closed: int = 0
     cross_protocol_closed: int = 0
+
+
+ERROR_CODES_MAX = 128  # Redis's ERROR_STATS_NUMBER: distinct error codes counted; later new ones are not
+
+
+def count_error(codes: dict[str, int], message: str) -> None:
+    """Count an error reply under its code, the first word of its text (``ERR``, ``WRONGTYPE``, ``NOPERM``...), as
+    Redis's INFO errorstats does."""
+    code = message.split(" ", 1)[0]
+    if code in codes:
+        codes[code] += 1
+    elif len(codes) < ERROR_CODES_MAX:
+        codes[code] = 1
