@@ -320,6 +320,9 @@ def test_client_kill_errors(raw, resp):
     assert c.cmd("CLIENT", "KILL", "ID", "abc") == resp.Error("ERR client-id should be greater than 0")
     assert c.cmd("CLIENT", "KILL", "ID", "0") == resp.Error("ERR client-id should be greater than 0")
     assert c.cmd("CLIENT", "KILL", "foo", "bar") == resp.Error("ERR syntax error")
+    # The pairs are checked in order, the one without a value last.
+    assert c.cmd("CLIENT", "KILL", "TYPE", "nosuch", "SKIPME") == resp.Error("ERR Unknown client type 'nosuch'")
+    assert c.cmd("CLIENT", "KILL", "TYPE", "normal", "SKIPME") == resp.Error("ERR syntax error")
     assert c.cmd("CLIENT", "KILL") == resp.Error(arity("client|kill"))
     assert c.cmd("CLIENT", "KILL", "127.0.0.1:1") == resp.Error("ERR No such client")
 
@@ -448,6 +451,7 @@ def test_config_errors(raw, resp):
     assert c.cmd("CONFIG", "GET", "maxmemory-policy") == before
     assert c.cmd("CONFIG", "GET") == resp.Error(arity("config|get"))
     assert c.cmd("CONFIG", "SET", "maxmemory") == resp.Error(arity("config|set"))
+    assert c.cmd("CONFIG", "SET", "maxmemory", "1mb", "timeout") == resp.Error("ERR syntax error")
     assert c.cmd("CONFIG") == resp.Error(arity("config"))
     assert c.cmd("CONFIG", "RESETSTAT", "x") == resp.Error(arity("config|resetstat"))
     assert c.cmd("CONFIG", "FOO") == resp.Error("ERR unknown subcommand 'FOO'. Try CONFIG HELP.")

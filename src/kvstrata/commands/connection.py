@@ -252,11 +252,11 @@ def client_kill(ctx: Context, args: list[bytes]) -> Any:
                 _kill(ctx, c)
                 return OK
         raise CommandError("No such client")
-    if len(args) % 2 != 0:
-        raise syntax_error()
     skipme = True
     filters: list[tuple[bytes, bytes]] = []
     for i in range(2, len(args), 2):
+        if i + 1 == len(args):  # as Redis: the pairs before a filter without its value are checked first
+            raise syntax_error()
         opt, val = args[i].upper(), args[i + 1]
         text = val.decode(errors="replace")
         if opt == b"ID":

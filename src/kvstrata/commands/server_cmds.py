@@ -14,7 +14,7 @@ from kvstrata.commands.waits import Commit, Suspend
 from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
 from kvstrata.config_rewrite import rewrite
 from kvstrata.engine.keyspace import glob_match
-from kvstrata.errors import CommandError, syntax_error, wrong_arity
+from kvstrata.errors import CommandError, syntax_error
 from kvstrata.protocol.encoder import NO_REPLY, OK, Status, Verbatim
 from kvstrata.server.limits import empty_budget, save_problem
 
@@ -175,8 +175,8 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
     """Redis 7's order: the names are checked first (the first unknown, immutable or repeated one is named as
     spelled), then the values are set in turn and all restored if one is refused (named
     by its parameter name)."""
-    if len(args) % 2 != 0:
-        raise wrong_arity("config|set")
+    if len(args) % 2 != 0:  # as Redis 7: a name without a value (the arity took fewer than one pair)
+        raise syntax_error()
     pairs = [(args[i].decode(errors="replace"), args[i + 1].decode(errors="replace"))
              for i in range(2, len(args), 2)]
     seen: set[str] = set()
