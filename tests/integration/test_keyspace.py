@@ -380,6 +380,14 @@ def test_scan_empty_db(r, raw):
     assert raw().cmd_raw("SCAN", "0") == b"*2\r\n$1\r\n0\r\n*0\r\n"
 
 
+@pytest.mark.parametrize("cursor", ["", "+5", "-0", "-1", "-18446744073709551615", "18446744073709551615"])
+def test_scan_cursor_as_strtoul(r, cursor):
+    """Redis reads the cursor with strtoul: a sign is taken (a minus wraps around 2**64), "" is 0."""
+    r.set("k", "v")
+    next_cursor, keys = r.execute_command("SCAN", cursor)
+    assert isinstance(next_cursor, int) and next_cursor >= 0 and isinstance(keys, list)
+
+
 def test_scan_redis_py_iter(r):
     keys = {f"x{i}".encode() for i in range(300)}
     r.mset({k: b"v" for k in keys})
@@ -393,6 +401,10 @@ def test_scan_redis_py_iter(r):
         (["abc"], "ERR invalid cursor"),
         (["1.5"], "ERR invalid cursor"),
         (["18446744073709551616"], "ERR invalid cursor"),
+        (["-18446744073709551616"], "ERR invalid cursor"),
+        (["+"], "ERR invalid cursor"),
+        (["0x10"], "ERR invalid cursor"),
+        ([" 1"], "ERR invalid cursor"),
         (["0", "COUNT", "0"], SYNTAX),
         (["0", "COUNT", "-1"], SYNTAX),
         (["0", "COUNT", "abc"], NOT_INT),

@@ -581,6 +581,13 @@ def test_incr_arity(r, expect_error):
         ("10", "-25", b"-15"),
         ("-1.5", "0.25", b"-1.25"),
         ("7", "0", b"7"),
+        # strtold's hexadecimal floats, as increment and as the stored value (rounded to a long double's 64 bits)
+        ("1", "0x10", b"17"),
+        ("0", "-0x1p3", b"-8"),
+        ("0", "0x.8", b"0.5"),
+        ("0x1P-2", "0", b"0.25"),
+        ("0", "0xffffffffffffffffffff", b"1208925819614629174706176"),
+        ("0", "0x1fffffffffffffffe", b"36893488147419103230"),
     ],
 )
 def test_incrbyfloat(r, raw, start, incr, expected):
@@ -618,7 +625,8 @@ def test_incrbyfloat_not_a_float_value(r, expect_error, value):
     assert r.get("f") == value.encode()
 
 
-@pytest.mark.parametrize("arg", ["abc", "", "nan", " 1", "1 ", "1.0x"])
+@pytest.mark.parametrize("arg", ["abc", "", "nan", " 1", "1 ", "1.0x", "0x", "0xg", " 0x1", "0x1 ", "0x1p99999",
+                                 "0x1p-99999", "0x1p16384", "1" + "0" * 5200])
 def test_incrbyfloat_not_a_float_argument(r, expect_error, arg):
     r.set("f", "1")
     with expect_error(NOT_FLOAT):

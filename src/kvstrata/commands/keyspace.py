@@ -168,14 +168,22 @@ def keys(ctx: Context, args: list[bytes]) -> Any:
     return acl_mod.visible(ctx, ctx.store.keys(args[1]))  # an ACL user sees only the keys it may access
 
 
+def _scan_cursor(raw: bytes) -> int:
+    """Redis's strtoul: an optional sign and digits, nothing else ("" is 0); a minus wraps modulo 2**64, as C's
+    unsigned conversion; more than 64 bits is an invalid cursor (ERANGE)."""
+    sign = raw[:1] if raw[:1] in (b"+", b"-") else b""
+    digits = raw[len(sign):]
+    if (sign and not digits) or (digits and not digits.isdigit()) or (digits and int(digits) > 2**64 - 1):
+        raise CommandError("invalid cursor")
+    value = int(digits) if digits else 0
+    return (-value) % 2**64 if sign == b"-" else value
+
+
 @command("scan", -2, "readonly", group="generic", since="2.8.0",
          summary="Iterates over the key names in the database.",
          syntax="SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]")
 def scan(ctx: Context, args: list[bytes]) -> Any:
-    raw = args[1]
-    if not raw.isdigit() or int(raw) > 2**64 - 1:
-        raise CommandError("invalid cursor")
-    cursor = int(raw)
+    cursor = _scan_cursor(args[1])
     match: bytes | None = None
     count = 10
     type_filter: bytes | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
@@ -302,7 +303,39 @@ def decrby(ctx: Context, args: list[bytes]) -> Any:
 # "100001.60000000000000142", 0.1 + 0.2 is "0.3", as in Redis).
 
 
+# strtold's hexadecimal floats (C99): 0x, hex digits with an optional point, an optional binary exponent.
+_HEX_FLOAT = re.compile(rb"([+-]?)0[xX]([0-9a-fA-F]*)(?:\.([0-9a-fA-F]*))?(?:[pP]([+-]?[0-9]+))?\Z")
+
+
+def _hex_long_double(match: re.Match[bytes]) -> np.longdouble:
+    sign, whole, frac, exp = match.groups()
+    frac = frac or b""
+    if not whole and not frac:  # "0x" alone: strtold reads the 0 and stops at the x
+        raise CommandError(NOT_FLOAT)
+    mantissa = int(whole + frac, 16)
+    shift = int(exp or b"0") - 4 * len(frac)
+    extra = mantissa.bit_length() - 64  # a long double's mantissa holds 64 bits: rounded to nearest, ties to even
+    if extra > 0:
+        rest, half = mantissa & ((1 << extra) - 1), 1 << (extra - 1)
+        mantissa >>= extra
+        shift += extra
+        if rest > half or (rest == half and mantissa & 1):
+            mantissa += 1
+    if mantissa and not -20000 < shift < 20000:  # far past long double's range: ERANGE
+        raise CommandError(NOT_FLOAT)
+    with np.errstate(over="ignore", under="ignore"):
+        number = np.ldexp(np.longdouble(mantissa), shift)
+    if not np.isfinite(number) or (number == 0 and mantissa):  # ERANGE: overflow, or underflow to zero
+        raise CommandError(NOT_FLOAT)
+    return -number if sign == b"-" else number
+
+
 def parse_long_double(raw: bytes) -> np.longdouble:
+    if len(raw) >= 5 * 1024:  # Redis's MAX_LONG_DOUBLE_CHARS
+        raise CommandError(NOT_FLOAT)
+    hexa = _HEX_FLOAT.match(raw)
+    if hexa is not None:
+        return _hex_long_double(hexa)
     parse_float(raw)  # Redis's syntax (no spaces, no NaN)
     if raw.lower().lstrip(b"+-") in (b"inf", b"infinity"):
         return np.longdouble("-inf" if raw.startswith(b"-") else "inf")
