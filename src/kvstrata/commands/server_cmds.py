@@ -324,18 +324,16 @@ def save(ctx: Context, args: list[bytes]) -> Any:
     """Writes every DRAM value not yet on the SSD tier and answers once the SSD writer committed them; an error if
     some could not be written (a full or failing disk: they stay in memory and are retried)."""
     saves = _saves(ctx)
-    store = ctx.store
-    if saves is not None:
-        saves.keep()
-    base = store.changes
-    keys, entries = list(store.dram.entries), list(store.dram.entries.values())
-    seq = store.checkpoint()
     if saves is None:
+        ctx.store.checkpoint()
         return OK
+    run = saves.begin()
+    seq = ctx.store.checkpoint()
 
     def then(_: Any) -> Any:
-        if not saves.finished(base, keys, entries):
-            raise CommandError(f"SAVE failed: {saves.failure(keys, entries)}")
+        reason = saves.finish(run)
+        if reason is not None:
+            raise CommandError(f"SAVE failed: {reason}")
         return OK
 
     return Suspend(Commit(seq), then)

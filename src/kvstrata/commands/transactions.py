@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from kvstrata.commands.context import ClientState, Context
@@ -29,7 +30,7 @@ from kvstrata.commands.registry import CommandSpec, command
 from kvstrata.commands.waits import Suspend
 from kvstrata.errors import CommandError
 from kvstrata.protocol.encoder import NULL_ARRAY, OK, ErrorReply, Status
-from kvstrata.server.stats import count_error
+from kvstrata.server.monitor import shown
 
 log = logging.getLogger("kvstrata.conn")
 
@@ -136,14 +137,13 @@ def exec_waits(client: ClientState) -> tuple[list[bytes], bool, bool]:
     return list(dict.fromkeys(keys)), settle, write
 
 
-def _run_one(ctx: Context, spec: CommandSpec, args: list[Any], monitors: Any = None) -> Any:
+def _run_one(ctx: Context, spec: CommandSpec, args: list[Any], feed: Callable[[list[Any]], None] | None) -> Any:
     counts = ctx.server.command_counts[spec] if ctx.server is not None else None
-    if monitors and "admin" not in spec.flags:
-        monitors.feed(ctx.client, args, ctx.server.clients.get(ctx.client.id))
+    if feed is not None and shown(spec):
+        feed(args)
     reply = _reply_of(ctx, spec, args, counts)
     if reply.__class__ is ErrorReply and ctx.server is not None:  # counted as every error reply is
-        ctx.server.stats.errors += 1
-        count_error(ctx.server.error_codes, reply)
+        ctx.server.error_replied(reply)
     return reply
 
 
@@ -170,15 +170,21 @@ def _reply_of(ctx: Context, spec: CommandSpec, args: list[Any], counts: Any) -> 
 @command("exec", 1, "noscript loading stale skip_slowlog", group="transactions", since="1.2.0", load=False,
          summary="Executes all commands in a transaction.")
 def exec_(ctx: Context, args: list[bytes]) -> Any:
-    monitors = ctx.server.monitors if ctx.server is not None else None
+    feed = None
+    if ctx.server is not None and ctx.server.monitors:
+        monitors, conn = ctx.server.monitors, ctx.server.clients.get(ctx.client.id)
+
+        def feed(fed: list[Any]) -> None:
+            monitors.feed(ctx.client, fed, conn)
+
     try:
-        return _exec(ctx, monitors)
+        return _exec(ctx, feed)
     finally:
-        if monitors:  # as Redis: EXEC's line follows those of the commands it ran
-            monitors.feed(ctx.client, args, ctx.server.clients.get(ctx.client.id))
+        if feed is not None:  # as Redis: EXEC's line follows those of the commands it ran
+            feed(args)
 
 
-def _exec(ctx: Context, monitors: Any) -> Any:
+def _exec(ctx: Context, feed: Callable[[list[Any]], None] | None) -> Any:
     client = ctx.client
     queued, dirty = client.multi, client.multi_dirty
     if queued is None:
@@ -191,6 +197,6 @@ def _exec(ctx: Context, monitors: Any) -> Any:
         return NULL_ARRAY
     client.executing = True
     try:
-        return [_run_one(ctx, spec, qargs, monitors) for spec, qargs in queued]
+        return [_run_one(ctx, spec, qargs, feed) for spec, qargs in queued]
     finally:
         client.executing = False

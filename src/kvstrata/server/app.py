@@ -35,7 +35,7 @@ from kvstrata.server.limits import empty_budget
 from kvstrata.server.monitor import Monitors
 from kvstrata.server.prefetch import Prefetcher
 from kvstrata.server.saves import Saves
-from kvstrata.server.stats import ServerStats
+from kvstrata.server.stats import ServerStats, count_error
 from kvstrata.server.tls import server_context, tls_wanted
 
 log = logging.getLogger("kvstrata.server")
@@ -305,6 +305,11 @@ class Server:
                 store.make_room(0)
             except Exception as exc:  # a smaller budget that cannot be met now is met as keys go
                 log.warning("could not shrink DRAM to the new budget yet: %s", exc)
+
+    def error_replied(self, message: str) -> None:
+        """An error reply went out (INFO stats total_error_replies and errorstats)."""
+        self.stats.errors += 1
+        count_error(self.error_codes, message)
 
     def reset_stats(self) -> None:
         self.stats.reset()

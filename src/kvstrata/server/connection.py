@@ -26,7 +26,7 @@ from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import LargeArgv, RequestParser
 from kvstrata.server.cmdstats import CommandStats
 from kvstrata.server.command_runs import CommandRuns, HeldReply, PoolAckWait
-from kvstrata.server.stats import count_error
+from kvstrata.server.monitor import shown
 
 if TYPE_CHECKING:
     from kvstrata.server.app import Server
@@ -80,6 +80,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.dispatch = server.dispatch
         self.counts = server.command_counts
         self.tiered = server.tiered
+        # The monitors by client id (never replaced): its truth is all the hot path reads while nobody monitors.
+        self._monitoring = server.monitors.conns
         now = server.store.clock.now_ms()
         self.client = ClientState(id=server.next_client_id(), created_ms=now, last_ms=now)
         server.acl.attach(self.client)  # the default user; authenticated when it needs no password
@@ -586,8 +588,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             if refused is not None:  # as Redis: refused before it runs, a rejected call
                 self._reject(spec, refused)
                 return None
-        monitors = self.server.monitors
-        watching = monitors.conns  # a dict's truth is cheaper than Monitors.__bool__ on every command
+        watching = self._monitoring
         if watching and client.monitor and (spec.write or "readonly" in spec.flags or spec.key_specs
                                             or (spec.parent or spec).group == "tairkv"):
             self._reject(spec, "ERR Replica can't interact with the keyspace")  # Redis's text for monitors
@@ -602,10 +603,10 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                 if refused is not None:
                     self._reject(spec, refused)
                     return None
-        if watching and "admin" not in spec.flags and spec.handler is not exec_:  # EXEC feeds its own lines
+        if watching and shown(spec) and spec.handler is not exec_:  # EXEC feeds its own lines
             if client.monitor:
                 return self._monitor_own(spec, args, counts)
-            monitors.feed(client, args)
+            self.server.monitors.feed(client, args)
         if self.tiered:
             return self._tiered(spec, args, counts)
         t0 = perf_counter_ns()
@@ -640,8 +641,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         return waiter
 
     def _error(self, message: str) -> None:
-        self.server.stats.errors += 1
-        count_error(self.server.error_codes, message)
+        self.server.error_replied(message)
         encode(ErrorReply(message), self.client.proto, self.out)
 
     def _reject(self, spec: CommandSpec, message: str) -> None:

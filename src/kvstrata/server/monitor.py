@@ -23,6 +23,11 @@ SHOWN = 64
 REDACTED = b'"(redacted)"'
 
 
+def shown(spec: Any) -> bool:
+    """Whether monitors see a command that ran: as Redis, not those flagged admin."""
+    return "admin" not in spec.flags
+
+
 def _escape(byte: int) -> bytes:
     special = {ord("\\"): b"\\\\", ord('"'): b'\\"', ord("\n"): b"\\n", ord("\r"): b"\\r", ord("\t"): b"\\t",
                7: b"\\a", 8: b"\\b"}

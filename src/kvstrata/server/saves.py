@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from kvstrata.config import save_points
@@ -33,6 +34,15 @@ log = logging.getLogger("kvstrata.saves")
 SLICE = 4096
 # Redis's CONFIG_BGSAVE_RETRY_DELAY: save points retry a failed save no sooner than this (seconds).
 RETRY_DELAY = 5.0
+
+
+@dataclass(slots=True)
+class SaveRun:
+    """One save from its start: store.changes then, and what DRAM held (parallel lists), to check it by."""
+
+    base: int
+    keys: list[bytes]
+    entries: list[Entry]
 
 
 class Saves:
@@ -49,7 +59,6 @@ class Saves:
         self.count = 0  # saves completed
         self.scheduled = False  # BGSAVE inside EXEC: started by the next cycle, as Redis does
         self.started: float | None = None  # monotonic start of the background save in progress
-        self._task: asyncio.Task[None] | None = None
         self._base = self.store.changes  # store.changes when the last completed save started
         self.configured()
 
@@ -73,63 +82,61 @@ class Saves:
 
     @property
     def running(self) -> bool:
-        return self._task is not None
+        return self.started is not None
+
+    def begin(self) -> SaveRun:
+        """A save starts (SAVE, or a background one): saved copies are kept from now on, and what it must write is
+        noted to check it by once committed (``finish``)."""
+        self.keep()
+        dram = self.store.dram.entries
+        return SaveRun(self.store.changes, list(dram), list(dram.values()))
+
+    def finish(self, run: SaveRun) -> str | None:
+        """The save committed: recorded as the last save if everything it started with is on the SSD tier; else
+        why not (the save failed): writes failed (a full or failing disk), or the tier evicted some of them to make
+        room (its budget is below the data's)."""
+        ssd = self.store.ssd
+        failed = len(ssd.stuck) + len(ssd.retrying) if ssd is not None else 0
+        reason = None
+        if failed:
+            reason = (f"{failed} writes to the SSD tier failed ({ssd.degraded or 'being retried'}); they are held "
+                      "in memory")
+        elif evicted := self.store.unsaved(run.keys, run.entries):
+            reason = (f"the SSD tier evicted {evicted} of the values it was saving to make room (essd-size is "
+                      "below the data's size); they are held in memory only")
+        self.last_ok = reason is None
+        if reason is None:
+            self.last_save = int(time.time())
+            self._base = max(self._base, run.base)
+            self.count += 1
+        return reason
 
     def start(self) -> None:
         """Start a background save (the caller checked that none runs and that there is an SSD tier)."""
         self.scheduled = False
-        self.keep()
-        self._task = task = asyncio.ensure_future(self._background())
+        self.started = self.last_try = time.monotonic()  # running from now on: a second BGSAVE is refused
+        task = asyncio.ensure_future(self._background(self.begin()))
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
 
-    async def _background(self) -> None:
+    async def _background(self, run: SaveRun) -> None:
         store = self.store
-        t0 = self.started = self.last_try = time.monotonic()
-        base = store.changes
-        keys, entries = list(store.dram.entries), list(store.dram.entries.values())
-        ok = False
+        t0 = time.monotonic()
+        reason: str | None = "stopped"
         try:
-            for i in range(0, len(keys), SLICE):
-                store.checkpoint_keys(keys[i:i + SLICE])
+            for i in range(0, len(run.keys), SLICE):
+                store.checkpoint_keys(run.keys[i:i + SLICE])
                 await asyncio.sleep(0)
             await self.server.wait_commit(store.ssd.barrier(sync=True))
-            ok = self.finished(base, keys, entries)
+            reason = self.finish(run)
         finally:
-            self._task = self.started = None
+            self.started = None
             self.last_duration = round(time.monotonic() - t0)
-            if not ok:
+            if reason is not None:
                 self.last_ok = False
-                log.warning("background save failed: %s", self.failure(keys, entries) or "stopped")
+                log.warning("background save failed: %s", reason)
             else:
                 log.info("background save done in %.3f s", time.monotonic() - t0)
-
-    def failure(self, keys: list[bytes], entries: list[Entry]) -> str | None:
-        """Why the DRAM entries a save started with (``keys``, ``entries``) are not all on the SSD tier now that
-        it committed, or None: writes failed (a full or failing disk), or the tier evicted some of them to make
-        room (its budget is below the data's)."""
-        ssd = self.store.ssd
-        failed = len(ssd.stuck) + len(ssd.retrying) if ssd is not None else 0
-        if failed:
-            return (f"{failed} writes to the SSD tier failed ({ssd.degraded or 'being retried'}); they are held in "
-                    "memory")
-        evicted = self.store.unsaved(keys, entries)
-        if evicted:
-            return (f"the SSD tier evicted {evicted} of the values it was saving to make room (essd-size is below "
-                    "the data's size); they are held in memory only")
-        return None
-
-    def finished(self, base: int, keys: list[bytes], entries: list[Entry]) -> bool:
-        """A save that started when store.changes was ``base`` (and DRAM held ``keys``: ``entries``) committed:
-        recorded if all of it is on the SSD tier."""
-        if self.failure(keys, entries) is not None:
-            self.last_ok = False
-            return False
-        self.last_ok = True
-        self.last_save = int(time.time())
-        self._base = max(self._base, base)
-        self.count += 1
-        return True
 
     def due(self, now: float) -> bool:
         """Whether the server's cycle should start a background save now: BGSAVE SCHEDULE asked for one, or a save
