@@ -345,8 +345,12 @@ def test_metrics_and_info_report_the_pool(node):
     # Every pool counter is exported (issue 16): writes, refusals, conflicts, tombstones, invalidations, ...
     for name in ("writes_total 1.0", "skipped_writes_total", "conflicts_total", "refused_writes_total",
                  "cas_refused_total", "timeouts_total", "recoveries_total", "tombstones_total",
-                 "invalidations_total", "pending 0.0", "deletes_to_replay 0.0"):
+                 "invalidations_total", "pending 0.0", "deletes_to_replay 0.0", "resyncs_total",
+                 "resync_dropped_total", "resync_running 0.0"):
         assert f"kvstrata_pool_{name}" in body, name
+    # Levels are gauges, not counters (a counter that goes back to 0 would read as a reset).
+    for gauge in ("invalidation_subscribed", "acks_held", "resync_running", "resync_last_ms"):
+        assert f"# TYPE kvstrata_pool_{gauge} gauge" in body, gauge
 
 
 def test_write_through_keeps_adopted_chunks_on_ssd(node, make_server, tmp_path):

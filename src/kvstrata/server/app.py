@@ -33,6 +33,7 @@ from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.limits import empty_budget
 from kvstrata.server.monitor import Monitors
+from kvstrata.server.pool_resync import PoolResync
 from kvstrata.server.prefetch import Prefetcher
 from kvstrata.server.saves import Saves
 from kvstrata.server.stats import ServerStats, count_error
@@ -124,6 +125,7 @@ class Server:
         self.ssd_write_queue = int(config.get("ssd-write-queue"))
         self.tasks: set[asyncio.Task[Any]] = set()
         self.saves = Saves(self)  # SAVE, BGSAVE, save points, LASTSAVE (server/saves.py)
+        self.resync = PoolResync(self)  # missed pool invalidations found and applied (server/pool_resync.py)
         self.monitors = Monitors(config)  # connections in MONITOR mode (server/monitor.py)
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
@@ -337,6 +339,8 @@ class Server:
                 self.store.active_expire(int(self.config.get("active-expire-keys")))
                 dataplane.tick(self)
                 now = time.monotonic()
+                if self.resync.due(now):  # every tick: a missed invalidation is looked for as soon as possible
+                    self.resync.start()
                 if now - last_second >= 1.0:
                     last_second = now
                     self._every_second()

@@ -139,6 +139,14 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         self.invalidations = 0
         self.invalidation_gaps = 0
         self.subscribed = False  # the invalidation subscription is up (pool_subscriber)
+        self.subscriptions = 0  # subscriptions the pool took; each asks for a resync (server/pool_resync.py)
+        # Resyncs of the local copies against the pool after a subscription (kvstrata.server.pool_resync).
+        self.resyncs = 0
+        self.resync_running = 0
+        self.resync_checked = 0
+        self.resync_dropped = 0
+        self.resync_failures = 0
+        self.resync_last_ms = 0  # how long the last finished resync took
         self.dropped_copies = 0
         self.replay: dict[bytes, int] = {}  # key -> tombstone version: deletes the pool has not taken yet
         self.replayed = 0
@@ -235,6 +243,9 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
             "deletes_to_replay": len(self.replay), "deletes_replayed": self.replayed,
             "acks_held": len(self.outcomes),
             "invalidation_gaps": self.invalidation_gaps, "invalidation_subscribed": int(self.subscribed),
+            "resyncs": self.resyncs, "resync_running": self.resync_running, "resync_checked": self.resync_checked,
+            "resync_dropped": self.resync_dropped, "resync_failures": self.resync_failures,
+            "resync_last_ms": self.resync_last_ms,
             "replica_waits_short": self.replica_waits_short,
             "ack": self.ack, "maxmemory_policy": self.maxmemory_policy,
             "masters_degraded": len(self.masters_down), "master_recoveries": self.master_recoveries,

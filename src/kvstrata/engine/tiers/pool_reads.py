@@ -1,5 +1,6 @@
-"""Reads from the pool, done by the caller's worker thread: ``read_many`` (loads) and ``check_versions``
-(STRONG reads). They only touch the redis-py client, which is thread-safe, and never run on the event loop.
+"""Reads from the pool, done by the caller's worker thread: ``read_many`` (loads), ``check_versions`` (STRONG
+reads) and ``read_heads`` (record headers only: the STRONG check's first step, the resync after a missed
+invalidation). They only touch the redis-py client, which is thread-safe, and never run on the event loop.
 
 ``PoolReads`` is a mixin of ``PoolTier`` (pool.py), which owns the counters it updates.
 """
@@ -68,15 +69,10 @@ class PoolReads:
         if down is not None:
             raise PoolUnavailableError(f"the pool is unavailable ({down}); STRONG reads need it")
         try:
-            heads, failed = self._run(keys, "version check",
-                                      lambda pipe, i: pipe.getrange(self.pool_key(keys[i]), 0, HEADER_SIZE - 1))
-            bad = next((r for r in heads if isinstance(r, BaseException)), None)
-            if bad is not None:
-                raise bad
+            heads = self.read_heads(keys, "version check")
             out: dict[bytes, Entry | PoolDeleted | None] = dict.fromkeys(keys)
             newer = []
-            for key, head in zip(keys, heads, strict=True):
-                hdr = decode_head(head or b"")
+            for key, hdr in zip(keys, heads, strict=True):
                 if hdr is None or hdr[0] <= local[key]:
                     continue
                 if hdr[2] & FLAG_TOMBSTONE:
@@ -99,3 +95,13 @@ class PoolReads:
             if self.degraded is None and not self.masters_down:
                 self._failed("version check", exc)
             raise PoolUnavailableError(f"the pool could not be asked: {type(exc).__name__}: {exc}") from None
+
+    def read_heads(self, keys: list[bytes], what: str) -> list[tuple[int, int, int] | None]:
+        """(version, expire_at, flags) of the pool's record of each key (``GETRANGE``, the value is not sent), None
+        where the pool holds no record. Raises the first fault: an answer is for every key or for none."""
+        raws, _failed = self._run(keys, what,
+                                  lambda pipe, i: pipe.getrange(self.pool_key(keys[i]), 0, HEADER_SIZE - 1))
+        bad = next((r for r in raws if isinstance(r, BaseException)), None)
+        if bad is not None:
+            raise bad
+        return [decode_head(raw or b"") for raw in raws]

@@ -1,7 +1,9 @@
 """The pool's invalidation subscriber: a thread subscribed to the invalidation channel that hands each
 ``(key, version, deleted)`` to ``on_invalidate`` on the owner's thread, so this node drops older local copies
-(docs/pool.md). It reconnects on its own; invalidations missed meanwhile are counted in ``invalidation_gaps``, and
-``subscribed`` says whether the pool node has taken the subscription (INFO ``invalidation_subscribed``).
+(docs/pool.md). It reconnects on its own; invalidations missed meanwhile are counted in ``invalidation_gaps``,
+``subscribed`` says whether the pool node has taken the subscription (INFO ``invalidation_subscribed``), and
+``subscriptions`` counts the subscriptions taken: each one (the first included: this node was away before it) asks
+for a resync of the local copies against the pool (``kvstrata.server.pool_resync``).
 
 ``PoolSubscriber`` is a mixin of ``PoolTier`` (pool.py), which owns the state.
 """
@@ -48,6 +50,8 @@ class PoolSubscriber:
                         continue
                     if msg.get("type") == "subscribe":  # the pool node took it: messages from now on arrive
                         self.subscribed = True
+                        # What was missed before this point is found by a resync (kvstrata.server.pool_resync).
+                        self.subscriptions += 1
                         continue
                     if msg.get("type") != "message":
                         continue

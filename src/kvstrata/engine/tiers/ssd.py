@@ -505,6 +505,30 @@ class SsdTier(SsdWriter, TierRoles):
                 keys.add(key)
         return list(keys)
 
+    def committed_versions(self, after: bytes | None, limit: int) -> tuple[list[tuple[bytes, int]], bytes | None]:
+        """Up to ``limit`` committed records, as (key, version), in LMDB order from just after the record key
+        ``after`` (None: from the first), and the record key to go on after (None once the end is reached).
+        Headers only, values untouched; safe from any thread (one read transaction); pending writes are not looked
+        at. A damaged page ends the walk (counted and logged as for any read)."""
+        out: list[tuple[bytes, int]] = []
+        last: bytes | None = None
+        try:
+            with self.env.begin(buffers=True) as txn, txn.cursor(db=self._data) as cur:
+                more = cur.first() if after is None else cur.set_range(after + b"\0")
+                while more:
+                    lkey, rec = cur.item()
+                    last = bytes(lkey)
+                    key = _record_key(last, rec)
+                    meta = decode_meta(key, rec)
+                    if isinstance(meta, Meta):
+                        out.append((key, meta.version))
+                    more = cur.next()
+                    if len(out) >= limit:
+                        return out, (last if more else None)
+        except (lmdb.Error, struct.error) as exc:
+            self._unreadable("listing record versions", exc)
+        return out, None
+
     def _pending_in(self, bucket: int) -> list[tuple[bytes, Entry | Tombstone]]:
         """The pending writes of one scan bucket. KEYS, SCAN and MARKHOT ask bucket after bucket, so ``pending``
         is grouped once and regrouped only when it changed (every change moves a sequence number)."""
