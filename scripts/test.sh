@@ -54,6 +54,7 @@ if [ $# -eq 0 ]; then
     KVSTRATA_POOL_SERVER=valkey-server python -m pytest -q tests/integration/test_pool.py \
         tests/integration/test_pool_diskless.py tests/integration/test_pool_consistency.py \
         tests/integration/test_pool_history.py tests/integration/test_pool_partial.py \
-        tests/integration/test_pool_master_kill.py tests/integration/test_pool_sentinel.py
+        tests/integration/test_pool_master_kill.py tests/integration/test_pool_sentinel.py \
+        tests/integration/test_pool_resync.py
   fi
 fi
