@@ -4,11 +4,14 @@
 Covered: a node restarted on its SSD tier after other nodes overwrote and deleted its keys reads the new values
 and not the deleted keys once its first resync is done; invalidations missed while a node's subscription was down
 (its connection killed in the pool) are applied by the resync that follows the new subscription, while clients
-of that node keep writing: every key ends with its last acknowledged value. Waits are polls with a deadline.
+of that node keep writing: every key ends with its last acknowledged value; two nodes under concurrent writes and
+deletes, every subscription killed twice and one node restarted, converge: once each has resynced, both read every
+key as the pool holds it (each of these fails without the resync). Waits are polls with a deadline.
 """
 
 from __future__ import annotations
 
+import random
 import shutil
 import threading
 
@@ -141,3 +144,97 @@ def test_invalidations_missed_during_a_subscription_gap_are_applied(node, cluste
     assert pool_info(b)["resync_dropped"] >= 1
     strong = b.execute_command("TAIR.KV.MGET", *keys, "CONSISTENCY_LEVEL", "STRONG")
     assert dict(zip(keys, strong, strict=True)) == expected
+
+
+def _churn(port, keys, seed, stop, acked, lock):
+    """A client of one node: random TAIR.KV.SETEX and DEL of ``keys`` until ``stop``, reconnecting when its node
+    restarts; each acknowledged write or delete is counted in ``acked``."""
+    rnd = random.Random(seed)
+    r = None
+    n = 0
+    while not stop.is_set():
+        try:
+            if r is None:
+                r = redis.Redis(port=port, socket_timeout=10)
+            k = rnd.choice(keys)
+            if rnd.random() < 0.2:
+                r.delete(k)
+            else:
+                r.execute_command("TAIR.KV.SETEX", k, 0, f"{seed}:{n}|".encode() * rnd.randint(8, 800))
+            n += 1
+            with lock:
+                acked[0] += 1
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+            if r is not None:
+                r.close()
+            r = None  # the node restarts (or refused with -TRYAGAIN while its pool was away): go on
+            stop.wait(0.05)  # not a synchronisation: the pace of reconnect attempts
+    if r is not None:
+        r.close()
+
+
+def _converged(clients, keys):
+    """Every node's EVENTUAL read of every key equals the pool's (a STRONG read), once no resync is pending."""
+    for c in clients:
+        i = pool_info(c)
+        if i["resync_pending"] or i["resync_running"] or not i["invalidation_subscribed"] or i["pending"]:
+            return False
+    strong = clients[0].execute_command("TAIR.KV.MGET", *keys, "CONSISTENCY_LEVEL", "STRONG")
+    return all(c.mget(keys) == strong for c in clients)
+
+
+def test_nodes_converge_after_subscription_gaps_and_a_restart(node, cluster):
+    """Two nodes with SSD tiers, four clients writing and deleting 40 keys through them; meanwhile every
+    subscription is killed twice and node B is restarted on its SSD tier. Once the load stops and each node has
+    resynced after its latest subscription, both nodes read every key as the pool holds it (EVENTUAL = STRONG)."""
+    a_srv = node("a", {"pool-backoff-max": 1000})
+    b_srv = node("b", {"pool-backoff-max": 1000})
+    keys = [f"conv:{i}" for i in range(40)]
+    lock = threading.Lock()
+    acked = [0]
+    running: list[tuple[threading.Event, list[threading.Thread]]] = []
+
+    def clients_on(srv, seeds):
+        stop = threading.Event()
+        ts = [threading.Thread(target=_churn, args=(srv.port, keys, s, stop, acked, lock)) for s in seeds]
+        for t in ts:
+            t.start()
+        running.append((stop, ts))
+        return stop, ts
+
+    def end(stop, ts):
+        stop.set()
+        for t in ts:
+            t.join(30)
+
+    def progress(n):
+        start = acked[0]
+        wait_for(lambda: acked[0] >= start + n, timeout=60, what=f"{n} more acknowledged operations")
+
+    try:
+        clients_on(a_srv, [1, 2])
+        on_b = clients_on(b_srv, [3, 4])
+        progress(300)
+        _kill_subscriptions(cluster)
+        progress(300)
+        end(*on_b)  # B's clients end with B; A's go on while B is away and after
+        b_srv.stop()
+        progress(200)
+        b_srv = node("b", {"pool-backoff-max": 1000})
+        clients_on(b_srv, [5, 6])
+        progress(300)
+        _kill_subscriptions(cluster)
+        progress(300)
+    finally:
+        for stop, ts in running:
+            end(stop, ts)
+    clients = [a_srv.client(), b_srv.client()]
+    try:
+        wait_for(lambda: _converged(clients, keys), timeout=60, what="both nodes to read every key as the pool holds it")
+    except AssertionError:
+        strong = clients[0].execute_command("TAIR.KV.MGET", *keys, "CONSISTENCY_LEVEL", "STRONG")
+        apart = {name: [k for k, v, s in zip(keys, c.mget(keys), strong, strict=True) if v != s]
+                 for name, c in zip("AB", clients, strict=True)}
+        raise AssertionError(f"keys read otherwise than the pool holds them: {apart}; "
+                             f"INFO tier_pool: {[pool_info(c) for c in clients]}") from None
+    assert pool_info(clients[1])["resyncs"] >= 2

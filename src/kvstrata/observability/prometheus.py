@@ -21,7 +21,7 @@ from kvstrata.observability.latency import cumulative_usec
 LE_BUCKETS = 25  # 1 µs .. 2**24 µs (16.8 s)
 POOL_GAUGES = frozenset({"pending", "queued_bytes", "degraded", "ttl_ms", "deletes_to_replay",
                          "masters_degraded", "acks_held", "invalidation_subscribed", "resync_running",
-                         "resync_last_ms"})
+                         "resync_last_ms", "resync_pending"})
 POOL_DEGRADED = "kvstrata_pool_degraded"  # alerted on in deploy/prometheus/alerts.yml; only with a pool tier
 
 TIER_COUNTERS = (

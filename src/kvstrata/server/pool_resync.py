@@ -46,7 +46,6 @@ class PoolResync:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.store = server.store
-        self.covered = 0  # the subscription the last finished resync followed
         self.task: asyncio.Future[None] | None = None
         self.retry_at = 0.0
         self._delay = RETRY_MIN
@@ -55,7 +54,7 @@ class PoolResync:
         """Whether a resync should start now: a subscription no resync has followed yet, the subscription up (so
         nothing is missed from here on) and the pool usable."""
         pool: PoolTier | None = self.store.pool
-        return (pool is not None and self.task is None and pool.subscriptions > self.covered and pool.subscribed
+        return (pool is not None and self.task is None and pool.subscriptions > pool.resynced and pool.subscribed
                 and pool.active and now >= self.retry_at)
 
     def start(self) -> None:
@@ -82,7 +81,7 @@ class PoolResync:
             pool.resync_running = 0
             self.task = None
         if finished:
-            self.covered = subscription
+            pool.resynced = subscription
             self._delay = RETRY_MIN
             pool.resyncs += 1
             pool.resync_last_ms = round((time.monotonic() - t0) * 1000)

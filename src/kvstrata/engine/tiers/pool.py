@@ -147,6 +147,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         self.resync_dropped = 0
         self.resync_failures = 0
         self.resync_last_ms = 0  # how long the last finished resync took
+        self.resynced = 0  # the subscription the last finished resync followed (none pending when = subscriptions)
         self.dropped_copies = 0
         self.replay: dict[bytes, int] = {}  # key -> tombstone version: deletes the pool has not taken yet
         self.replayed = 0
@@ -245,7 +246,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
             "invalidation_gaps": self.invalidation_gaps, "invalidation_subscribed": int(self.subscribed),
             "resyncs": self.resyncs, "resync_running": self.resync_running, "resync_checked": self.resync_checked,
             "resync_dropped": self.resync_dropped, "resync_failures": self.resync_failures,
-            "resync_last_ms": self.resync_last_ms,
+            "resync_last_ms": self.resync_last_ms, "resync_pending": int(self.subscriptions > self.resynced),
             "replica_waits_short": self.replica_waits_short,
             "ack": self.ack, "maxmemory_policy": self.maxmemory_policy,
             "masters_degraded": len(self.masters_down), "master_recoveries": self.master_recoveries,
