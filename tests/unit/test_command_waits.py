@@ -48,7 +48,12 @@ def test_waits_are_declared() -> None:
     assert spec("dbsize").settle
     assert not any(s.settle for n, s in REGISTRY.items() if n != b"dbsize")
     meta = {n for n, s in REGISTRY.items() if s.load == "meta"}  # record headers probed, never values loaded
-    assert meta == {b"exists", b"type", b"ttl", b"pttl", b"expiretime", b"pexpiretime", b"watch"}
+    assert meta == {b"exists", b"type", b"ttl", b"pttl", b"expiretime", b"pexpiretime", b"watch"} | {
+        b"setex", b"psetex", b"setnx", b"mset", b"msetnx", b"tair.kv.setex"  # replace a value, never read it
+    }
+    assert spec("set").probes([b"set", b"k", b"v", b"EX", b"5"])
+    assert not spec("set").probes([b"set", b"k", b"v", b"get"])  # SET ... GET answers the old value
+    assert not spec("get").probes([b"get", b"k"])
     assert spec("exists").load_keys([b"exists", b"a", b"b"]) == [b"a", b"b"]
 
 

@@ -14,7 +14,8 @@ is the one way to get a command's keys: the tier loader and ACL key checks both 
 
 Waits are declared too: ``load`` (default for commands with keys: their keys are read from the lower tiers, off
 the event loop, before the handler runs; PREFETCH says ``load=False``: it only queues them; EXISTS, TYPE and the TTL
-family say ``load="meta"``: only their record headers are probed, the handler asks ``store.probe``) and ``settle``
+family, and the writes that replace a value without reading it (SET without GET, SETEX, MSET, TAIR.KV.SETEX...)
+say ``load="meta"``: only their record headers are probed, the handler asks ``store.probe``) and ``settle``
 (the command needs the SSD writer drained first: DBSIZE counts committed records).
 """
 
@@ -75,9 +76,10 @@ class CommandSpec:
     key_specs: tuple[KeySpec, ...] = ()
     # Commands with options after their keys: the function that picks the keys out (options never are keys).
     getkeys: KeyFn | None = None
-    # Waits: read the keys from lower tiers before running ("meta": their record headers only); drain the SSD
-    # writer before running.
-    load: bool | str = True
+    # Waits: read the keys from lower tiers before running ("meta": their record headers only; a function of the
+    # arguments for a command that needs the value with some options only, SET ... GET); drain the SSD writer
+    # before running.
+    load: bool | str | Callable[[list[bytes]], bool | str] = True
     settle: bool = False
     # Subcommands whose handler bounds a variadic arity (SLOWLOG GET [count]): the most arguments accepted, the
     # container and subcommand names included; more get Redis's "unknown subcommand or wrong number" error.
@@ -112,6 +114,11 @@ class CommandSpec:
             if first and i >= first and (i == first if not step else (i - first) % step == 0):
                 continue
             args[i] = bytes(a)
+
+    def probes(self, args: list[bytes]) -> bool:
+        """Whether the keys' record headers are enough (``load="meta"``): the handler asks ``store.probe``."""
+        load = self.load
+        return (load(args) if callable(load) else load) == "meta"
 
     def load_keys(self, args: list[bytes]) -> list[bytes]:
         """The keys to read from lower tiers before the handler runs (none for commands that only queue them)."""
@@ -162,7 +169,7 @@ def command(
     *,
     keys: tuple[int, int, int] = (0, 0, 0),
     getkeys: KeyFn | None = None,
-    load: bool | str = True,
+    load: bool | str | Callable[[list[bytes]], bool | str] = True,
     settle: bool = False,
     group: str = "generic",
     summary: str = "",

@@ -45,7 +45,15 @@ def get(ctx: Context, args: list[bytes]) -> Any:
     return None if entry is None else entry.value
 
 
-@command("set", -3, "write denyoom", keys=(1, 1, 1), values=(2, 0), group="string",
+def _set_load(args: list[bytes]) -> str | bool:
+    """SET replaces the value: its old record's header is enough (version, expiry: NX, XX, KEEPTTL), unless GET
+    returns the old value."""
+    return True if any(a.upper() == b"GET" for a in args[3:]) else "meta"
+
+
+# load="meta" for the writes below that replace a value: a key held only below DRAM (the SSD, another node's in the
+# pool) has its record header probed before the write, not its whole value read (megabytes for a KV chunk).
+@command("set", -3, "write denyoom", keys=(1, 1, 1), values=(2, 0), group="string", load=_set_load,
          summary="Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.",
          syntax="SET key value [NX | XX] [GET] [EX seconds | PX milliseconds | EXAT unix-time-seconds | "
                 "PXAT unix-time-milliseconds | KEEPTTL]")
@@ -61,14 +69,14 @@ def set_(ctx: Context, args: list[bytes]) -> Any:
     for kind in _EXPIRES:
         if kind in opts:
             expire_at = expire_at_ms(kind, opts[kind][0], now, "set")
-    current = store.get(key, touch=False)
+    current = store.get(key, touch=False) if b"GET" in opts else store.probe(key)
     if (b"NX" in opts and current is not None) or (b"XX" in opts and current is None):
         return current.value if (b"GET" in opts and current is not None) else None
     if b"KEEPTTL" in opts and current is not None:
         expire_at = current.expire_at
     store.put(key, args[2], expire_at)
     if b"GET" in opts:
-        return None if current is None else current.value
+        return None if current is None else current.value  # type: ignore[union-attr]
     return OK
 
 
@@ -78,23 +86,23 @@ def _setex(ctx: Context, args: list[bytes], unit: bytes, name: str) -> Any:
     return OK
 
 
-@command("setex", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", since="2.0.0",
+@command("setex", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", load="meta", since="2.0.0",
          summary="Sets the string value and expiration time of a key.", syntax="SETEX key seconds value")
 def setex(ctx: Context, args: list[bytes]) -> Any:
     return _setex(ctx, args, b"EX", "setex")
 
 
-@command("psetex", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", since="2.6.0",
+@command("psetex", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", load="meta", since="2.6.0",
          summary="Sets both string value and expiration time in milliseconds of a key.",
          syntax="PSETEX key milliseconds value")
 def psetex(ctx: Context, args: list[bytes]) -> Any:
     return _setex(ctx, args, b"PX", "psetex")
 
 
-@command("setnx", 3, "write denyoom fast", keys=(1, 1, 1), values=(2, 0), group="string",
+@command("setnx", 3, "write denyoom fast", keys=(1, 1, 1), values=(2, 0), group="string", load="meta",
          summary="Set the string value of a key only when the key doesn't exist.")
 def setnx(ctx: Context, args: list[bytes]) -> Any:
-    if ctx.store.get(args[1], touch=False) is not None:
+    if ctx.store.probe(args[1]) is not None:
         return 0
     ctx.store.put(args[1], args[2])
     return 1
@@ -152,7 +160,7 @@ def mget(ctx: Context, args: list[bytes]) -> Any:
     return out
 
 
-@command("mset", -3, "write denyoom", keys=(1, -1, 2), values=(2, 2), group="string",
+@command("mset", -3, "write denyoom", keys=(1, -1, 2), values=(2, 2), group="string", load="meta",
          summary="Atomically creates or modifies the string values of one or more keys.",
          syntax="MSET key value [key value ...]")
 def mset(ctx: Context, args: list[bytes]) -> Any:
@@ -163,13 +171,13 @@ def mset(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("msetnx", -3, "write denyoom", keys=(1, -1, 2), values=(2, 2), group="string",
+@command("msetnx", -3, "write denyoom", keys=(1, -1, 2), values=(2, 2), group="string", load="meta",
          summary="Atomically modifies the string values of one or more keys only when all keys don't exist.",
          syntax="MSETNX key value [key value ...]")
 def msetnx(ctx: Context, args: list[bytes]) -> Any:
     if len(args) % 2 == 0:
         raise wrong_arity("msetnx")
-    if any(ctx.store.get(args[i], touch=False) is not None for i in range(1, len(args), 2)):
+    if any(ctx.store.probe(args[i]) is not None for i in range(1, len(args), 2)):
         return 0
     for i in range(1, len(args), 2):
         ctx.store.put(args[i], args[i + 1])

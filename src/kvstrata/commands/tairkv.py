@@ -18,7 +18,7 @@ from kvstrata.errors import CommandError, syntax_error, wrong_arity
 STRONG_RECHECKS = 3
 
 
-@command("tair.kv.setex", -4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="tairkv", since="0.1.0",
+@command("tair.kv.setex", -4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="tairkv", since="0.1.0", load="meta",
          summary="Sets a KV-cache value with a TTL in milliseconds (0: none); replies with its new version.",
          syntax="TAIR.KV.SETEX key ttl_ms value [COLD_STORAGE] [VER expected_version]")
 def kv_setex(ctx: Context, args: list[bytes]) -> Any:

@@ -186,6 +186,13 @@ class LoaderMixin:
             self.adopt(key, found, origin)  # type: ignore[arg-type]
         return found
 
+    def probe_below(self, key: bytes) -> Entry | Meta | None:
+        """``_below`` for a key the command probed (its header, no value read), else ``_below``."""
+        probed = self._probed
+        if probed is not None and key in probed:
+            return self._lookup(key, probed)[0]
+        return self._below(key)
+
     def loaded(self, key: bytes) -> bool:
         """Whether a key's lower-tier state is known without reading a tier (DRAM, pending writes, the overlay)."""
         if not self.missing((key,)):

@@ -231,7 +231,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if self.refetch:
             self.refetch.pop(key, None)
         if expected_version is not None:
-            current = self.get(key, touch=False)
+            current = self.probe(key)  # its version only: a header, where the command probed (load="meta")
             have = current.version if current is not None else 0
             if pool is None:
                 if have != expected_version:
@@ -268,7 +268,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
                 self._drop_copies(key)
                 return entry
             stale_below = not self.write_through and (
-                (old is not None and old.on_ssd) or (old is None and self._below(key) is not None)
+                (old is not None and old.on_ssd) or (old is None and self.probe_below(key) is not None)
             )
             self._insert(key, entry, size, old)
             # Only once the new value is in: a write refused for room must not lose the old one.

@@ -160,7 +160,7 @@ class CommandRuns:
         try:
             result = await srv.wait(sus.wait)
             if sus.reload:
-                await self._load(spec.load_keys(args), spec.load == "meta")
+                await self._load(spec.load_keys(args), spec.probes(args))
         except BaseException:
             sus.release()
             raise
@@ -259,7 +259,7 @@ class CommandRuns:
                 await srv.wait_commit(ssd.enqueued_seq)
         # [prefetch hook, issue 19] what follows a chunk read: queued, its first chunks loaded with this one
         along = srv.prefetcher.expect(spec, keys, self.client.id, srv.prefetcher.along)
-        await self._load(keys + along if along else keys, spec.load == "meta")
+        await self._load(keys + along if along else keys, spec.probes(args))
         waiter = self._invoke_sync(spec, args, counts)
         if waiter is not None:
             await waiter

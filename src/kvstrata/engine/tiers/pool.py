@@ -192,6 +192,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         self.write_bytes = 0
         self.reads = 0
         self.read_bytes = 0
+        self.probes = 0  # record headers read (probe_many: EXISTS, TTL, writes replacing a value), no value sent
         self.conflicts = 0
         self.evictions = 0
         self.expired = 0
@@ -238,7 +239,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
             "degraded_reason": self.degraded or "", "errors": self.errors, "timeouts": self.timeouts,
             "retries": self.retries, "recoveries": self.recoveries, "skipped_writes": self.skipped_writes,
             "skipped_reads": self.skipped_reads, "writes": self.writes, "write_bytes": self.write_bytes,
-            "reads": self.reads, "read_bytes": self.read_bytes, "conflicts": self.conflicts,
+            "reads": self.reads, "read_bytes": self.read_bytes, "probes": self.probes, "conflicts": self.conflicts,
             "expired": self.expired, "ttl_ms": self.ttl_ms, "refused_writes": self.refused_writes,
             "cas_refused": self.cas_refused, "tombstones": self.tombstones, "invalidations": self.invalidations, "dropped_copies": self.dropped_copies,
             "deletes_to_replay": len(self.replay), "deletes_replayed": self.replayed,

@@ -160,10 +160,12 @@ class PoolClient:
         else:
             self._failed(what, exc)
 
-    def _run(self, keys: list[bytes], what: str, add: Callable[[Any, int], None]) -> tuple[list[Any], list[int]]:
-        """One pipeline per healthy master over ``keys`` (``add(pipe, i)`` queues key i's command). Returns the
-        results (an exception for each key whose master is degraded or failed now) and the failed indexes;
-        a fault of one master degrades that master only (the whole pool for one server or a cluster-wide fault)."""
+    def _run(self, keys: list[bytes], what: str, add: Callable[[Any, int], None],
+             per_key: int = 1) -> tuple[list[Any], list[int]]:
+        """One pipeline per healthy master over ``keys`` (``add(pipe, i)`` queues key i's ``per_key`` commands).
+        Returns the results (a tuple of ``per_key`` replies each when more than one; an exception for each key
+        whose master is degraded or failed now) and the failed indexes; a fault of one master degrades that master
+        only (the whole pool for one server or a cluster-wide fault)."""
         c = self.client()
         groups, skipped = self._grouped(keys)
         out: list[Any] = [None] * len(keys)
@@ -187,6 +189,8 @@ class PoolClient:
                     out[i] = exc
                 failed.extend(idx)
                 continue
+            if per_key > 1:
+                res = [tuple(res[j:j + per_key]) for j in range(0, len(res), per_key)]
             for i, r in zip(idx, res, strict=True):
                 out[i] = r
         return out, failed

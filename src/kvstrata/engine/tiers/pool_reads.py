@@ -1,5 +1,6 @@
-"""Reads from the pool, done by the caller's worker thread: ``read_many`` (loads), ``check_versions`` (STRONG
-reads) and ``read_heads`` (record headers only: the STRONG check's first step, the resync after a missed
+"""Reads from the pool, done by the caller's worker thread: ``read_many`` (loads), ``probe_many`` (what EXISTS,
+TTL and writes that replace a value need: the header and the length, the value not sent), ``check_versions``
+(STRONG reads) and ``read_heads`` (record headers only: the STRONG check's first step, the resync after a missed
 invalidation). They only touch the redis-py client, which is thread-safe, and never run on the event loop.
 
 ``PoolReads`` is a mixin of ``PoolTier`` (pool.py), which owns the counters it updates.
@@ -7,7 +8,9 @@ invalidation). They only touch the redis-py client, which is thread-safe, and ne
 
 from __future__ import annotations
 
-from kvstrata.engine.entry import Entry
+from typing import Any
+
+from kvstrata.engine.entry import Entry, Meta
 from kvstrata.engine.tiers.markers import Corrupt
 from kvstrata.engine.tiers.pool_health import PoolUnavailableError
 from kvstrata.engine.tiers.pool_record import (
@@ -51,6 +54,46 @@ class PoolReads:
                 out[key] = None  # deleted: a miss (the tombstone only keeps older copies from coming back)
                 continue
             out[key] = rec
+        return out
+
+    def probe_many(self, keys: list[bytes]) -> dict[bytes, Meta | Corrupt | None]:
+        """The pool's record headers of ``keys`` as ``Meta`` (version, expiry, value length; ``GETRANGE`` and
+        ``STRLEN``: the value is not sent), None for a key the pool holds nothing or a tombstone of; {} (nothing
+        known) when degraded or on error. The checksum covers the value, so it is verified by a full read only."""
+        if not keys or not self.active:
+            if keys:
+                self.skipped_reads += len(keys)
+            return {}
+
+        def add(pipe: Any, i: int) -> None:
+            name = self.pool_key(keys[i])
+            pipe.getrange(name, 0, HEADER_SIZE - 1)
+            pipe.execute_command("STRLEN", name)
+
+        try:
+            got, failed = self._run(keys, "probe", add, per_key=2)
+        except Exception as exc:
+            if self.degraded is None:
+                self._failed("probe", exc)
+            return {}
+        self.skipped_reads += len(failed)
+        out: dict[bytes, Meta | Corrupt | None] = {}
+        for key, r in zip(keys, got, strict=True):
+            if isinstance(r, BaseException) or any(isinstance(x, BaseException) for x in r):
+                continue  # its master is degraded: nothing known about this key
+            raw, length = r
+            self.probes += 1
+            if not raw:
+                out[key] = None
+                continue
+            hdr = decode_head(raw)
+            if hdr is None:
+                self.corrupt_reads += 1
+                out[key] = Corrupt(key, "not a pool record")
+            elif hdr[2] & FLAG_TOMBSTONE:
+                out[key] = None  # deleted: absent
+            else:
+                out[key] = Meta(hdr[0], hdr[1], int(length) - HEADER_SIZE)
         return out
 
     def check_versions(self, local: dict[bytes, int]) -> dict[bytes, Entry | PoolDeleted | None]:
