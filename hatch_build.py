@@ -4,7 +4,8 @@
   by ``kvstrata.native.ntcopy``.
 * CPython extension modules (``EXTENSIONS``): the predictor's hot path (src/kvstrata/native/_predict.c,
   ``kvstrata.native._predict``, which ``kvstrata.engine.predict`` uses when it imports) and the page-residency
-  check of the SSD tier's reads on the event loop (``_pages.c``, used by ``kvstrata.engine.tiers.resident``).
+  check of the SSD tier's reads on the event loop (``_pages.c``, used by ``kvstrata.engine.tiers.resident``), and
+  the DUMP payload's CRC-64 and LZF loops (``_rdb.c``, used by ``kvstrata.protocol.dump_payload``).
 
 Editable installs (``pip install -e .``: scripts/test.sh, scripts/serve.sh) build them next to their sources,
 where the package is imported from; a wheel carries them and is then tagged for its platform
@@ -45,6 +46,7 @@ EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 EXTENSIONS = {
     "_predict": "the predictor runs in Python",
     "_pages": "the SSD tier's residency checks run in numpy",
+    "_rdb": "DUMP and RESTORE checksum and expand payloads in Python (slow for values of megabytes)",
 }
 
 

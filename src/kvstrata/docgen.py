@@ -48,6 +48,20 @@ monitor that does not keep up is closed at `client-output-buffer-limit`, and MON
 ([security](security.md)).
 """
 
+_KEYSPACE_NOTES = """
+DUMP and RESTORE use Redis's payload format for strings, so keys move between kvstrata and Redis or Valkey in
+both directions (tools that copy keys with DUMP on one side and RESTORE on the other).
+RESTORE reads what Redis writes: integer and LZF-compressed strings, RDB versions up to 12 (Redis 7.4), with
+Redis's checks and texts (`-BUSYKEY`, `Bad data format`, `DUMP payload version or checksum are wrong`); a payload
+of another type (list, hash, ...) is refused by name. DUMP writes integers and plain strings, never LZF (KV-cache
+values do not shrink), with RDB version 9, which Redis from 5.0 and every Valkey read; for a value Redis would not
+compress it is byte for byte Redis's bar that version. IDLETIME and FREQ are checked and not kept (the eviction
+policies keep their own counts). A relative TTL whose expiry time does not fit in 64 bits is held at the latest
+time (Redis wraps it around and the key comes out expired). The checksum and LZF loops are native where the
+install had a C compiler (`kvstrata.native._rdb`), in Python otherwise (about 280x slower: a quarter of a second
+a megabyte, on the event loop). Figures against redis-server: BENCHMARKS.md, "DUMP and RESTORE".
+"""
+
 _TAIRKV_NOTES = """
 ### KV-cache command details
 
@@ -93,6 +107,8 @@ def commands_markdown() -> str:
         lines.append("")
         if group == "tairkv":
             lines += _TAIRKV_NOTES.strip("\n").splitlines() + [""]
+        if group == "generic":
+            lines += _KEYSPACE_NOTES.strip("\n").splitlines() + [""]
         if group == "server":
             lines += _SERVER_NOTES.strip("\n").splitlines() + [""]
         if group == "transactions":

@@ -49,6 +49,13 @@ class VersionMismatchError(CommandError):
     prefix = "VERMISMATCH"
 
 
+class BusyKeyError(CommandError):
+    prefix = "BUSYKEY"
+
+    def __init__(self) -> None:
+        super().__init__("Target key name already exists.")
+
+
 class ProtocolError(Exception):
     """Malformed input on the wire; the server replies ``-ERR Protocol error: ...`` and closes."""
 

@@ -49,7 +49,7 @@ def test_waits_are_declared() -> None:
     assert not any(s.settle for n, s in REGISTRY.items() if n != b"dbsize")
     meta = {n for n, s in REGISTRY.items() if s.load == "meta"}  # record headers probed, never values loaded
     assert meta == {b"exists", b"type", b"ttl", b"pttl", b"expiretime", b"pexpiretime", b"watch"} | {
-        b"setex", b"psetex", b"setnx", b"mset", b"msetnx", b"tair.kv.setex"  # replace a value, never read it
+        b"setex", b"psetex", b"setnx", b"mset", b"msetnx", b"tair.kv.setex", b"restore"  # never read the old value
     }
     assert spec("set").probes([b"set", b"k", b"v", b"EX", b"5"])
     assert not spec("set").probes([b"set", b"k", b"v", b"get"])  # SET ... GET answers the old value

@@ -4,6 +4,7 @@ from kvstrata.commands import (  # noqa: F401
     acl,
     connection,
     dataplane,
+    dump,
     keyspace,
     observe,
     pull,
