@@ -60,6 +60,12 @@ policies keep their own counts). A relative TTL whose expiry time does not fit i
 time (Redis wraps it around and the key comes out expired). The checksum and LZF loops are native where the
 install had a C compiler (`kvstrata.native._rdb`), in Python otherwise (about 280x slower: a quarter of a second
 a megabyte, on the event loop). Figures against redis-server: BENCHMARKS.md, "DUMP and RESTORE".
+
+OBJECT ENCODING answers what Redis answers for a value SET stored (`int`, `embstr` up to 44 bytes, `raw`; Redis
+says `raw` also for short values built by APPEND or SETRANGE). OBJECT REFCOUNT is 1 (values are never shared;
+Redis shares the integers 0-9999 when no maxmemory is set). OBJECT FREQ is refused with Redis's text for an LRU
+policy (so `redis-cli --hotkeys` stops with it, as against Redis under allkeys-lru), and OBJECT IDLETIME with
+`idle time not tracked`: the eviction policies rank keys by counts of accesses and keep no access time per key.
 """
 
 _TAIRKV_NOTES = """

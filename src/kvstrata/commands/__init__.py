@@ -6,6 +6,7 @@ from kvstrata.commands import (  # noqa: F401
     dataplane,
     dump,
     keyspace,
+    object_info,
     observe,
     pull,
     server_cmds,
