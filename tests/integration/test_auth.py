@@ -206,6 +206,31 @@ def test_request_limits_lifted_after_auth(auth_server, authed, raw, resp):
     assert authed.get("big") == big
 
 
+@pytest.mark.parametrize("auth", [
+    ["AUTH", PASSWORD], ["HELLO", "2", "AUTH", "default", PASSWORD], ["AUTH", "wrong", PASSWORD],
+], ids=["auth", "hello", "auth-twice"])
+def test_pipelined_auth_lifts_the_limits_for_what_follows(auth_server, authed, raw, auth):
+    """As Redis parses each command after the one before it ran: AUTH and a large value sent in one write (Redis's
+    MIGRATE sends AUTH, SELECT and its RESTOREs so) is accepted; after a failed AUTH the limits hold."""
+    from tests.conftest import encode_command
+
+    c = raw(auth_server)
+    big = b"y" * 100_000
+    wrong_first = auth[1] == "wrong"
+    first = [["AUTH", "wrong"]] if wrong_first else []
+    auths = first + [["AUTH", PASSWORD] if wrong_first else auth]
+    c.send(b"".join(encode_command(*a) for a in auths) + encode_command("SET", "big", big)
+           + encode_command("STRLEN", "big"))
+    replies = [c.read_raw() for _ in range(len(auths) + 2)]
+    assert replies[-2:] == [b"+OK\r\n", b":100000\r\n"], replies
+    assert authed.get("big") == big
+    d = raw(auth_server)
+    d.send(encode_command("AUTH", "wrong") + encode_command("SET", "big", b"z" * 20_000))
+    assert d.read_until_closed() == (b"-" + WRONGPASS.encode() + b"\r\n"
+                                     b"-ERR Protocol error: unauthenticated bulk length\r\n")
+    assert authed.get("big") == big
+
+
 def test_auth_without_password_configured(r, expect_error):
     with expect_error(
         "ERR AUTH <password> called without any password configured for the default user. "

@@ -171,3 +171,34 @@ def test_random_string_bodies_answer_as_redis(pair):
         assert k.get("f") == r.get("f"), body.hex()
         k.delete("f")
         r.delete("f")
+
+
+def test_redis_migrates_keys_into_kvstrata(make_server):
+    """redis-server's own MIGRATE (SELECT, then RESTORE with the remaining TTL) moves keys into kvstrata, with AUTH,
+    COPY and REPLACE; a key the target holds already is refused with Redis's BUSYKEY and stays at the source."""
+    kv = make_server({"requirepass": "pw"})
+    rd = ServerProc(target="redis").start()
+    try:
+        src, dst = rd.client(), kv.client(password="pw")
+        src.set("m1", "hello")
+        src.set("m2", 12345)
+        m3 = os.urandom(30_000)  # above the unauthenticated bulk limit (random: LZF does not shrink it)
+        src.set("m3", m3, px=100_000)
+        big = os.urandom(1 << 20)
+        src.set("m4", big)
+        dst.set("m2", "old")
+        args = ("MIGRATE", kv.host, kv.port, "", 0, 5000, "AUTH", "pw")
+        with pytest.raises(redis.ResponseError, match="^Target instance replied with error: BUSYKEY"):
+            src.execute_command(*args, "KEYS", "m1", "m2", "m3")
+        # Redis goes on past the refused key: the others moved (deleted at the source), m2 stayed on both sides.
+        assert src.exists("m1", "m3") == 0 and src.get("m2") == b"12345" and dst.get("m2") == b"old"
+        assert src.execute_command(*args, "REPLACE", "KEYS", "m2") == b"OK"
+        assert src.execute_command(*args, "COPY", "KEYS", "m4") == b"OK"
+        assert dst.mget("m1", "m2", "m3", "m4") == [b"hello", b"12345", m3, big]
+        assert 0 < dst.pttl("m3") <= 100_000
+        assert src.exists("m1", "m2", "m3") == 0 and src.get("m4") == big  # COPY leaves the source's key
+        assert src.execute_command(*args, "KEYS", "absent") == b"NOKEY"
+        src.close()
+        dst.close()
+    finally:
+        rd.stop()

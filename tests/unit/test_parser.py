@@ -676,6 +676,7 @@ def test_limits_lifted_once_authenticated():
     p.feed(mbulk(b"AUTH", b"pw"))
     assert p.commands() == [[b"AUTH", b"pw"]]
     state["auth"] = True
+    p.resume()  # the owner ran the AUTH
     frame = b"*11\r\n" + b"$1\r\na\r\n" * 11
     p.feed(frame[:7])
     p.feed(frame[7:])
@@ -813,3 +814,27 @@ def test_nul_before_a_header_end_means_incomplete():
     assert p.commands() == []
     with pytest.raises(ProtocolError, match="too big bulk count string"):
         p.feed(b"x" * (64 * KB))
+
+
+@pytest.mark.parametrize("sizes", [(), (1,), (7,), (4096,)], ids=["whole", "bytewise", "7", "4096"])
+def test_unauthenticated_parsing_holds_after_auth_until_resumed(sizes):
+    """Nothing after an unauthenticated client's AUTH (or HELLO) is parsed until its owner ran it: the limits that
+    apply to what follows are the ones the AUTH decided."""
+    state = {"authed": False}
+    p = RequestParser(authenticated=lambda: state["authed"], large_threshold=1024)
+    big = b"v" * 20_000
+    feed_stream(p, mbulk(b"AUTH", b"pw") + mbulk(b"SET", b"k", big) + mbulk(b"hello", b"3"), sizes)
+    assert p.held and p.commands() == [[b"AUTH", b"pw"]]
+    state["authed"] = True
+    p.resume()
+    cmds = p.commands()
+    assert [bytes(a) for a in cmds[0]] == [b"SET", b"k", big] and cmds[1:] == [[b"hello", b"3"]]
+    assert not p.held  # an authenticated client's HELLO holds nothing
+
+
+def test_unauthenticated_parsing_after_a_failed_auth_keeps_the_limits():
+    p = _unauth()
+    p.feed(mbulk(b"AUTH", b"wrong") + mbulk(b"SET", b"k", b"x" * 16385))
+    assert p.held and p.commands() == [[b"AUTH", b"wrong"]]
+    with pytest.raises(ProtocolError, match="unauthenticated bulk length"):
+        p.resume()

@@ -30,6 +30,7 @@ _MAX_INLINE = 64 * 1024
 _MAX_MULTIBULK = 2**31 - 1
 _UNAUTH_MULTIBULK = 10
 _UNAUTH_BULK = 16384
+_AUTH_COMMANDS = frozenset({b"auth", b"hello"})
 _RECV_SIZE = 256 * 1024
 # Bytes asked for per read of commands (a large value is received into its own buffer, whatever its size): like
 # Redis's 16 KiB reads, this bounds the batch of pipelined commands one client gets run before others are served.
@@ -127,6 +128,10 @@ class RequestParser:
         self._args_bytes = 0  # bytes of the arguments in _args (the command being received)
         self._need_crlf = False
         self._ready: list[list[bytes | bytearray]] = []
+        # An unauthenticated client's AUTH or HELLO was parsed: nothing after it is, until the owner has run it and
+        # calls resume(). Redis parses each command after the one before it ran, so a pipelined AUTH lifts the
+        # unauthenticated limits for what follows it (Redis's MIGRATE sends AUTH, SELECT and RESTOREs at once).
+        self.held = False
         self.refresh()
 
     def refresh(self) -> None:
@@ -284,7 +289,7 @@ class RequestParser:
         pos = self._pos
         end = len(buf) if self._end < 0 else self._end
         try:
-            while True:
+            while not self.held:
                 if self._need_crlf:
                     # Like Redis, the two bytes after a bulk string are skipped, not checked.
                     if end - pos < 2:
@@ -292,7 +297,7 @@ class RequestParser:
                     pos += 2
                     self._need_crlf = False
                     if self._remaining == 0:
-                        self._ready.append(self._args)
+                        self._took(self._args)
                         self._args = []
                         self._args_bytes = 0
                         continue
@@ -312,7 +317,7 @@ class RequestParser:
                         if args is None:
                             raise self._error("unbalanced quotes in request")
                         if args:
-                            self._ready.append(list(args))
+                            self._took(list(args))
                         continue
                     eol = _header_end(buf, pos, end)
                     if eol < 0:
@@ -379,7 +384,7 @@ class RequestParser:
                             raise self._error("query buffer limit reached")
                         break
                 else:
-                    self._ready.append(self._args)
+                    self._took(self._args)
                     self._args = []
                     self._args_bytes = 0
                     continue
@@ -398,6 +403,16 @@ class RequestParser:
         elif self._pos > 64 * 1024 and self._buf is not self._recv:
             del self._buf[: self._pos]
             self._pos = 0
+
+    def _took(self, cmd: list[bytes | bytearray]) -> None:
+        self._ready.append(cmd)
+        if cmd and cmd[0].__class__ is bytes and cmd[0].lower() in _AUTH_COMMANDS and not self._authenticated():
+            self.held = True
+
+    def resume(self) -> None:
+        """Parse what arrived after a held AUTH or HELLO, now that the owner ran it (under the limits it set)."""
+        self.held = False
+        self._parse_slow()
 
     def commands(self) -> list[list[bytes | bytearray]]:
         """Take every command parsed so far."""
@@ -448,4 +463,5 @@ class RequestParser:
         self._remaining = 0
         self._need_crlf = False
         self._ready = []
+        self.held = False
         self._reader = hiredis.Reader()

@@ -320,6 +320,20 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
 
     # ---- processing ----
     def _run(self) -> None:
+        parser = self.parser
+        while True:
+            self._run_batch()
+            # A pipelined AUTH or HELLO ran: the bytes after it are parsed now, under the limits it decided.
+            if not parser.held or self.busy or self.closed or self.client.closing:
+                return
+            try:
+                parser.resume()
+            except ProtocolError as exc:
+                self._pending_error = exc
+            if not parser._ready and self._pending_error is None:
+                return
+
+    def _run_batch(self) -> None:
         cmds = self.parser.commands()
         backlog = self.backlog
         execute = self.execute
