@@ -38,7 +38,7 @@ _ADMIN = frozenset({"client|kill", "client|list", "config|get", "config|set", "c
                     "latency|history", "latency|reset", "latency|histogram", "save", "shutdown", "lastsave", "role",
                     "acl|setuser", "acl|getuser", "acl|deluser", "acl|list", "acl|users", "acl|load", "acl|save",
                     "acl|log", "acl|dryrun", "memory|stats", "memory|doctor"})
-_DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info", "restore"}
+_DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info", "restore", "migrate"}
 _KEYSPACE = frozenset({"dbsize", "flushall", "flushdb"})
 # Commands whose first argument is a key pattern (not a key).
 PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})

@@ -61,6 +61,13 @@ time (Redis wraps it around and the key comes out expired). The checksum and LZF
 install had a C compiler (`kvstrata.native._rdb`), in Python otherwise (about 280x slower: a quarter of a second
 a megabyte, on the event loop). Figures against redis-server: BENCHMARKS.md, "DUMP and RESTORE".
 
+MIGRATE sends keys to another Redis-protocol server as Redis's does (AUTH or AUTH2, SELECT, then a RESTORE per key
+with its remaining TTL, in one write; Redis's replies and errors: NOKEY, `-IOERR ...`, `Target instance replied
+with error: ...`; a key the target refused stays here, the others are deleted unless COPY). It waits for the target
+on the event loop's sockets, not blocking the server as Redis does, so other clients run meanwhile; a key one of
+them writes while its RESTORE is in flight is not deleted. No connection is cached between calls, and MIGRATE is
+refused inside MULTI.
+
 OBJECT ENCODING answers what Redis answers for a value SET stored (`int`, `embstr` up to 44 bytes, `raw`; Redis
 says `raw` also for short values built by APPEND or SETRANGE). OBJECT REFCOUNT is 1 (values are never shared;
 Redis shares the integers 0-9999 when no maxmemory is set). OBJECT FREQ is refused with Redis's text for an LRU

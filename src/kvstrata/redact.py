@@ -1,7 +1,8 @@
 """Secrets out of everything a client, an operator's log or the HTTP port can read.
 
 ``redact_args`` is what Redis's ``redactClientCommandArgument`` does for the slow log: the password arguments
-of AUTH, HELLO ... AUTH, CONFIG SET of a secret parameter and ACL SETUSER become ``(redacted)``.
+of AUTH, HELLO ... AUTH, MIGRATE ... AUTH/AUTH2, CONFIG SET of a secret parameter and ACL SETUSER become
+``(redacted)``.
 ``redact_url`` hides the password inside a URL (``redis://user:secret@host`` -> ``redis://user:***@host``).
 ``public_args`` is the HTTP side's view of a command: its name and how many arguments it had, never a key or a
 value.
@@ -45,6 +46,22 @@ def secret_positions(args: Sequence[Any]) -> list[int]:
                 i += 3
             else:
                 i += 2 if _lower(args[i]) == b"setname" else 1
+        return out
+    if name == b"migrate":  # AUTH password, AUTH2 username password (Redis redacts both of AUTH2's)
+        out = []
+        i = 6
+        while i < n:
+            opt = _lower(args[i])
+            if opt == b"keys":
+                break
+            if opt == b"auth":
+                out += [j for j in (i + 1,) if j < n]
+                i += 2
+            elif opt == b"auth2":
+                out += [j for j in (i + 1, i + 2) if j < n]
+                i += 3
+            else:
+                i += 1
         return out
     if n < 2:
         return []

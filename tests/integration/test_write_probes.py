@@ -21,7 +21,8 @@ BIG = b"\x5a" * (256 * KB)
 
 @pytest.fixture
 def ssd_node(make_server, tmp_path):
-    srv = make_server({"essd-path": str(tmp_path / "ssd"), "dram-size": "1mb", "http-port": 0})
+    srv = make_server({"essd-path": str(tmp_path / "ssd"), "dram-size": "1mb", "http-port": 0,
+                       "prefetch-predict": "no"})  # the SSD reads counted are the commands' own
     r = srv.client()
     yield r
     r.close()

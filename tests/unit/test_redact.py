@@ -49,3 +49,11 @@ def test_public_args_never_show_keys_or_values():
     assert public_args([b"CONFIG", b"SET", b"requirepass", b"x"]) == ["config", "set", "(2 arguments)"]
     assert public_args([b"CLIENT", b"s3cret word"]) == ["client", "(1 argument)"]
     assert public_args([b"PING"]) == ["ping"]
+
+
+def test_migrate_auth_and_auth2():
+    base = [b"MIGRATE", b"h", b"1", b"", b"0", b"5"]
+    assert redact_args([*base, b"COPY", b"AUTH", b"pw", b"KEYS", b"auth", b"k"]) == [
+        *base, b"COPY", b"AUTH", R, b"KEYS", b"auth", b"k"]  # a key named auth is a key
+    assert redact_args([*base, b"auth2", b"user", b"pw"]) == [*base, b"auth2", R, R]
+    assert redact_args([*base, b"AUTH"]) == [*base, b"AUTH"]

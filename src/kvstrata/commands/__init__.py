@@ -6,6 +6,7 @@ from kvstrata.commands import (  # noqa: F401
     dataplane,
     dump,
     keyspace,
+    migrate,
     object_info,
     observe,
     pull,

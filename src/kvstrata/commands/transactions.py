@@ -38,8 +38,8 @@ QUEUED = Status("QUEUED")
 # Run at once even inside MULTI (Redis's list: they act on the transaction or the connection itself).
 RUN_IN_MULTI = frozenset({"exec", "discard", "multi", "watch", "quit", "reset"})
 # HELLO would switch the protocol in the middle of EXEC's reply (SHUTDOWN, which may answer nothing, and SAVE are
-# flagged no_multi, as in Redis).
-_NOT_IN_MULTI = frozenset({"hello"})
+# flagged no_multi, as in Redis); MIGRATE waits for another server, which EXEC cannot.
+_NOT_IN_MULTI = frozenset({"hello", "migrate"})
 
 
 def refused_in_multi(spec: CommandSpec) -> str | None:

@@ -10,7 +10,7 @@ continuation holds (watch tickets) when it will never run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,15 @@ class Offload:
     run: Callable[[], Any]
 
 
-Wait = Commit | PoolAck | PoolVersions | Offload
+@dataclass(slots=True)
+class Await:
+    """Run the coroutine ``start()`` returns on the event loop: network I/O with another server (MIGRATE), which
+    waits on sockets, not on a thread. Result: what the coroutine returns."""
+
+    start: Callable[[], Awaitable[Any]]
+
+
+Wait = Commit | PoolAck | PoolVersions | Offload | Await
 
 
 @dataclass(slots=True)

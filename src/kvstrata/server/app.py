@@ -17,7 +17,7 @@ from typing import Any
 from kvstrata.acl import Acl
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.commands import REGISTRY, CommandSpec
-from kvstrata.commands.waits import Commit, Offload, PoolAck, PoolVersions, Wait
+from kvstrata.commands.waits import Await, Commit, Offload, PoolAck, PoolVersions, Wait
 from kvstrata.config import Config
 from kvstrata.cpulist import usable_cpus
 from kvstrata.engine import predict
@@ -195,6 +195,8 @@ class Server:
         assert self.loop is not None
         if w.__class__ is Offload:
             return await self.loop.run_in_executor(self._cpu, w.run)  # type: ignore[union-attr]
+        if w.__class__ is Await:
+            return await w.start()  # type: ignore[union-attr]
         if isinstance(w, PoolAck):
             if w.ssd_seq:
                 await self.wait_commit(w.ssd_seq)
