@@ -48,13 +48,13 @@ if [ $# -eq 0 ]; then
       tests/integration/test_protocol.py tests/integration/test_server_cmds.py tests/integration/test_auth.py \
       tests/integration/test_introspection.py tests/integration/test_memory.py tests/integration/test_redis_compat.py \
       tests/integration/test_subcommands.py tests/integration/test_transactions.py tests/integration/test_saves.py \
-      tests/integration/test_monitor.py
+      tests/integration/test_monitor.py tests/integration/test_object.py
   # The pool tests once more with Valkey 8 as the pool's engine, where system-deps.sh could install it.
   if command -v valkey-server >/dev/null 2>&1; then
     KVSTRATA_POOL_SERVER=valkey-server python -m pytest -q tests/integration/test_pool.py \
         tests/integration/test_pool_diskless.py tests/integration/test_pool_consistency.py \
         tests/integration/test_pool_history.py tests/integration/test_pool_partial.py \
         tests/integration/test_pool_master_kill.py tests/integration/test_pool_sentinel.py \
-        tests/integration/test_pool_resync.py
+        tests/integration/test_pool_resync.py tests/integration/test_write_probes.py
   fi
 fi

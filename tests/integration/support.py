@@ -58,3 +58,23 @@ def refused(fn: Any) -> bool:
         return True
     return False
 
+
+
+def once_the_pool_has_room(write: Any, timeout: float = 15.0) -> Any:
+    """``write()``'s reply once a pool at maxmemory takes it. Redis refuses every write while its used memory is
+    above the limit, and that memory counts the query buffers its clients keep for a while after large writes
+    (an idle one is shrunk within seconds): a small write right after a pool filled up may be refused for that
+    alone. Each refusal meanwhile must be the maxmemory one (a refused write, never an outage)."""
+    import time
+
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return write()
+        except redis.ResponseError as exc:
+            assert "did not take the write" in str(exc) and "maxmemory" in str(exc), str(exc)
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)  # poll interval: Redis shrinks idle query buffers in its cron
