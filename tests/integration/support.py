@@ -78,3 +78,14 @@ def once_the_pool_has_room(write: Any, timeout: float = 15.0) -> Any:
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.1)  # poll interval: Redis shrinks idle query buffers in its cron
+
+
+def reply_text(client: Any, *args: Any) -> Any:
+    """A command's reply, an error as ``-<text>`` and bytes as text: what two servers answered, to compare."""
+    import redis
+
+    try:
+        reply = client.execute_command(*args)
+    except redis.ResponseError as exc:
+        return f"-{exc}"
+    return reply.decode("latin-1") if isinstance(reply, bytes) else reply

@@ -14,7 +14,7 @@ import struct
 import pytest
 import redis
 from tests.conftest import ServerProc
-from tests.integration.support import tier, tier_info
+from tests.integration.support import reply_text, tier, tier_info
 
 from kvstrata.protocol import dump_payload
 
@@ -44,14 +44,6 @@ def pair():
 def _payload(body: bytes, version: int = 10) -> bytes:
     tail = body + struct.pack("<H", version)
     return tail + struct.pack("<Q", dump_payload.crc64(tail))
-
-
-def _reply(client: redis.Redis, *args):
-    try:
-        reply = client.execute_command(*args)
-    except redis.ResponseError as exc:
-        return f"-{exc}"
-    return reply.decode("latin-1") if isinstance(reply, bytes) else reply
 
 
 def test_values_cross_both_ways(pair):
@@ -91,7 +83,7 @@ def test_restore_options_ttl_and_busykey_as_redis(pair):
         ("restore", "g", 0, good[:-10] + b"\x0b\x00" + good[-8:]), ("exists", "g"), ("dbsize",),
     ]
     for args in script:
-        assert _reply(k, *args) == _reply(r, *args), args
+        assert reply_text(k, *args) == reply_text(r, *args), args
     assert 0 < k.pttl("e") <= 10**9
 
 
@@ -105,7 +97,7 @@ def test_corrupt_bodies_with_valid_checksums_refused_as_redis(pair, body):
     for c in (k, r):
         c.set("kept", "old")
     payload = _payload(body)
-    ours, theirs = _reply(k, "restore", "kept", 0, payload, "REPLACE"), _reply(r, "restore", "kept", 0, payload,
+    ours, theirs = reply_text(k, "restore", "kept", 0, payload, "REPLACE"), reply_text(r, "restore", "kept", 0, payload,
                                                                                  "REPLACE")
     assert ours.startswith("-") == theirs.startswith("-"), (ours, theirs)
     if theirs.startswith("-"):
@@ -166,7 +158,7 @@ def test_random_string_bodies_answer_as_redis(pair):
         n = rng.choice([0, 1, 2, 3, 4, 5, 6, 8, 12, 20, 40])
         body = b"\x00" + bytes(rng.choice([rng.randrange(256), *tokens]) for _ in range(n))
         payload = _payload(body, rng.choice([0, 1, 9, 10]))
-        ours, theirs = _reply(k, "restore", "f", 0, payload, "REPLACE"), _reply(r, "restore", "f", 0, payload,
+        ours, theirs = reply_text(k, "restore", "f", 0, payload, "REPLACE"), reply_text(r, "restore", "f", 0, payload,
                                                                               "REPLACE")
         assert ours == theirs or (theirs.startswith("-") and ours.startswith(theirs)), (body.hex(), ours, theirs)
         assert k.get("f") == r.get("f"), body.hex()

@@ -14,16 +14,9 @@ import threading
 import pytest
 import redis
 from tests.conftest import ServerProc
+from tests.integration.support import reply_text
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (.ci/run)")
-
-
-def _reply(client: redis.Redis, *args):
-    try:
-        reply = client.execute_command(*args)
-    except redis.ResponseError as exc:
-        return f"-{exc}"
-    return reply.decode("latin-1") if isinstance(reply, bytes) else reply
 
 
 def _state(client: redis.Redis) -> dict:
@@ -63,7 +56,7 @@ def test_replies_and_keys_as_redis_migrate():
                 (*base, "c", 0, "t", "AUTH", "tpw"), (*base, "c", "db", 5000), (*base, "c", 99, 5000, "AUTH", "tpw"),
                 ("MIGRATE", "127.0.0.1", _closed_port(), "c", 0, 200),
             ]
-            replies = [_reply(src, *args) for args in script]
+            replies = [reply_text(src, *args) for args in script]
             results.append((replies, _state(src), _state(dst)))
             src.close()
             dst.close()
@@ -120,7 +113,7 @@ def test_a_key_written_during_the_transfer_stays_and_others_are_served(make_serv
         pipe = srv.client()
         done: dict = {}
         t = threading.Thread(target=lambda: done.update(
-            reply=_reply(pipe, "MIGRATE", "127.0.0.1", target.port, "", 0, 10_000, "KEYS", "moving", "kept")))
+            reply=reply_text(pipe, "MIGRATE", "127.0.0.1", target.port, "", 0, 10_000, "KEYS", "moving", "kept")))
         t.start()
         assert target.received.wait(10)
         assert other.get("kept") == b"k1"  # served while the MIGRATE waits for its target
@@ -140,7 +133,7 @@ def test_a_silent_target_times_out_and_nothing_is_deleted(make_server):
     c.set("k", "v")
     target = HeldTarget()
     try:
-        assert _reply(c, "MIGRATE", "127.0.0.1", target.port, "k", 0, 300) == \
+        assert reply_text(c, "MIGRATE", "127.0.0.1", target.port, "k", 0, 300) == \
             "-IOERR error or timeout reading to target instance"
         assert c.get("k") == b"v"
     finally:
@@ -153,7 +146,7 @@ def test_to_another_kvstrata_from_the_ssd_tier(make_server, tmp_path):
     ca, cb = a.client(), b.client()
     value = os.urandom(256 << 10)
     ca.execute_command("TAIR.KV.SETEX", "cold", 60_000, value, "COLD_STORAGE")
-    assert _reply(ca, "MIGRATE", b.host, b.port, "cold", 0, 5000) == "OK"
+    assert reply_text(ca, "MIGRATE", b.host, b.port, "cold", 0, 5000) == "OK"
     assert cb.get("cold") == value and 0 < cb.pttl("cold") <= 60_000
     assert ca.exists("cold") == 0
     with pytest.raises(redis.ResponseError, match="not allowed inside a transaction"):
