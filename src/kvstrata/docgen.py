@@ -38,7 +38,9 @@ room; `BGSAVE` answers at once (inside EXEC it is scheduled, as in Redis). LASTS
 (`rdb_changes_since_last_save`, `rdb_bgsave_in_progress`, `rdb_last_bgsave_status`, `rdb_saves`) report them.
 From the first save (or with save points) on, a saved key keeps its SSD copy when read back or written, so a
 crash loses only keys created since the last save: [architecture](architecture.md), "Saves". `ROLE` and INFO `replication` say
-`master` with no replicas (kvstrata nodes share data through the pool, as its clients).
+`master` with no replicas (kvstrata nodes share data through the pool, as its clients), and `WAIT` answers as such
+a Redis master: 0, at once when no acknowledgement is asked for (or inside EXEC), else after its timeout (0: until
+the client disconnects), serving other clients meanwhile. What the pool acknowledges is `pool-ack`'s business.
 
 **MONITOR** streams every command the server runs, in Redis's format and with Redis's rules: `@admin` commands
 and commands refused before they ran are not shown, AUTH's and HELLO's credentials are redacted, a transaction's

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from kvstrata import acl as acl_mod
 from kvstrata.commands import info as info_report
+from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.observe import help_reply
 from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container, lookup_full
-from kvstrata.commands.waits import Commit, Suspend
+from kvstrata.commands.waits import Await, Commit, Suspend
 from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
 from kvstrata.config_rewrite import rewrite
 from kvstrata.engine.keyspace import glob_match
@@ -306,6 +308,38 @@ def lastsave(ctx: Context, args: list[bytes]) -> Any:
 def role(ctx: Context, args: list[bytes]) -> Any:
     """A kvstrata node is a master without replicas (nodes share data through the pool, as its clients)."""
     return [b"master", 0, []]
+
+
+async def _blocked_until(ctx: Context, deadline: float | None) -> int:
+    """WAIT's block: no replica will acknowledge, so until the timeout, or (none) until the client is gone."""
+    loop = asyncio.get_running_loop()
+    server, cid = ctx.server, ctx.client.id
+    while deadline is None or loop.time() < deadline:
+        if server is None or cid not in server.clients or ctx.client.closing:
+            break
+        await asyncio.sleep(WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, deadline - loop.time()))
+    return 0
+
+
+WAIT_POLL_S = 0.5  # how soon a WAIT without a timeout notices its client left
+
+
+# group "connection": Redis's ACL categories for WAIT are @slow @connection.
+@command("wait", 3, "noscript", group="connection", since="3.0.0",
+         summary="Wait for the synchronous replication of all the write commands sent in the context of the current "
+                 "connection", syntax="WAIT numreplicas timeout")
+def wait(ctx: Context, args: list[bytes]) -> Any:
+    """As a Redis master without replicas: 0 acknowledgements, at once when none are asked for (or inside EXEC),
+    else after the timeout (0: until the client disconnects). kvstrata nodes share data through the pool, whose
+    own acknowledgements are ``pool-ack``'s."""
+    want = parse_int(args[1])
+    timeout = parse_int(args[2], "timeout is not an integer or out of range")
+    if timeout < 0:
+        raise CommandError("timeout is negative")
+    if want <= 0 or ctx.client.executing or ctx.server is None:
+        return 0
+    deadline = None if timeout == 0 else asyncio.get_running_loop().time() + timeout / 1000
+    return Suspend(Await(lambda: _blocked_until(ctx, deadline)), lambda n: n)
 
 
 def _saves(ctx: Context) -> Any:
