@@ -22,8 +22,7 @@ def dump(ctx: Context, args: list[bytes]) -> Any:
 
 
 # load="meta": whether the key exists decides (BUSYKEY); its old value is never read.
-# values=(3, 0): a large payload stays the bytearray it was received into (it is only read, never hashed), and
-# a plain string is cut out of it in place.
+# values=(3, 0): a large payload stays the buffer it was received into (it is only read, never hashed or kept).
 @command("restore", -4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="generic", since="2.6.0", load="meta",
          summary="Creates a key from the serialized representation of a value.",
          syntax="RESTORE key ttl serialized-value [REPLACE] [ABSTTL] [IDLETIME seconds] [FREQ frequency]")

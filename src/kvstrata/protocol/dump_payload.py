@@ -180,26 +180,17 @@ class _Reader:
         raise PayloadError("Bad data format")
 
 
-def load(payload: bytes | bytearray, max_len: int) -> bytes | bytearray:
+def load(payload: bytes | bytearray, max_len: int) -> bytes:
     """The string value of a verified payload; ``max_len``: the longest value accepted (proto-max-bulk-len).
 
-    A plain string in a ``bytearray`` payload (a large argument received into a buffer of its own, as most of a
-    large RESTORE's are) is cut out of it in place and returned: no copy of a value of megabytes, whose fresh
-    pages cost more than the checksum. From ``bytes`` (an argument that arrived whole in one read) it is copied."""
+    A plain string is copied out of the payload, never cut out of it in place: a large payload is a receive
+    buffer the connection gives back to its pool once the command ran, with its size accounted there."""
     reader = _Reader(payload)
     found = _read_string(reader, max_len)
     if not isinstance(found, tuple):
         return found
     start, n = found
-    del reader
-    if isinstance(payload, bytearray):
-        try:
-            del payload[start + n:]
-            del payload[:start]  # a bytearray drops its head by moving its start, not its bytes
-            return payload
-        except BufferError:  # a view of it still held somewhere: copy instead
-            pass
-    return bytes(payload[start:start + n])
+    return bytes(reader.buf[start:start + n])
 
 
 def _read_string(reader: _Reader, max_len: int) -> bytes | tuple[int, int]:
