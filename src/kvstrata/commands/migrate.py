@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from kvstrata.client.fast import pack
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
@@ -74,14 +75,7 @@ def _keys(args: list[bytes]) -> list[bytes]:
     return list(args[first:]) if first > 3 else ([args[3]] if args[3] else [])
 
 
-def _frame(*parts: bytes) -> bytes:
-    out = [b"*%d\r\n" % len(parts)]
-    for part in parts:
-        out += (b"$%d\r\n" % len(part), part, b"\r\n")
-    return b"".join(out)
-
-
-async def _transfer(host: str, port: int, timeout_s: float, request: list[bytes], replies: int) -> list[bytes]:
+async def _transfer(host: str, port: int, timeout_s: float, request: list[Any], replies: int) -> list[bytes]:
     """Send ``request`` and read ``replies`` reply lines; MigrateIOError as Redis words it."""
     try:
         if not host:
@@ -128,10 +122,11 @@ def migrate(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
     now = store.clock.now_ms()
     keys = list(args[first:]) if first > 3 else [args[3]]
-    request: list[bytes] = []
+    request: list[Any] = []  # RESP frames (kvstrata.client.fast.pack: each payload sent as it is, not copied)
     if auth is not None:
-        request.append(_frame(b"AUTH", *auth))
-    request.append(_frame(b"SELECT", b"%d" % db))
+        pack([b"AUTH", *auth], request)
+    pack([b"SELECT", db], request)
+    replies = 1 + (auth is not None)
     moved: list[tuple[bytes, int]] = []
     for key in keys:
         entry = store.get(key, touch=False)
@@ -141,8 +136,7 @@ def migrate(ctx: Context, args: list[bytes]) -> Any:
         if entry.expire_at:
             ttl = max(entry.expire_at - now, 1)
         payload = dump_payload.dump(entry.value)
-        parts = [b"RESTORE", bytes(key), b"%d" % ttl, payload] + ([b"REPLACE"] if replace else [])
-        request.append(_frame(*parts))
+        pack([b"RESTORE", key, ttl, payload, *([b"REPLACE"] if replace else [])], request)
         moved.append((bytes(key), entry.version))
     if not moved:
         return NOKEY
@@ -151,14 +145,13 @@ def migrate(ctx: Context, args: list[bytes]) -> Any:
     except UnicodeDecodeError:
         host = ""
     port = _atoi(args[2])
-    expected = len(request)
+    expected = replies + len(moved)
 
     def finish(lines: list[bytes]) -> Any:
-        head = 1 + (auth is not None)  # AUTH's and SELECT's replies come first
-        failed = next((line for line in lines[:head] if line[:1] == b"-"), None)
+        failed = next((line for line in lines[:replies] if line[:1] == b"-"), None)  # AUTH's, SELECT's
         error: str | None = None
         done: list[bytes] = []
-        for (key, version), line in zip(moved, lines[head:], strict=False):  # lines: fewer after a read error
+        for (key, version), line in zip(moved, lines[replies:], strict=False):  # lines: fewer after a read error
             refused = failed if failed is not None else line if line[:1] == b"-" else None
             if refused is not None:
                 if error is None:  # Redis reports the first one and goes on with the others

@@ -8,6 +8,7 @@ invalidation). They only touch the redis-py client, which is thread-safe, and ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kvstrata.engine.entry import Entry, Meta
@@ -25,19 +26,29 @@ from kvstrata.engine.tiers.pool_record import (
 class PoolReads:
     """The read side of a ``PoolTier`` (worker threads)."""
 
-    def read_many(self, keys: list[bytes]) -> dict[bytes, Entry | Corrupt | None]:
-        """The pool's records for ``keys``; {} (nothing known) when degraded or on error."""
+    def _gather(self, keys: list[bytes], what: str, add: Callable[[Any, int], None],
+                per_key: int = 1) -> list[Any] | None:
+        """``_run`` for the loads: None (nothing known) when there are no keys, the pool is degraded or the
+        pipelines failed; otherwise each key's reply, an exception for a key whose master is degraded (counted in
+        ``skipped_reads``)."""
         if not keys or not self.active:
             if keys:
                 self.skipped_reads += len(keys)
-            return {}
+            return None
         try:
-            raws, failed = self._run(keys, "read", lambda pipe, i: pipe.get(self.pool_key(keys[i])))
+            got, failed = self._run(keys, what, add, per_key=per_key)
         except Exception as exc:
             if self.degraded is None:
-                self._failed("read", exc)
-            return {}
+                self._failed(what, exc)
+            return None
         self.skipped_reads += len(failed)
+        return got
+
+    def read_many(self, keys: list[bytes]) -> dict[bytes, Entry | Corrupt | None]:
+        """The pool's records for ``keys``; {} (nothing known) when degraded or on error."""
+        raws = self._gather(keys, "read", lambda pipe, i: pipe.get(self.pool_key(keys[i])))
+        if raws is None:
+            return {}
         out: dict[bytes, Entry | Corrupt | None] = {}
         for key, raw in zip(keys, raws, strict=True):
             if isinstance(raw, BaseException):
@@ -60,23 +71,14 @@ class PoolReads:
         """The pool's record headers of ``keys`` as ``Meta`` (version, expiry, value length; ``GETRANGE`` and
         ``STRLEN``: the value is not sent), None for a key the pool holds nothing or a tombstone of; {} (nothing
         known) when degraded or on error. The checksum covers the value, so it is verified by a full read only."""
-        if not keys or not self.active:
-            if keys:
-                self.skipped_reads += len(keys)
-            return {}
-
         def add(pipe: Any, i: int) -> None:
             name = self.pool_key(keys[i])
             pipe.getrange(name, 0, HEADER_SIZE - 1)
             pipe.execute_command("STRLEN", name)
 
-        try:
-            got, failed = self._run(keys, "probe", add, per_key=2)
-        except Exception as exc:
-            if self.degraded is None:
-                self._failed("probe", exc)
+        got = self._gather(keys, "probe", add, per_key=2)
+        if got is None:
             return {}
-        self.skipped_reads += len(failed)
         out: dict[bytes, Meta | Corrupt | None] = {}
         for key, r in zip(keys, got, strict=True):
             if isinstance(r, BaseException) or any(isinstance(x, BaseException) for x in r):
