@@ -42,6 +42,14 @@ crash loses only keys created since the last save: [architecture](architecture.m
 a Redis master: 0, at once when no acknowledgement is asked for (or inside EXEC), else after its timeout (0: until
 the client disconnects), serving other clients meanwhile. What the pool acknowledges is `pool-ack`'s business.
 
+**CLIENT PAUSE** timeout [WRITE | ALL] holds commands as Redis 7.0 does: `WRITE` holds every write (a write sent
+inside MULTI before it is queued, an EXEC whose transaction writes) and serves reads; `ALL` holds every command,
+CLIENT UNPAUSE included, so such a pause ends only at its deadline. Pauses combine (the stronger kind, the later
+end), held commands run in their order once the pause ends (checked again: a new pause holds them again), a held
+client that disconnects is dropped without running its command, and keys do not expire actively meanwhile (INFO
+`blocked_clients` counts the held clients). It pauses this node only: other nodes on the pool keep writing. Use it
+to stop writes while keys are moved away (MIGRATE, DUMP) or a node is replaced, without closing connections.
+
 **MONITOR** streams every command the server runs, in Redis's format and with Redis's rules: `@admin` commands
 and commands refused before they ran are not shown, AUTH's and HELLO's credentials are redacted, a transaction's
 commands show when EXEC runs them, a monitor cannot touch keys, RESET ends it. Unlike Redis, an argument longer

@@ -26,6 +26,14 @@ def parse_int(raw: bytes, message: str = NOT_INTEGER) -> int:
     return value
 
 
+def parse_timeout_ms(raw: bytes) -> int:
+    """A timeout in milliseconds as Redis's getTimeoutFromObjectOrReply reads one (WAIT, CLIENT PAUSE)."""
+    timeout = parse_int(raw, "timeout is not an integer or out of range")
+    if timeout < 0:
+        raise CommandError("timeout is negative")
+    return timeout
+
+
 def parse_float(raw: bytes, message: str = NOT_FLOAT) -> float:
     low = raw.lower()
     if low in _FLOAT_SPECIAL:

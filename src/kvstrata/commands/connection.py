@@ -6,12 +6,13 @@ from typing import Any
 
 from kvstrata import __version__
 from kvstrata import acl as acl_mod
-from kvstrata.commands.args import parse_int
+from kvstrata.commands.args import INT64_MAX, parse_int, parse_timeout_ms
 from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
 from kvstrata.commands.registry import command, container
 from kvstrata.commands.transactions import end_transaction
 from kvstrata.errors import CommandError, WrongPassError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import OK, PONG, Status, Verbatim
+from kvstrata.server.pause import ALL, KINDS, OFF, now_ms
 
 # The Redis version whose behaviour we follow; clients use it to pick features.
 REDIS_COMPAT_VERSION = "7.0.15"
@@ -341,6 +342,31 @@ def client_reply(ctx: Context, args: list[bytes]) -> Any:
 def client_no_evict(ctx: Context, args: list[bytes]) -> Any:
     if args[2].lower() not in (b"on", b"off"):
         raise syntax_error()
+    return OK
+
+
+@command("pause", -3, "admin noscript loading stale", parent="client", group="connection", since="2.9.50", most=4,
+         summary="Suspends commands processing.", syntax="CLIENT PAUSE timeout [WRITE | ALL]")
+def client_pause(ctx: Context, args: list[bytes]) -> Any:
+    """Holds clients' commands (every one, or those that write) until the timeout (ms) or CLIENT UNPAUSE: the
+    server's ``ClientPause`` (server/pause.py), which the connections consult before each command."""
+    kind = ALL
+    if len(args) == 4:
+        kind = KINDS.get(args[3].lower(), OFF)
+        if kind == OFF:
+            raise CommandError("CLIENT PAUSE mode must be WRITE or ALL")
+    timeout = parse_timeout_ms(args[2])
+    if ctx.server is not None:
+        # Redis adds the current time to a non-zero timeout (0 stays 0: a pause that has already ended).
+        ctx.server.pause.pause(timeout and min(INT64_MAX, now_ms() + timeout), kind)
+    return OK
+
+
+@command("unpause", 2, "admin noscript loading stale", parent="client", group="connection", since="6.2.0",
+         summary="Resumes processing commands from paused clients.")
+def client_unpause(ctx: Context, args: list[bytes]) -> Any:
+    if ctx.server is not None:
+        ctx.server.pause.unpause()
     return OK
 
 

@@ -59,7 +59,7 @@ def _clients(ctx: Context) -> list[tuple[str, Any]]:
         ("maxclients", ctx.config.get("maxclients")),
         ("client_recent_max_input_buffer", max((m[0] + m[2] for m in mem), default=0)),
         ("client_recent_max_output_buffer", max((m[4] for m in mem), default=0)),
-        ("blocked_clients", 0),
+        ("blocked_clients", ctx.server.blocked_clients if ctx.server is not None else 0),
         ("tracking_clients", 0),
         ("clients_in_timeout_table", 0),
     ]

@@ -8,7 +8,7 @@ from typing import Any
 
 from kvstrata import acl as acl_mod
 from kvstrata.commands import info as info_report
-from kvstrata.commands.args import parse_int
+from kvstrata.commands.args import parse_int, parse_timeout_ms
 from kvstrata.commands.context import Context
 from kvstrata.commands.observe import help_reply
 from kvstrata.commands.registry import REGISTRY, CommandSpec, command, container, lookup_full
@@ -314,10 +314,17 @@ async def _blocked_until(ctx: Context, deadline: float | None) -> int:
     """WAIT's block: no replica will acknowledge, so until the timeout, or (none) until the client is gone."""
     loop = asyncio.get_running_loop()
     server, cid = ctx.server, ctx.client.id
-    while deadline is None or loop.time() < deadline:
-        if server is None or cid not in server.clients or ctx.client.closing:
-            break
-        await asyncio.sleep(WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, deadline - loop.time()))
+    if server is not None:
+        server.blocked_clients += 1
+    try:
+        while deadline is None or loop.time() < deadline:
+            conn = server.clients.get(cid) if server is not None else None
+            if conn is None or ctx.client.closing or conn.hung_up():
+                break
+            await asyncio.sleep(WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, deadline - loop.time()))
+    finally:
+        if server is not None:
+            server.blocked_clients -= 1
     return 0
 
 
@@ -333,9 +340,7 @@ def wait(ctx: Context, args: list[bytes]) -> Any:
     else after the timeout (0: until the client disconnects). kvstrata nodes share data through the pool, whose
     own acknowledgements are ``pool-ack``'s."""
     want = parse_int(args[1])
-    timeout = parse_int(args[2], "timeout is not an integer or out of range")
-    if timeout < 0:
-        raise CommandError("timeout is negative")
+    timeout = parse_timeout_ms(args[2])
     if want <= 0 or ctx.client.executing or ctx.server is None:
         return 0
     deadline = None if timeout == 0 else asyncio.get_running_loop().time() + timeout / 1000

@@ -33,6 +33,7 @@ from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.limits import empty_budget
 from kvstrata.server.monitor import Monitors
+from kvstrata.server.pause import ClientPause
 from kvstrata.server.pool_resync import PoolResync
 from kvstrata.server.prefetch import Prefetcher
 from kvstrata.server.saves import Saves
@@ -127,6 +128,8 @@ class Server:
         self.saves = Saves(self)  # SAVE, BGSAVE, save points, LASTSAVE (server/saves.py)
         self.resync = PoolResync(self)  # missed pool invalidations found and applied (server/pool_resync.py)
         self.monitors = Monitors(config)  # connections in MONITOR mode (server/monitor.py)
+        self.pause = ClientPause()  # CLIENT PAUSE / UNPAUSE (server/pause.py)
+        self.blocked_clients = 0  # connections held by CLIENT PAUSE or blocked in WAIT (INFO clients)
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
         self.replid = os.urandom(20).hex()  # INFO replication's master_replid: another random id, as Redis's
@@ -338,7 +341,8 @@ class Server:
             await asyncio.sleep(1 / hz)
             self.now_ms = self.store.clock.now_ms()
             try:
-                self.store.active_expire(int(self.config.get("active-expire-keys")))
+                if not self.pause.active():  # as Redis: keys do not expire actively during a pause
+                    self.store.active_expire(int(self.config.get("active-expire-keys")))
                 dataplane.tick(self)
                 now = time.monotonic()
                 if self.resync.due(now):  # every tick: a missed invalidation is looked for as soon as possible
@@ -356,7 +360,8 @@ class Server:
             pool.expire_index()
             if pool.probe_due():
                 self._probe_pool(pool)
-        store.sweep_lower()
+        if not self.pause.active():
+            store.sweep_lower()
         if self.saves.due(time.monotonic()):
             log.info("%s: background saving started", "BGSAVE SCHEDULE" if self.saves.scheduled else
                      f"{self.saves.changes} changes since the last save (save points: {self.config.get('save')})")

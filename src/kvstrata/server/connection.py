@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import traceback
 from collections import deque
 from time import perf_counter_ns
@@ -78,6 +79,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.store = server.store
         self.config = server.config
         self.dispatch = server.dispatch
+        self.pause = server.pause  # CLIENT PAUSE (server/pause.py): checked per command, hence kept here
         self.counts = server.command_counts
         self.tiered = server.tiered
         # The monitors by client id (never replaced): its truth is all the hot path reads while nobody monitors.
@@ -540,6 +542,18 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.client.closing = True
         self._close()
 
+    def hung_up(self) -> bool:
+        """Whether the client closed its end (or the connection broke) while its reading is paused: a suspended
+        connection reads nothing, so asyncio would learn of it only once the suspension ends."""
+        if self.closed:
+            return True
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        return bool(poller.poll(0))
+
     def kill(self) -> None:
         """CLIENT KILL: close after what is already written."""
         self._close()
@@ -607,6 +621,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                                             or (spec.parent or spec).group == "tairkv"):
             self._reject(spec, "ERR Replica can't interact with the keyspace")  # Redis's text for monitors
             return None
+        if self.pause.kind and self.pause.holds(spec, client.multi, spec.handler is exec_):
+            return self._after_pause(args)  # as Redis: before MULTI queues it, after every refusal
         if client.multi is not None:
             if spec.name not in RUN_IN_MULTI:
                 self._queue(spec, args)
@@ -643,6 +659,21 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             return self._continue(spec, args, counts, reply)
         encode(reply, client.proto, self.out)
         return None
+
+    async def _after_pause(self, args: list[Any]) -> None:
+        """CLIENT PAUSE: the command runs (every check made again) once the pause ends, unless the client left."""
+        server = self.server
+        server.blocked_clients += 1  # INFO's blocked_clients, as Redis counts a postponed client
+        try:
+            await self.pause.wait(self.hung_up)
+        finally:
+            server.blocked_clients -= 1
+        if self.closed or self.hung_up():  # as Redis frees a client that left: its command never runs
+            self._close(abort=True)
+            return
+        waiter = self.execute(args)
+        if waiter is not None:
+            await waiter
 
     def _monitor_own(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         """A monitor's own command (none touches keys): the other monitors see it now, this one after its reply, as
