@@ -508,3 +508,30 @@ def test_flush_errors(r, expect_error, cmd):
     with expect_error(SYNTAX):
         r.execute_command(cmd, "SYNC", "ASYNC")
     assert r.get("k") == b"v"
+
+
+def test_move_and_swapdb_with_one_database(r, expect_error):
+    """MOVE and SWAPDB as Redis answers them with ``databases 1`` (the test servers' setting): database 0 is the
+    only one, so a key moved to it is moved onto itself, and swapping it with itself changes nothing."""
+    r.set("k", "v")
+    for key in ("k", "missing"):
+        with expect_error("ERR source and destination objects are the same"):
+            r.execute_command("MOVE", key, 0)
+        for db in (1, -1, 15):
+            with expect_error("ERR DB index is out of range"):
+                r.execute_command("MOVE", key, db)
+    for db in ("x", "00", "99999999999999999999", "1.0"):
+        with expect_error("ERR value is not an integer or out of range"):
+            r.execute_command("MOVE", "k", db)
+    for big in ("9999999999", "-2147483649"):
+        for cmd in (("MOVE", "k", big), ("SELECT", big), ("COPY", "k", "k2", "DB", big)):
+            with expect_error("ERR value is out of range, value must between -2147483648 and 2147483647"):
+                r.execute_command(*cmd)
+    assert r.execute_command("SWAPDB", 0, 0) is True
+    for a, b, err in ((0, 1, "ERR DB index is out of range"), (1, 1, "ERR DB index is out of range"),
+                      (0, -1, "ERR DB index is out of range"), ("x", 0, "ERR invalid first DB index"),
+                      (9999999999, 0, "ERR invalid first DB index"), (0, "y", "ERR invalid second DB index"),
+                      (1, "y", "ERR invalid second DB index"), (0, 9999999999, "ERR invalid second DB index")):
+        with expect_error(err):
+            r.execute_command("SWAPDB", a, b)
+    assert r.get("k") == b"v" and r.exists("k2") == 0

@@ -34,6 +34,17 @@ def parse_timeout_ms(raw: bytes) -> int:
     return timeout
 
 
+def parse_db_index(raw: bytes) -> int:
+    """A database index as Redis reads one (an int: SELECT, MOVE, COPY ... DB); only 0 exists here, as in a Redis
+    with ``databases 1``: any other index is 'DB index is out of range'."""
+    index = parse_int(raw)
+    if not -2**31 <= index < 2**31:
+        raise CommandError("value is out of range, value must between -2147483648 and 2147483647")
+    if index != 0:
+        raise CommandError("DB index is out of range")
+    return index
+
+
 def parse_float(raw: bytes, message: str = NOT_FLOAT) -> float:
     low = raw.lower()
     if low in _FLOAT_SPECIAL:

@@ -6,7 +6,7 @@ from typing import Any
 
 from kvstrata import __version__
 from kvstrata import acl as acl_mod
-from kvstrata.commands.args import INT64_MAX, parse_int, parse_timeout_ms
+from kvstrata.commands.args import INT64_MAX, parse_db_index, parse_int, parse_timeout_ms
 from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
 from kvstrata.commands.registry import command, container
 from kvstrata.commands.transactions import end_transaction
@@ -116,9 +116,7 @@ def quit_(ctx: Context, args: list[bytes]) -> Any:
 
 @command("select", 2, "fast", group="connection", summary="Changes the selected database.")
 def select(ctx: Context, args: list[bytes]) -> Any:
-    index = parse_int(args[1])
-    if index != 0:
-        raise CommandError("DB index is out of range")
+    parse_db_index(args[1])
     return OK
 
 

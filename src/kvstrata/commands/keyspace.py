@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstrata import acl as acl_mod
-from kvstrata.commands.args import parse_int
+from kvstrata.commands.args import parse_db_index, parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.expiry import expire_at_ms
 from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
@@ -260,11 +260,7 @@ def copy(ctx: Context, args: list[bytes]) -> Any:
         if opt == b"REPLACE":
             replace = True
         elif opt == b"DB" and i + 1 < len(args):
-            db = parse_int(args[i + 1])
-            if not -2**31 <= db < 2**31:  # Redis reads an int
-                raise CommandError("value is out of range, value must between -2147483648 and 2147483647")
-            if db != 0:
-                raise CommandError("DB index is out of range")  # one database, as Redis with databases 1
+            parse_db_index(args[i + 1])
             i += 1
         else:
             raise syntax_error()
@@ -280,6 +276,30 @@ def copy(ctx: Context, args: list[bytes]) -> Any:
         return 0
     store.put(bytes(dst), bytes(entry.value), entry.expire_at)  # its own bytes: the source may change later
     return 1
+
+
+@command("move", 3, "write fast", keys=(1, 1, 1), group="generic", load=False,
+         summary="Moves a key to another database.", syntax="MOVE key db")
+def move(ctx: Context, args: list[bytes]) -> Any:
+    """Database 0 is the only one (as Redis with ``databases 1``): moving a key to it is moving it onto itself."""
+    parse_db_index(args[2])
+    raise CommandError("source and destination objects are the same")
+
+
+@command("swapdb", 3, "write fast", group="server", since="4.0.0", load=False,
+         summary="Swaps two Redis databases.", syntax="SWAPDB index1 index2")
+def swapdb(ctx: Context, args: list[bytes]) -> Any:
+    """Only database 0 exists: swapping it with itself changes nothing."""
+    for raw, which in ((args[1], "first"), (args[2], "second")):
+        try:
+            index = parse_int(raw)
+        except CommandError:
+            index = None
+        if index is None or not -2**31 <= index < 2**31:
+            raise CommandError(f"invalid {which} DB index")
+    if parse_int(args[1]) != 0 or parse_int(args[2]) != 0:
+        raise CommandError("DB index is out of range")
+    return OK
 
 
 # settle: LMDB's record count is exact only once the SSD writer has committed everything queued.
