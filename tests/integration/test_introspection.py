@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from tests.integration.polling import wait_for
 
 
@@ -82,3 +83,28 @@ def test_config_get_several_patterns(r):
     got = r.execute_command("CONFIG", "GET", "port", "PORT*", "nosuch")
     names = got[::2] if isinstance(got, list) else list(got)
     assert names == [b"port"]
+
+
+def test_memory_purge_and_malloc_stats(r, raw):
+    assert raw().cmd("MEMORY", "PURGE") == "OK"
+    report = r.execute_command("MEMORY", "MALLOC-STATS")
+    assert isinstance(report, bytes) and report  # jemalloc's report from Redis, a sentence from kvstrata
+    assert b"MALLOC-STATS" in b"".join(r.execute_command("MEMORY", "HELP"))
+
+
+@pytest.mark.kvstrata_only
+def test_memory_purge_drops_the_free_receive_buffers(make_server):
+    """Without the arena, large values are received into a pool of buffers that keeps freed ones for reuse;
+    MEMORY PURGE gives them back."""
+    c = make_server({"arena": "no"}).client()
+    for i in range(3):
+        c.set(f"k{i}", b"x" * (1 << 20))
+    c.delete("k0", "k1")
+    c.set("k3", b"y" * (1 << 20))  # the next large request takes the deleted values' buffers back
+    assert int(c.info("memory")["buffer_pool_free_bytes"]) >= 1 << 20
+    c.delete("k2")
+    assert c.execute_command("MEMORY", "PURGE") == b"OK"
+    assert int(c.info("memory")["buffer_pool_free_bytes"]) == 0
+    assert c.get("k3") == b"y" * (1 << 20)
+    c.set("k4", b"z" * (1 << 20))  # the pool refills on demand
+    assert c.get("k4") == b"z" * (1 << 20) and c.exists("k0", "k1", "k2") == 0

@@ -18,6 +18,7 @@ from typing import Any
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, command, container
+from kvstrata.engine.bufpool import BufferPool, trim_malloc
 from kvstrata.errors import CommandError, syntax_error
 from kvstrata.observability.latency import cumulative_usec
 from kvstrata.observability.snapshot import count_keys, sample_dram, top_prefixes
@@ -262,6 +263,25 @@ def memory_doctor(ctx: Context, args: list[bytes]) -> Any:
     return "Sam, I detected a few issues in this kvstrata instance memory implants:\n\n" + "\n".join(problems) + "\n"
 
 
+@command("purge", 2, "", parent="memory", group="server", since="4.0.0",
+         summary="Asks the allocator to release memory.")
+def memory_purge(ctx: Context, args: list[bytes]) -> Any:
+    """The receive-buffer pool's free buffers are dropped (it refills on demand) and glibc's heap is trimmed."""
+    pool = getattr(ctx.server, "bufpool", None)
+    if isinstance(pool, BufferPool):
+        pool.settle()  # buffers of values deleted since the last large request join the free list first
+        pool.clear()
+    trim_malloc()
+    return OK
+
+
+@command("malloc-stats", 2, "", parent="memory", group="server", since="4.0.0",
+         summary="Returns the allocator statistics.")
+def memory_malloc_stats(ctx: Context, args: list[bytes]) -> Any:
+    """Redis's answer when it is built without jemalloc: CPython's allocators keep no such report."""
+    return "Stats not supported for the current allocator"
+
+
 @command("help", 2, "loading stale", parent="memory", group="server", since="4.0.0",
          summary="Returns helpful text about the different subcommands.")
 def memory_help(ctx: Context, args: list[bytes]) -> Any:
@@ -272,6 +292,10 @@ def memory_help(ctx: Context, args: list[bytes]) -> Any:
         "    Return information about the memory usage of the server (tiers, overhead, top key prefixes).",
         "USAGE <key> [SAMPLES <count>]",
         "    Return memory in bytes used by <key> and its value, in the tier that holds it.",
+        "MALLOC-STATS",
+        "    Return internal statistics report from the memory allocator.",
+        "PURGE",
+        "    Attempt to purge dirty pages for reclamation by the allocator.",
         "HELP",
         "    Print this help.",
     ])

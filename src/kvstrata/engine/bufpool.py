@@ -87,6 +87,17 @@ def tune_malloc(mmap_threshold: int = 1024 * 1024, trim_threshold: int = 32 * 10
     return ok
 
 
+def trim_malloc() -> bool:
+    """Give the heap's free memory back to the kernel (glibc's ``malloc_trim(0)``; MEMORY PURGE): whether any was."""
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return bool(fn(0))
+
+
 def _reshape(buf: bytearray, n: int) -> None:
     """Set the length to n, failing with BufferError while the buffer is exported (even when n is unchanged:
     CPython skips its export check for a same-length resize, so probe with a one-byte change first)."""
