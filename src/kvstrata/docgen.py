@@ -40,7 +40,8 @@ From the first save (or with save points) on, a saved key keeps its SSD copy whe
 crash loses only keys created since the last save: [architecture](architecture.md), "Saves". `ROLE` and INFO `replication` say
 `master` with no replicas (kvstrata nodes share data through the pool, as its clients), and `WAIT` answers as such
 a Redis master: 0, at once when no acknowledgement is asked for (or inside EXEC), else after its timeout (0: until
-the client disconnects), serving other clients meanwhile. What the pool acknowledges is `pool-ack`'s business.
+the client disconnects), serving other clients meanwhile; CLIENT UNBLOCK ends it (TIMEOUT: 0, ERROR:
+`-UNBLOCKED`). What the pool acknowledges is `pool-ack`'s business.
 
 **CLIENT PAUSE** timeout [WRITE | ALL] holds commands as Redis 7.0 does: `WRITE` holds every write (a write sent
 inside MULTI before it is queued, an EXEC whose transaction writes) and serves reads; `ALL` holds every command,

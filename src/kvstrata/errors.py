@@ -56,6 +56,13 @@ class BusyKeyError(CommandError):
         super().__init__("Target key name already exists.")
 
 
+class UnblockedError(CommandError):
+    prefix = "UNBLOCKED"
+
+    def __init__(self) -> None:
+        super().__init__("client unblocked via CLIENT UNBLOCK")
+
+
 class ProtocolError(Exception):
     """Malformed input on the wire; the server replies ``-ERR Protocol error: ...`` and closes."""
 

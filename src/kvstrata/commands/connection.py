@@ -368,6 +368,27 @@ def client_unpause(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
+@command("unblock", -3, "admin noscript loading stale", parent="client", group="connection", since="5.0.0", most=4,
+         summary="Unblocks a client blocked by a blocking command from a different connection.",
+         syntax="CLIENT UNBLOCK client-id [TIMEOUT | ERROR]")
+def client_unblock(ctx: Context, args: list[bytes]) -> Any:
+    """1 when the client was blocked in WAIT (the only blocking command here) and is now unblocked, else 0. A
+    client held by CLIENT PAUSE is not blocked in a command: 0, as Redis 7.2 (7.0.15 crashes on it)."""
+    target = parse_int(args[2])
+    error = False
+    if len(args) == 4:
+        reason = args[3].lower()
+        if reason not in (b"timeout", b"error"):
+            raise CommandError("CLIENT UNBLOCK reason should be TIMEOUT or ERROR")
+        error = reason == b"error"
+    conn = ctx.server.clients.get(target) if ctx.server is not None else None
+    unblock = conn.client.unblock if conn is not None else None
+    if unblock is None or unblock.done():
+        return 0
+    unblock.set_result(error)
+    return 1
+
+
 @command("help", 2, "", parent="client", group="connection", summary="Returns helpful text about the "
          "different subcommands.")
 def client_help(ctx: Context, args: list[bytes]) -> Any:

@@ -42,6 +42,8 @@ class ClientState:
     watched: dict[bytes, Any] = field(default_factory=dict)
     executing: bool = False  # EXEC is running the queue (BGSAVE then only schedules, as Redis's server.in_exec)
     monitor: bool = False  # MONITOR mode (server/monitor.py)
+    # WAIT in progress: CLIENT UNBLOCK sets its result (True: answer -UNBLOCKED, False: as the timeout would).
+    unblock: Any = None
 
 
 REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 1, 2, 4

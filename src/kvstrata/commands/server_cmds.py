@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from kvstrata.commands.waits import Await, Commit, Suspend
 from kvstrata.config import ALIASES, PARAMS_BY_NAME, canonical
 from kvstrata.config_rewrite import rewrite
 from kvstrata.engine.keyspace import glob_match
-from kvstrata.errors import CommandError, syntax_error
+from kvstrata.errors import CommandError, UnblockedError, syntax_error
 from kvstrata.protocol.encoder import NO_REPLY, OK, Status, Verbatim
 from kvstrata.server.limits import empty_budget, save_problem
 
@@ -310,19 +311,27 @@ def role(ctx: Context, args: list[bytes]) -> Any:
     return [b"master", 0, []]
 
 
-async def _blocked_until(ctx: Context, deadline: float | None) -> int:
-    """WAIT's block: no replica will acknowledge, so until the timeout, or (none) until the client is gone."""
+async def _blocked_until(ctx: Context, deadline: float | None) -> int | CommandError:
+    """WAIT's block: no replica will acknowledge, so until the timeout, until the client is gone (none), or until
+    CLIENT UNBLOCK (``ClientState.unblock``: TIMEOUT answers as the timeout would, ERROR with -UNBLOCKED)."""
     loop = asyncio.get_running_loop()
-    server, cid = ctx.server, ctx.client.id
+    server, client = ctx.server, ctx.client
+    unblock: asyncio.Future[bool] = loop.create_future()
+    client.unblock = unblock
     if server is not None:
         server.blocked_clients += 1
     try:
         while deadline is None or loop.time() < deadline:
-            conn = server.clients.get(cid) if server is not None else None
-            if conn is None or ctx.client.closing or conn.hung_up():
+            conn = server.clients.get(client.id) if server is not None else None
+            if conn is None or client.closing or conn.hung_up():
                 break
-            await asyncio.sleep(WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, deadline - loop.time()))
+            with contextlib.suppress(TimeoutError):
+                step = WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, deadline - loop.time())
+                if await asyncio.wait_for(asyncio.shield(unblock), max(step, 0)):
+                    return UnblockedError()
+                break
     finally:
+        client.unblock = None
         if server is not None:
             server.blocked_clients -= 1
     return 0
@@ -344,7 +353,13 @@ def wait(ctx: Context, args: list[bytes]) -> Any:
     if want <= 0 or ctx.client.executing or ctx.server is None:
         return 0
     deadline = None if timeout == 0 else asyncio.get_running_loop().time() + timeout / 1000
-    return Suspend(Await(lambda: _blocked_until(ctx, deadline)), lambda n: n)
+    return Suspend(Await(lambda: _blocked_until(ctx, deadline)), _answer)
+
+
+def _answer(result: int | CommandError) -> int:
+    if isinstance(result, CommandError):
+        raise result
+    return result
 
 
 def _saves(ctx: Context) -> Any:
