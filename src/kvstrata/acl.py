@@ -30,7 +30,8 @@ from kvstrata.engine.keyspace import glob_match
 CATEGORIES = ("keyspace", "read", "write", "set", "sortedset", "list", "hash", "string", "bitmap", "hyperloglog",
               "geo", "stream", "pubsub", "admin", "fast", "slow", "blocking", "dangerous", "connection",
               "transaction", "scripting", "kvcache")
-_GROUP_CATEGORY = {"string": "string", "generic": "keyspace", "connection": "connection", "tairkv": "kvcache"}
+_GROUP_CATEGORY = {"string": "string", "generic": "keyspace", "connection": "connection", "tairkv": "kvcache",
+                   "pubsub": "pubsub"}
 # Redis's @admin / @dangerous assignments for the commands kvstrata has, by full name. MEMORY STATS and
 # MEMORY DOCTOR are added because here they show the top key prefixes of every tenant.
 _ADMIN = frozenset({"client|kill", "client|list", "config|get", "config|set", "config|resetstat",
@@ -120,6 +121,7 @@ class User:
     patterns: list[bytes] = field(default_factory=list)
     allkeys: bool = False
     allchannels: bool = False
+    channels: list[bytes] = field(default_factory=list)  # &pattern rules, in the order given
     # True when every command and every key is allowed: the connection then skips all checks.
     unrestricted: bool = False
     # The patterns sorted for speed: ``literal*`` as prefixes (one startswith call), literals, the rest as globs.
@@ -168,10 +170,18 @@ class User:
             self._add_pattern(rule[1:])
         elif low in ("allchannels", "&*"):
             self.allchannels = True
+            self.channels = []
         elif low == "resetchannels":
             self.allchannels = False
+            self.channels = []
         elif rule.startswith("&"):
-            pass  # there is no pub/sub here: channel patterns are accepted and have nothing to guard
+            if self.allchannels:  # Redis's refusal: the pattern would add nothing
+                raise ValueError("Adding a pattern after the * pattern (or the 'allchannels' flag) is not valid "
+                                 "and does not have any effect. Try 'resetchannels' to start with an empty list "
+                                 "of channels")
+            name = rule[1:].encode("utf-8", "surrogateescape")
+            if name not in self.channels:
+                self.channels.append(name)
         elif low in ("allcommands", "+@all"):
             self.allowed = set(all_specs())
             self.cmd_rules = ["+@all"]
@@ -278,6 +288,21 @@ class User:
     def keys_text(self) -> str:
         return " ".join("~" + p.decode("utf-8", "surrogateescape") for p in self.patterns)
 
+    def channel_ok(self, name: bytes, pattern: bool) -> bool:
+        """Whether the user may use channel ``name`` (``pattern``: a PSUBSCRIBE pattern, which must be one of the
+        user's patterns literally, as in Redis; a channel must match one)."""
+        if self.allchannels:
+            return True
+        if pattern:
+            return name in self.channels
+        return any(glob_match(p, name) for p in self.channels)
+
+    def channel_rules(self) -> list[str]:
+        """The channel part of the user's rules: ``&*``, or ``resetchannels`` and its patterns."""
+        if self.allchannels:
+            return ["&*"]
+        return ["resetchannels"] + ["&" + c.decode("utf-8", "surrogateescape") for c in self.channels]
+
     def describe(self) -> str:
         """The ACL LIST / ACL SAVE line (passwords only as their hashes)."""
         words = ["user", self.name, "on" if self.enabled else "off"]
@@ -285,7 +310,7 @@ class User:
             words.append("nopass")
         words += ["#" + d for d in self.passwords]
         words += ["~" + p.decode("utf-8", "surrogateescape") for p in self.patterns]  # none: nothing, as Redis 7
-        words.append("&*" if self.allchannels else "resetchannels")
+        words += self.channel_rules()
         words.append(self.commands_text())
         return " ".join(words)
 
@@ -315,6 +340,8 @@ def _message(reason: str, obj: str) -> str:
     # Redis 7.0's texts (the version kvstrata follows).
     if reason == "command":
         return f"NOPERM this user has no permissions to run the '{obj}' command"
+    if reason == "channel":
+        return "NOPERM this user has no permissions to access one of the channels used as arguments"
     return "NOPERM this user has no permissions to access one of the keys used as arguments"
 
 
@@ -362,7 +389,7 @@ class Acl:
         rules = ["on" if user.enabled else "off"]
         rules += ["nopass"] if user.nopass else ["#" + d for d in user.passwords]
         rules += ["~" + p.decode("utf-8", "surrogateescape") for p in user.patterns]
-        rules += ["&*"] if user.allchannels else []
+        rules += ["&*"] if user.allchannels else ["&" + c.decode("utf-8", "surrogateescape") for c in user.channels]
         rules += ["-@all"] + [r for r in user.cmd_rules if r != "-@all"]
         return rules
 
@@ -410,6 +437,18 @@ class Acl:
             if not user.key_ok(key):
                 self.record(client, "key", bytes(key).decode("utf-8", "surrogateescape"))
                 return _message("key", "")
+        return None
+
+    def deny_channels(self, client: Any, names: list[Any], pattern: bool) -> str | None:
+        """The NOPERM text when ``client``'s user may not use one of the channels ``names`` (logged as Redis
+        logs it, reason ``channel``); None when it may."""
+        user = client.user
+        if user is None or user.allchannels:
+            return None
+        for name in names:
+            if not user.channel_ok(bytes(name), pattern):
+                self.record(client, "channel", bytes(name).decode("utf-8", "surrogateescape"))
+                return _message("channel", "")
         return None
 
     def record(self, client: Any, reason: str, obj: str) -> None:

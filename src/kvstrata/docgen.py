@@ -18,6 +18,7 @@ _GROUP_TITLES = {
     "connection": "Connection commands",
     "server": "Server commands",
     "transactions": "Transactions",
+    "pubsub": "Pub/Sub commands",
 }
 
 _TRANSACTION_NOTES = """
@@ -86,6 +87,19 @@ policy (so `redis-cli --hotkeys` stops with it, as against Redis under allkeys-l
 `idle time not tracked`: the eviction policies rank keys by counts of accesses and keep no access time per key.
 """
 
+_PUBSUB_NOTES = """
+Pub/Sub works as in Redis 7.0: channels, glob patterns and shard channels (a node is one shard, so `SSUBSCRIBE` and
+`SPUBLISH` are channels of their own namespace), RESP2 arrays and RESP3 pushes, the RESP2 subscribed mode (only
+the (un)subscribe commands, PING, QUIT and RESET), a message to a connection's own subscription after the replies
+it has pending. `PUBLISH` counts a subscriber once per matching subscription. ACL channel rules (`&pattern`,
+`allchannels`, `resetchannels`) are enforced, with Redis's rules and texts (a PSUBSCRIBE pattern must be one of
+the user's patterns literally; users made with ACL SETUSER start with no channels); unlike Redis, a subscriber
+whose user loses a channel is not disconnected (its later commands are checked). A subscriber that does not read
+is closed at `client-output-buffer-limit` (one limit for every client; Redis has a separate, smaller one for
+subscribers). Messages stay on the node they were published on: nodes that share a pool do not forward them to
+each other (Redis Cluster forwards PUBLISH to every node). Keyspace notifications are not sent.
+"""
+
 _TAIRKV_NOTES = """
 ### KV-cache command details
 
@@ -135,6 +149,8 @@ def commands_markdown() -> str:
             lines += _KEYSPACE_NOTES.strip("\n").splitlines() + [""]
         if group == "server":
             lines += _SERVER_NOTES.strip("\n").splitlines() + [""]
+        if group == "pubsub":
+            lines += _PUBSUB_NOTES.strip("\n").splitlines() + [""]
         if group == "transactions":
             lines += _TRANSACTION_NOTES.strip("\n").splitlines() + [""]
     return "\n".join(lines)

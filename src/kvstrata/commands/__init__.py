@@ -9,6 +9,7 @@ from kvstrata.commands import (  # noqa: F401
     migrate,
     object_info,
     observe,
+    pubsub,
     pull,
     server_cmds,
     staging,

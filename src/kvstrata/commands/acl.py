@@ -51,7 +51,8 @@ def acl_getuser(ctx: Context, args: list[bytes]) -> Any:
         "passwords": user.passwords,
         "commands": user.commands_text(),
         "keys": user.keys_text(),
-        "channels": "&*" if user.allchannels else "",
+        "channels": "&*" if user.allchannels else " ".join("&" + c.decode("utf-8", "surrogateescape")
+                                                             for c in user.channels),
         "selectors": [],
     }
 

@@ -23,6 +23,8 @@ REDIS_COMPAT_VERSION = "7.0.15"
 def ping(ctx: Context, args: list[bytes]) -> Any:
     if len(args) > 2:
         raise wrong_arity("ping")
+    if ctx.client.proto == 2 and ctx.client.subscribed:  # as Redis: a RESP2 subscriber's PING is an array
+        return [b"pong", args[1] if len(args) == 2 else b""]
     return PONG if len(args) == 1 else args[1]
 
 
@@ -127,6 +129,8 @@ def reset(ctx: Context, args: list[bytes]) -> Any:
     if client.monitor:
         client.monitor = False
         ctx.server.monitors.discard(client.id)
+    if client.subscribed and ctx.server is not None:
+        ctx.server.pubsub.forget(ctx.server.clients[client.id])
     client.proto = 2
     client.name = b""
     client.reply &= REPLY_SKIP  # as Redis: replies back on, but a pending SKIP still swallows RESET's own reply
@@ -143,8 +147,8 @@ def _cmd_name(spec: Any) -> str:
 
 
 def _flags(c: ClientState) -> str:
-    """CLIENT LIST's flags, as Redis: O a monitor, x in MULTI, N none."""
-    return ("O" if c.monitor else "") + ("x" if c.multi is not None else "") or "N"
+    """CLIENT LIST's flags, as Redis: O a monitor, P a subscriber, x in MULTI, N none."""
+    return ("O" if c.monitor else "") + ("P" if c.subscribed else "") + ("x" if c.multi is not None else "") or "N"
 
 
 def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
@@ -155,7 +159,7 @@ def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
     events = "rw" if omem else "r"
     return (
         f"id={c.id} addr={c.addr} laddr={c.laddr} fd={c.fd} name={c.name.decode(errors='replace')} age={age} "
-        f"idle={idle} flags={_flags(c)} db=0 sub=0 psub=0 ssub=0 "
+        f"idle={idle} flags={_flags(c)} db=0 sub={len(c.pubsub[0])} psub={len(c.pubsub[1])} ssub={len(c.pubsub[2])} "
         f"multi={-1 if c.multi is None else len(c.multi)} qbuf={qbuf} qbuf-free={qfree} "
         f"argv-mem={argv} multi-mem={c.multi_bytes} rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
         f"cmd={_cmd_name(c.last_cmd)} "

@@ -130,6 +130,8 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
         ("evicted_keys", e.evicted_keys),
         ("keyspace_hits", hits),
         ("keyspace_misses", misses),
+        *zip(("pubsub_channels", "pubsub_patterns", "pubsubshard_channels"),
+             srv.pubsub.sizes() if srv is not None else (0, 0, 0), strict=True),
         ("prefetch_queued", e.prefetch_queued),
         ("prefetch_done", e.prefetch_done),
         ("prefetch_dropped", srv.prefetcher.dropped if srv is not None else 0),

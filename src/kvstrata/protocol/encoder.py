@@ -64,6 +64,14 @@ class NoReply:
 NO_REPLY = NoReply()
 
 
+class Push(list):  # type: ignore[type-arg]
+    """An out-of-band message (pub/sub): a RESP3 push (``>``), an array in RESP2."""
+
+
+class Replies(list):  # type: ignore[type-arg]
+    """Several replies one after another (SUBSCRIBE a b answers once per channel)."""
+
+
 def _format_double(x: float) -> bytes:
     if math.isinf(x):
         return b"inf" if x > 0 else b"-inf"
@@ -138,6 +146,13 @@ def encode(value: Any, proto: int, out: list[Any]) -> None:
             out.append(b"=%d\r\ntxt:%b\r\n" % (len(data) + 4, data))
         else:
             out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    elif t is Push:
+        out.append((b">%d\r\n" if proto == 3 else b"*%d\r\n") % len(value))
+        for item in value:
+            encode(item, proto, out)
+    elif t is Replies:
+        for item in value:
+            encode(item, proto, out)
     elif t is NullArray:
         out.append(_NULL3 if proto == 3 else _NULL_ARRAY2)
     elif t is NoReply:

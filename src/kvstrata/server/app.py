@@ -36,6 +36,7 @@ from kvstrata.server.monitor import Monitors
 from kvstrata.server.pause import ClientPause
 from kvstrata.server.pool_resync import PoolResync
 from kvstrata.server.prefetch import Prefetcher
+from kvstrata.server.pubsub import PubSub
 from kvstrata.server.saves import Saves
 from kvstrata.server.stats import ServerStats, count_error
 from kvstrata.server.tls import server_context, tls_wanted
@@ -129,6 +130,7 @@ class Server:
         self.resync = PoolResync(self)  # missed pool invalidations found and applied (server/pool_resync.py)
         self.monitors = Monitors(config)  # connections in MONITOR mode (server/monitor.py)
         self.pause = ClientPause()  # CLIENT PAUSE / UNPAUSE (server/pause.py)
+        self.pubsub = PubSub()  # channels, patterns and their subscribers (server/pubsub.py)
         self.blocked_clients = 0  # connections held by CLIENT PAUSE or blocked in WAIT (INFO clients)
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()

@@ -37,6 +37,9 @@ log = logging.getLogger("kvstrata.conn")
 _LOOPBACK = ("127.", "::1", "::ffff:127.")
 # First words of an HTTP request that Redis treats as an attack on the RESP port (see _cross_protocol).
 _CROSS_PROTOCOL = frozenset({b"post", b"host:"})
+# What a RESP2 client may run while subscribed (Redis's rule: its replies would be mistaken for messages).
+SUBSCRIBED_MODE = frozenset({"subscribe", "unsubscribe", "psubscribe", "punsubscribe", "ssubscribe", "sunsubscribe",
+                             "ping", "quit", "reset"})
 _cross_protocol_logged = [-60_000]  # when it was last logged (server ms): at most once a minute, as Redis
 _JOIN_LIMIT = 64 * 1024
 # What an idle connection costs besides its buffers (the objects of a connection, its parser and transport;
@@ -154,6 +157,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.server.clients.pop(self.client.id, None)
         if self.client.monitor:
             self.server.monitors.discard(self.client.id)
+        if self.client.subscribed:
+            self.server.pubsub.forget(self)
         peer, self.client.pull_peer = self.client.pull_peer, None
         if peer is not None:
             peer.close()  # the connection's reference; a pull still copying holds its own
@@ -253,8 +258,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self.transport.pause_reading()
             self._check_output_limit()
 
-    def monitor_write(self, data: bytes) -> None:
-        """A MONITOR line (server/monitor.py), behind any reply still streaming, bounded as replies are."""
+    def push_write(self, data: bytes) -> None:
+        """A MONITOR line (server/monitor.py) or a pub/sub message (server/pubsub.py), behind any reply still
+        streaming, bounded as replies are."""
         if self.closed or self.transport is None or self._check_output_limit(len(data)):
             return
         if self._stream is not None:
@@ -620,6 +626,10 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         if watching and client.monitor and (spec.write or "readonly" in spec.flags or spec.key_specs
                                             or (spec.parent or spec).group == "tairkv"):
             self._reject(spec, "ERR Replica can't interact with the keyspace")  # Redis's text for monitors
+            return None
+        if client.proto == 2 and client.subscribed and spec.full_name not in SUBSCRIBED_MODE:
+            self._reject(spec, f"ERR Can't execute '{spec.full_name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / "
+                               "PING / QUIT / RESET are allowed in this context")
             return None
         if self.pause.kind and self.pause.holds(spec, client.multi, spec.handler is exec_):
             return self._after_pause(args)  # as Redis: before MULTI queues it, after every refusal

@@ -100,4 +100,4 @@ class Monitors:
             if conn is current:
                 conn.out.append(data)
             elif conn is not skip:
-                conn.monitor_write(data)
+                conn.push_write(data)

@@ -1,0 +1,140 @@
+"""Pub/Sub: who listens to which channel and pattern, and the delivery of published messages, as Redis 7.0 does.
+
+Three namespaces, as in Redis: channels (SUBSCRIBE), patterns (PSUBSCRIBE, Redis's glob) and shard channels
+(SSUBSCRIBE; one node is one shard, so they behave as channels of their own). A message goes to every connection
+subscribed to its channel and once per matching pattern subscription, as a RESP3 push or a RESP2 array, written
+behind the replies the subscriber already has pending; a subscriber that does not read is closed at
+``client-output-buffer-limit``, as any client whose replies pile up. Subscriptions live in insertion order (an
+UNSUBSCRIBE without channels answers for them in the order they were made) and end with the connection or RESET.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kvstrata.engine.keyspace import glob_match
+from kvstrata.protocol.encoder import Push, encode
+
+CHANNEL, PATTERN, SHARD = 0, 1, 2
+# The reply names per namespace: (subscribe, unsubscribe, message).
+_NAMES = {
+    CHANNEL: (b"subscribe", b"unsubscribe", b"message"),
+    PATTERN: (b"psubscribe", b"punsubscribe", b"pmessage"),
+    SHARD: (b"ssubscribe", b"sunsubscribe", b"smessage"),
+}
+
+
+def _bytes(parts: list[Any]) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+class PubSub:
+    """The server's subscriptions: per namespace, name -> {client id: connection}."""
+
+    def __init__(self) -> None:
+        self.subs: tuple[dict[bytes, dict[int, Any]], ...] = ({}, {}, {})
+
+    # ---- a connection's subscriptions ----
+    @staticmethod
+    def owned(conn: Any, kind: int) -> dict[bytes, None]:
+        """``conn``'s subscriptions of one namespace (in the order made)."""
+        return conn.client.pubsub[kind]
+
+    @staticmethod
+    def count(conn: Any, kind: int) -> int:
+        """What Redis's (un)subscribe replies count: channels + patterns, or shard channels alone."""
+        own = conn.client.pubsub
+        return len(own[SHARD]) if kind == SHARD else len(own[CHANNEL]) + len(own[PATTERN])
+
+    def subscribe(self, conn: Any, kind: int, names: Iterable[bytes]) -> list[Push]:
+        own = conn.client.pubsub[kind]
+        table = self.subs[kind]
+        replies = []
+        for name in names:
+            name = bytes(name)
+            if name not in own:
+                own[name] = None
+                table.setdefault(name, {})[conn.client.id] = conn
+            replies.append(Push([_NAMES[kind][0], name, self.count(conn, kind)]))
+        return replies
+
+    def unsubscribe(self, conn: Any, kind: int, names: Iterable[bytes] | None) -> list[Push]:
+        """``names`` None: every subscription of the namespace (a nil name when there was none, as Redis)."""
+        own = conn.client.pubsub[kind]
+        replies = []
+        todo = list(own) if names is None else [bytes(n) for n in names]
+        for name in todo:
+            self._drop(conn, kind, name)
+            replies.append(Push([_NAMES[kind][1], name, self.count(conn, kind)]))
+        if not todo:
+            replies.append(Push([_NAMES[kind][1], None, self.count(conn, kind)]))
+        return replies
+
+    def _drop(self, conn: Any, kind: int, name: bytes) -> None:
+        own = conn.client.pubsub[kind]
+        if name in own:
+            del own[name]
+            table = self.subs[kind]
+            members = table.get(name)
+            if members is not None:
+                members.pop(conn.client.id, None)
+                if not members:  # no empty entries left behind: millions of one-off channels cost nothing
+                    del table[name]
+
+    def forget(self, conn: Any) -> None:
+        """Every subscription of ``conn`` ends, without replies (it closed, or RESET)."""
+        for kind in (CHANNEL, PATTERN, SHARD):
+            for name in list(conn.client.pubsub[kind]):
+                self._drop(conn, kind, name)
+
+    # ---- delivery ----
+    def publish(self, channel: bytes, message: bytes, current: Any = None, shard: bool = False) -> int:
+        """Deliver ``message`` on ``channel``; returns the receivers counted as Redis does (a connection once per
+        subscription that matches). ``current``: the connection running the command, whose messages go after
+        the replies it has pending (the others' are written now)."""
+        channel = bytes(channel)
+        receivers = 0
+        encoded: dict[tuple[int, bytes | None], bytes] = {}
+
+        def send(conn: Any, pattern: bytes | None) -> None:
+            proto = conn.client.proto
+            data = encoded.get((proto, pattern))
+            if data is None:
+                parts: list[Any] = []
+                if pattern is None:
+                    encode(Push([_NAMES[SHARD if shard else CHANNEL][2], channel, message]), proto, parts)
+                else:
+                    encode(Push([b"pmessage", pattern, channel, message]), proto, parts)
+                data = encoded[(proto, pattern)] = _bytes(parts)
+            if conn is current:
+                conn.out.append(data)
+            else:
+                conn.push_write(data)
+
+        members = self.subs[SHARD if shard else CHANNEL].get(channel)
+        if members:
+            for conn in list(members.values()):
+                send(conn, None)
+                receivers += 1
+        if not shard:
+            for pattern, members in list(self.subs[PATTERN].items()):
+                if glob_match(pattern, channel):
+                    for conn in list(members.values()):
+                        send(conn, pattern)
+                        receivers += 1
+        return receivers
+
+    # ---- introspection (PUBSUB, INFO) ----
+    def names(self, kind: int, pattern: bytes | None) -> list[bytes]:
+        return [n for n in self.subs[kind] if pattern is None or glob_match(pattern, n)]
+
+    def numsub(self, kind: int, names: Iterable[bytes]) -> list[Any]:
+        out: list[Any] = []
+        for name in names:
+            out += [bytes(name), len(self.subs[kind].get(bytes(name), ()))]
+        return out
+
+    def sizes(self) -> tuple[int, int, int]:
+        """Channels, patterns and shard channels with at least one subscriber."""
+        return len(self.subs[CHANNEL]), len(self.subs[PATTERN]), len(self.subs[SHARD])
