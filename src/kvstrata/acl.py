@@ -31,7 +31,7 @@ CATEGORIES = ("keyspace", "read", "write", "set", "sortedset", "list", "hash", "
               "geo", "stream", "pubsub", "admin", "fast", "slow", "blocking", "dangerous", "connection",
               "transaction", "scripting", "kvcache")
 _GROUP_CATEGORY = {"string": "string", "generic": "keyspace", "connection": "connection", "tairkv": "kvcache",
-                   "pubsub": "pubsub"}
+                   "pubsub": "pubsub", "bitmap": "bitmap"}
 # Redis's @admin / @dangerous assignments for the commands kvstrata has, by full name. MEMORY STATS and
 # MEMORY DOCTOR are added because here they show the top key prefixes of every tenant.
 _ADMIN = frozenset({"client|kill", "client|list", "config|get", "config|set", "config|resetstat",

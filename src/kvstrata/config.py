@@ -72,6 +72,12 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _notify_classes(text: str) -> str:
+    from kvstrata.server.notify import canonical  # late: config stays importable without the server
+
+    return canonical(text)
+
+
 def _tier_order(text: str) -> str:
     """``dram`` then names from the tier registry (kvstrata.engine.tiers.registry), not a fixed list."""
     from kvstrata.engine.tiers import registry  # late: config stays importable without the engine
@@ -347,6 +353,10 @@ PARAMS: tuple[Param, ...] = (
           bounds=(-1, INT64_MAX)),
     Param("slowlog-max-len", _int, 128, "Entries kept in the slow log.", mutable=True,
           bounds=(0, INT64_MAX)),
+    Param("notify-keyspace-events", _notify_classes, "",
+          "Keyspace notifications, Redis's classes (K keyspace, E keyevent, g generic, $ string, x expired, e "
+          "evicted from the last tier, A for all; empty: off). Published through Pub/Sub on this node.",
+          mutable=True),
     Param("latency-monitor-threshold", _int, 0,
           "LATENCY LATEST/HISTORY record a command's slowest latency of each second when it reaches this many "
           "milliseconds (0: off, as in Redis).", mutable=True,

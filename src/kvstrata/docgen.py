@@ -14,6 +14,7 @@ from kvstrata.config import PARAMS
 _GROUP_TITLES = {
     "tairkv": "KV-cache commands (TAIR.KV.*)",
     "string": "String commands",
+    "bitmap": "Bitmap commands",
     "generic": "Keyspace commands",
     "connection": "Connection commands",
     "server": "Server commands",
@@ -97,7 +98,16 @@ the user's patterns literally; users made with ACL SETUSER start with no channel
 whose user loses a channel is not disconnected (its later commands are checked). A subscriber that does not read
 is closed at `client-output-buffer-limit` (one limit for every client; Redis has a separate, smaller one for
 subscribers). Messages stay on the node they were published on: nodes that share a pool do not forward them to
-each other (Redis Cluster forwards PUBLISH to every node). Keyspace notifications are not sent.
+each other (Redis Cluster forwards PUBLISH to every node).
+
+**Keyspace notifications** (`notify-keyspace-events`, Redis's classes and canonical form) are sent as Redis 7.0
+sends them, on `__keyspace@0__:<key>` and `__keyevent@0__:<event>`: `set` (SET and its family, GETSET, MSET,
+BITOP's destination, and every TAIR.KV write: SETEX, COMMIT, PULL, MPULL), `expire` (with a TTL given), `append`,
+`setrange`, `incrby`, `incrbyfloat`, `setbit`, `del` (DEL, UNLINK, GETDEL, an expiry time in the past, MIGRATE,
+BITOP's empty result), `persist`, `rename_from`/`rename_to`, `copy_to`, `restore`, `expired` (a key found past its
+TTL, in whichever tier) and `evicted` (a key the last tier dropped; moving down to the SSD is not an eviction).
+A KV-cache router can follow which chunks a node holds from `set`, `del`, `expired` and `evicted`. The `n` (new
+key) and `m` (key miss) classes are accepted and send nothing. Events are this node's, as Pub/Sub is.
 """
 
 _TAIRKV_NOTES = """

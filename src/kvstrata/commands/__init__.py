@@ -2,10 +2,12 @@
 
 from kvstrata.commands import (  # noqa: F401
     acl,
+    bits,
     connection,
     dataplane,
     dump,
     keyspace,
+    lcs,
     migrate,
     object_info,
     observe,

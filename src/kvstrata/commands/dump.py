@@ -12,6 +12,7 @@ from kvstrata.commands.registry import command
 from kvstrata.errors import BusyKeyError, CommandError, syntax_error
 from kvstrata.protocol import dump_payload
 from kvstrata.protocol.encoder import OK
+from kvstrata.server.notify import GENERIC, notify
 
 
 @command("dump", 2, "readonly", keys=(1, 1, 1), group="generic", since="2.6.0",
@@ -71,4 +72,5 @@ def restore(ctx: Context, args: list[bytes]) -> Any:
             return after_pool_delete(ctx, OK, delete_tracked(ctx, [key])[1])
         return OK
     store.put(bytes(key), value, expire_at)
+    notify(ctx, GENERIC, b"restore", key)
     return OK

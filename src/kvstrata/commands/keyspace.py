@@ -13,6 +13,7 @@ from kvstrata.commands.registry import command
 from kvstrata.engine.keyspace import SCAN_BUCKETS
 from kvstrata.errors import CommandError, syntax_error
 from kvstrata.protocol.encoder import OK, Status
+from kvstrata.server.notify import GENERIC, notify
 
 
 @command("del", -2, "write", keys=(1, -1, 1), group="generic", summary="Deletes one or more keys.",
@@ -80,6 +81,7 @@ def _expire(ctx: Context, args: list[bytes], kind: bytes, name: str) -> Any:
         # A delete: with the pool, the reply waits for its tombstone as DEL's does.
         return after_pool_delete(ctx, 1, delete_tracked(ctx, [args[1]])[1])
     store.set_expire(args[1], when)
+    notify(ctx, GENERIC, b"expire", args[1])
     return 1
 
 
@@ -153,6 +155,7 @@ def persist(ctx: Context, args: list[bytes]) -> Any:
     if entry is None or not entry.expire_at:
         return 0
     ctx.store.set_expire(args[1], 0)
+    notify(ctx, GENERIC, b"persist", args[1])
     return 1
 
 
@@ -232,6 +235,8 @@ def _rename(ctx: Context, args: list[bytes], nx: bool) -> Any:
     value, expire_at = entry.value, entry.expire_at
     store.delete(src)
     store.put(dst, value, expire_at)
+    notify(ctx, GENERIC, b"rename_from", src)
+    notify(ctx, GENERIC, b"rename_to", dst)
     return 1 if nx else OK
 
 
@@ -275,6 +280,7 @@ def copy(ctx: Context, args: list[bytes]) -> Any:
     if store.get(dst, touch=False) is not None and not replace:
         return 0
     store.put(bytes(dst), bytes(entry.value), entry.expire_at)  # its own bytes: the source may change later
+    notify(ctx, GENERIC, b"copy_to", dst)
     return 1
 
 

@@ -20,6 +20,7 @@ from kvstrata.commands.context import Context
 from kvstrata.commands.waits import PoolAck, Suspend
 from kvstrata.engine.tiers.pool import FAILED, MISMATCH, OK, OLDER, TOMB_RETRIES, PoolUnavailableError
 from kvstrata.errors import CommandError, VersionMismatchError
+from kvstrata.server.notify import GENERIC, notify
 
 WRITE_RETRIES = 3
 
@@ -128,7 +129,9 @@ def delete_tracked(ctx: Context, keys: list[bytes]) -> tuple[int, list[int]]:
     seqs: list[int] = []
     for key in keys:
         ctx.command.pool_ack = 0
-        deleted += delete(key, track=True)
+        if delete(key, track=True):
+            deleted += 1
+            notify(ctx, GENERIC, b"del", key)
         if ctx.command.pool_ack:
             seqs.append(ctx.command.pool_ack)
     return deleted, seqs

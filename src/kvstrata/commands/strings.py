@@ -15,6 +15,7 @@ from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
 from kvstrata.commands.registry import command
 from kvstrata.errors import NOT_FLOAT, OVERFLOW, CommandError, wrong_arity
 from kvstrata.protocol.encoder import OK
+from kvstrata.server.notify import GENERIC, STRING, notify
 
 _EXPIRES = (b"EX", b"PX", b"EXAT", b"PXAT")
 _SET_OPTIONS = {
@@ -62,6 +63,7 @@ def set_(ctx: Context, args: list[bytes]) -> Any:
     key = args[1]
     if len(args) == 3:
         store.put(key, args[2])
+        notify(ctx, STRING, b"set", key)
         return OK
     opts = parse_options(args, 3, _SET_OPTIONS)
     now = store.clock.now_ms()
@@ -75,14 +77,23 @@ def set_(ctx: Context, args: list[bytes]) -> Any:
     if b"KEEPTTL" in opts and current is not None:
         expire_at = current.expire_at
     store.put(key, args[2], expire_at)
+    _set_events(ctx, key, expire_at and b"KEEPTTL" not in opts)
     if b"GET" in opts:
         return None if current is None else current.value  # type: ignore[union-attr]
     return OK
 
 
+def _set_events(ctx: Context, key: bytes, expires: Any) -> None:
+    """A SET's events, as Redis sends them: ``set``, then ``expire`` when it gave the key an expiry time."""
+    notify(ctx, STRING, b"set", key)
+    if expires:
+        notify(ctx, GENERIC, b"expire", key)
+
+
 def _setex(ctx: Context, args: list[bytes], unit: bytes, name: str) -> Any:
     expire_at = expire_at_ms(unit, args[2], ctx.store.clock.now_ms(), name)
     ctx.store.put(args[1], args[3], expire_at)
+    _set_events(ctx, args[1], True)
     return OK
 
 
@@ -105,6 +116,7 @@ def setnx(ctx: Context, args: list[bytes]) -> Any:
     if ctx.store.probe(args[1]) is not None:
         return 0
     ctx.store.put(args[1], args[2])
+    notify(ctx, STRING, b"set", args[1])
     return 1
 
 
@@ -113,6 +125,7 @@ def setnx(ctx: Context, args: list[bytes]) -> Any:
 def getset(ctx: Context, args: list[bytes]) -> Any:
     old = _value(ctx, args[1])
     ctx.store.put(args[1], args[2])
+    notify(ctx, STRING, b"set", args[1])
     return old
 
 
@@ -143,9 +156,12 @@ def getex(ctx: Context, args: list[bytes]) -> Any:
             expire_at = expire_at_ms(kind, opts[kind][0], now, "getex")
     value = entry.value
     if b"PERSIST" in opts:
-        store.set_expire(args[1], 0)
+        if entry.expire_at:
+            store.set_expire(args[1], 0)
+            notify(ctx, GENERIC, b"persist", args[1])
     elif expire_at is not None:
         store.set_expire(args[1], expire_at)
+        notify(ctx, GENERIC, b"expire", args[1])
     return value
 
 
@@ -168,6 +184,7 @@ def mset(ctx: Context, args: list[bytes]) -> Any:
         raise wrong_arity("mset")
     for i in range(1, len(args), 2):
         ctx.store.put(args[i], args[i + 1])
+        notify(ctx, STRING, b"set", args[i])
     return OK
 
 
@@ -181,6 +198,7 @@ def msetnx(ctx: Context, args: list[bytes]) -> Any:
         return 0
     for i in range(1, len(args), 2):
         ctx.store.put(args[i], args[i + 1])
+        notify(ctx, STRING, b"set", args[i])
     return 1
 
 
@@ -190,11 +208,13 @@ def append(ctx: Context, args: list[bytes]) -> Any:
     old = _value(ctx, args[1])
     if old is None:
         ctx.store.put(args[1], args[2])
+        notify(ctx, STRING, b"append", args[1])
         return len(args[2])
     if len(old) + len(args[2]) > _max_len(ctx):
         raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
     value = _grown(ctx, args[1], old, len(old), args[2])
     ctx.store.replace_value(args[1], value)
+    notify(ctx, STRING, b"append", args[1])
     return len(value)
 
 
@@ -252,6 +272,7 @@ def setrange(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
     value = _grown(ctx, args[1], old, offset, patch)
     ctx.store.replace_value(args[1], value)
+    notify(ctx, STRING, b"setrange", args[1])
     return len(value)
 
 
@@ -274,6 +295,7 @@ def _incr(ctx: Context, key: bytes, delta: int) -> int:
     if not INT64_MIN <= result <= INT64_MAX:
         raise CommandError(OVERFLOW)
     ctx.store.replace_value(key, str(result).encode())
+    notify(ctx, STRING, b"incrby", key)
     return result
 
 
@@ -375,4 +397,5 @@ def incrbyfloat(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError("increment would produce NaN or Infinity")
     text = format_long_double(result)
     ctx.store.replace_value(args[1], text)
+    notify(ctx, STRING, b"incrbyfloat", args[1])
     return text

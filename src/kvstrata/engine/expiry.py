@@ -17,6 +17,8 @@ class ExpiryMixin:
         self.stats.expired_keys += 1
         if entry.on_ssd and self.keeper is not None:
             self.keeper.delete(key)
+        if self.on_event is not None:
+            self.on_event(b"expired", key)
 
     def active_expire(self, max_keys: int = 20) -> int:
         """Expire up to ``max_keys`` due DRAM keys (bounded work per call); returns how many expired."""

@@ -293,6 +293,8 @@ class LoaderMixin:
         if found is not None and found.expired(self.clock.now_ms()):
             tier.delete(key)
             self.stats.expired_keys += 1
+            if self.on_event is not None:
+                self.on_event(b"expired", key)
             return None
         return found
 

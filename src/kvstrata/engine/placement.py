@@ -200,6 +200,8 @@ class PlacementMixin:
         else:
             stats["dram"].evictions += 1
             self.stats.evicted_keys += 1
+            if self.on_event is not None:
+                self.on_event(b"evicted", key)
 
     def _promote(self, key: bytes, entry: Entry) -> bool:
         """Bring a record of the authoritative tier up into DRAM (it leaves that tier unless ``keep_below``)."""

@@ -22,7 +22,7 @@ tiers only where a duty is theirs alone (write-through and checkpoints; versions
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kvstrata.clock import Clock, SystemClock
@@ -120,6 +120,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.hot_max_fraction = hot_max_fraction
         self.hot: dict[bytes, int] = {}
         self.stats = EngineStats()
+        # (event, key) for keys that expired or that the last tier evicted: the server's keyspace
+        # notifications (server/notify.py); may be called from a loader or writer thread.
+        self.on_event: Callable[[bytes, bytes], None] | None = None
         self.tier_stats = {name: TierStats() for name in ("dram", "ssd", "pool", *self._by_name)}
         self._dram_stats = self.tier_stats["dram"]
         # The DRAM dict is never replaced (only cleared), so the hot path may hold it directly.
@@ -471,6 +474,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if not evicted:
             return
         self.stats.evicted_keys += len(evicted)
+        if self.on_event is not None:
+            for key in evicted:
+                self.on_event(b"evicted", key)
         gone = self._evicted_below
         for key in evicted:
             entry = self.dram.entries.get(key)

@@ -33,6 +33,7 @@ from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.limits import empty_budget
 from kvstrata.server.monitor import Monitors
+from kvstrata.server.notify import Notifier
 from kvstrata.server.pause import ClientPause
 from kvstrata.server.pool_resync import PoolResync
 from kvstrata.server.prefetch import Prefetcher
@@ -131,6 +132,9 @@ class Server:
         self.monitors = Monitors(config)  # connections in MONITOR mode (server/monitor.py)
         self.pause = ClientPause()  # CLIENT PAUSE / UNPAUSE (server/pause.py)
         self.pubsub = PubSub()  # channels, patterns and their subscribers (server/pubsub.py)
+        self.notifier = Notifier(self.pubsub)  # keyspace notifications (server/notify.py)
+        self.notifier.configure(str(config.get("notify-keyspace-events")))
+        self.store.on_event = self.notifier.from_store
         self.blocked_clients = 0  # connections held by CLIENT PAUSE or blocked in WAIT (INFO clients)
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
@@ -306,6 +310,7 @@ class Server:
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
+        self.notifier.configure(str(self.config.get("notify-keyspace-events")))
         dataplane.apply_config(self)
         for conn in self.clients.values():
             conn.parser.refresh()
@@ -400,6 +405,7 @@ class Server:
     # ---- lifecycle ----
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.notifier.bind(self.loop)
         loop = self.loop
         ssd = self.store.ssd
         pool = self.store.pool

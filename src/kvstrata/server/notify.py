@@ -1,0 +1,87 @@
+"""Keyspace notifications: Redis's ``notify-keyspace-events``, published through the server's Pub/Sub.
+
+An event of a class the configuration selects goes out as Redis sends it: ``__keyspace@0__:<key>`` with the event
+name as the message (class ``K``), ``__keyevent@0__:<event>`` with the key (class ``E``). Commands report their
+events (``notify``); the store reports keys that expired and keys the last tier evicted (``Notifier.from_store``,
+which may be called from a loader or writer thread: the event is then handed to the event loop). Demotion to a
+lower tier is not an eviction: the key is still there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+KEYSPACE, KEYEVENT, GENERIC, STRING = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+LIST, SET, HASH, ZSET, EXPIRED, EVICTED, STREAM, KEY_MISS = (1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8, 1 << 9,
+                                                             1 << 10, 1 << 11)
+MODULE, NEW = 1 << 13, 1 << 14
+ALL = GENERIC | STRING | LIST | SET | HASH | ZSET | EXPIRED | EVICTED | STREAM | MODULE  # not m, not n: Redis's A
+_CLASSES = {"A": ALL, "g": GENERIC, "$": STRING, "l": LIST, "s": SET, "h": HASH, "z": ZSET, "x": EXPIRED,
+            "e": EVICTED, "K": KEYSPACE, "E": KEYEVENT, "t": STREAM, "m": KEY_MISS, "d": MODULE, "n": NEW}
+# The order Redis writes the classes back (keyspaceEventsFlagsToString), after A or the single classes.
+_ORDER = "g$lshzxetdn"
+
+
+def flags_of(text: str) -> int:
+    flags = 0
+    for ch in text:
+        bit = _CLASSES.get(ch)
+        if bit is None:
+            raise ValueError("Invalid event class character. Use 'Ag$lshzxeKEtmdn'.")
+        flags |= bit
+    return flags
+
+
+def canonical(text: str) -> str:
+    """``notify-keyspace-events`` as Redis stores and shows it (``KEA`` is ``AKE``); ValueError as Redis's."""
+    flags = flags_of(str(text))
+    out = "A" if flags & ALL == ALL else "".join(c for c in _ORDER if flags & _CLASSES[c])
+    return out + "".join(c for c in "KEm" if flags & _CLASSES[c])
+
+
+class Notifier:
+    """The configured classes and the publishing of events (``emit`` on the event loop)."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self.pubsub = pubsub
+        self.flags = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+
+    def configure(self, text: str) -> None:
+        self.flags = flags_of(text)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop events from other threads are handed to."""
+        self._loop = loop
+        self._thread = threading.get_ident()
+
+    def emit(self, cls: int, event: bytes, key: bytes, current: Any = None) -> None:
+        flags = self.flags
+        if not flags & cls:
+            return
+        key = bytes(key)
+        if flags & KEYSPACE:
+            self.pubsub.publish(b"__keyspace@0__:" + key, event, current)
+        if flags & KEYEVENT:
+            self.pubsub.publish(b"__keyevent@0__:" + event, key, current)
+
+    def from_store(self, event: bytes, key: bytes) -> None:
+        """An event the store saw (``expired``, ``evicted``), possibly on another thread."""
+        cls = EXPIRED if event == b"expired" else EVICTED
+        if not self.flags & cls:
+            return
+        if self._loop is not None and threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(self.emit, cls, event, bytes(key))
+        else:
+            self.emit(cls, event, key)
+
+
+def notify(ctx: Any, cls: int, event: bytes, key: bytes) -> None:
+    """A command's event: published when its class is on, behind the running connection's pending replies."""
+    server = ctx.server
+    if server is None or not server.notifier.flags & cls:
+        return
+    server.notifier.emit(cls, event, key, server.clients.get(ctx.client.id))
