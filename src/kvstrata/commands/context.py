@@ -45,13 +45,11 @@ class ClientState:
     # WAIT in progress: CLIENT UNBLOCK sets its result (True: answer -UNBLOCKED, False: as the timeout would).
     unblock: Any = None
     # Pub/Sub subscriptions (server/pubsub.py), per namespace: channels, patterns, shard channels, in the order
-    # made; ``subscribed`` is true while there is any (RESP2 then allows only the pub/sub commands).
+    # made; ``subscribed`` is true while there is any (RESP2 then allows only the pub/sub commands). A plain
+    # attribute the subscriptions keep up to date: the connection reads it before every command.
     pubsub: tuple[dict[bytes, None], dict[bytes, None], dict[bytes, None]] = field(
         default_factory=lambda: ({}, {}, {}))
-
-    @property
-    def subscribed(self) -> bool:
-        return bool(self.pubsub[0] or self.pubsub[1] or self.pubsub[2])
+    subscribed: bool = False
 
 
 REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 1, 2, 4

@@ -57,6 +57,7 @@ class PubSub:
                 own[name] = None
                 table.setdefault(name, {})[conn.client.id] = conn
             replies.append(Push([_NAMES[kind][0], name, self.count(conn, kind)]))
+        conn.client.subscribed = True
         return replies
 
     def unsubscribe(self, conn: Any, kind: int, names: Iterable[bytes] | None) -> list[Push]:
@@ -72,9 +73,11 @@ class PubSub:
         return replies
 
     def _drop(self, conn: Any, kind: int, name: bytes) -> None:
-        own = conn.client.pubsub[kind]
+        client = conn.client
+        own = client.pubsub[kind]
         if name in own:
             del own[name]
+            client.subscribed = any(client.pubsub)
             table = self.subs[kind]
             members = table.get(name)
             if members is not None:
