@@ -52,6 +52,8 @@ end), held commands run in their order once the pause ends (checked again: a new
 client that disconnects is dropped without running its command, and keys do not expire actively meanwhile (INFO
 `blocked_clients` counts the held clients). It pauses this node only: other nodes on the pool keep writing. Use it
 to stop writes while keys are moved away (MIGRATE, DUMP) or a node is replaced, without closing connections.
+CLIENT TRACKING (server-assisted client-side caching) is not served: a redis-py client made with `cache_config`
+fails to connect with "unknown subcommand 'TRACKING'" (the SDK's `local_tier` is an in-process LRU of chunks, without invalidation: chunk keys name immutable prefixes).
 
 **MONITOR** streams every command the server runs, in Redis's format and with Redis's rules: `@admin` commands
 and commands refused before they ran are not shown, AUTH's and HELLO's credentials are redacted, a transaction's
