@@ -122,6 +122,10 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         # Parts of large replies not yet handed to the transport (streamed as it drains), and their size.
         self._stream: deque[Any] | None = None
         self._stream_bytes = 0
+        # MONITOR lines and pub/sub messages for this client, written together once the loop's turn ends (one
+        # write per client per turn: a pipeline of PUBLISHes to N subscribers costs N writes, not N per message).
+        self._pushes: list[bytes] | None = None
+        self._pushes_bytes = 0
 
     # ---- asyncio callbacks ----
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -259,9 +263,28 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self._check_output_limit()
 
     def push_write(self, data: bytes) -> None:
-        """A MONITOR line (server/monitor.py) or a pub/sub message (server/pubsub.py), behind any reply still
-        streaming, bounded as replies are."""
-        if self.closed or self.transport is None or self._check_output_limit(len(data)):
+        """A MONITOR line (server/monitor.py) or a pub/sub message (server/pubsub.py): queued, and written with the
+        others of this loop turn (before this client's own next replies, so the order is the one they were made
+        in), behind any reply still streaming, bounded as replies are."""
+        if self.closed or self.transport is None:
+            return
+        pending = self._pushes
+        if pending is None:
+            self._pushes = pending = []
+            self._pushes_bytes = 0
+            asyncio.get_running_loop().call_soon(self._flush_pushes)
+        pending.append(data)
+        self._pushes_bytes += len(data)
+        if self._pushes_bytes >= _JOIN_LIMIT:  # bounded here too: the output limit is checked as it is written
+            self._flush_pushes()
+
+    def _flush_pushes(self) -> None:
+        pending = self._pushes
+        self._pushes = None
+        if not pending or self.closed or self.transport is None:
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        if self._check_output_limit(len(data)):
             return
         if self._stream is not None:
             self._stream.append(data)
@@ -434,6 +457,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             client.reply = (client.reply | REPLY_SKIP) & ~REPLY_SKIP_NEXT
 
     def _flush(self) -> None:
+        if self._pushes:  # messages queued for this client before these replies go first
+            self._flush_pushes()
         out = self.out
         if not out or self.transport is None or self.closed:
             out.clear()

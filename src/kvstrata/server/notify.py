@@ -62,6 +62,9 @@ class Notifier:
         flags = self.flags
         if not flags & cls:
             return
+        subs = self.pubsub.subs
+        if not subs[0] and not subs[1]:  # no channel and no pattern has a subscriber: nothing to build
+            return
         key = bytes(key)
         if flags & KEYSPACE:
             self.pubsub.publish(b"__keyspace@0__:" + key, event, current)

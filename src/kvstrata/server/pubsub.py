@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvstrata.engine.keyspace import glob_match
-from kvstrata.protocol.encoder import Push, encode
+from kvstrata.protocol.encoder import Push
 
 CHANNEL, PATTERN, SHARD = 0, 1, 2
 # The reply names per namespace: (subscribe, unsubscribe, message).
@@ -25,8 +25,22 @@ _NAMES = {
 }
 
 
-def _bytes(parts: list[Any]) -> bytes:
-    return b"".join(bytes(p) for p in parts)
+def _frames(kind: bytes, pattern: bytes | None, channel: bytes, message: bytes) -> tuple[bytes, bytes]:
+    """The message as RESP2 and RESP3 frames: (``*`` array, ``>`` push), built once for every subscriber."""
+    body = b"$%d\r\n%b\r\n" % (len(kind), kind)
+    if pattern is not None:
+        body += b"$%d\r\n%b\r\n" % (len(pattern), pattern)
+    body += b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(channel), channel, len(message), message)
+    n = b"4" if pattern is not None else b"3"
+    return b"*" + n + b"\r\n" + body, b">" + n + b"\r\n" + body
+
+
+def _send(conn: Any, frames: tuple[bytes, bytes], current: Any) -> None:
+    data = frames[1] if conn.client.proto == 3 else frames[0]
+    if conn is current:
+        conn.out.append(data)
+    else:
+        conn.push_write(data)
 
 
 class PubSub:
@@ -95,36 +109,24 @@ class PubSub:
     def publish(self, channel: bytes, message: bytes, current: Any = None, shard: bool = False) -> int:
         """Deliver ``message`` on ``channel``; returns the receivers counted as Redis does (a connection once per
         subscription that matches). ``current``: the connection running the command, whose messages go after
-        the replies it has pending (the others' are written now)."""
+        the replies it has pending (the others' are queued for the end of the loop's turn)."""
+        members = self.subs[SHARD if shard else CHANNEL].get(channel)
+        patterns = None if shard else self.subs[PATTERN]
+        if not members and not patterns:  # the common case for keyspace events: nobody listens
+            return 0
         channel = bytes(channel)
         receivers = 0
-        encoded: dict[tuple[int, bytes | None], bytes] = {}
-
-        def send(conn: Any, pattern: bytes | None) -> None:
-            proto = conn.client.proto
-            data = encoded.get((proto, pattern))
-            if data is None:
-                parts: list[Any] = []
-                if pattern is None:
-                    encode(Push([_NAMES[SHARD if shard else CHANNEL][2], channel, message]), proto, parts)
-                else:
-                    encode(Push([b"pmessage", pattern, channel, message]), proto, parts)
-                data = encoded[(proto, pattern)] = _bytes(parts)
-            if conn is current:
-                conn.out.append(data)
-            else:
-                conn.push_write(data)
-
-        members = self.subs[SHARD if shard else CHANNEL].get(channel)
         if members:
+            frames = _frames(_NAMES[SHARD if shard else CHANNEL][2], None, channel, message)
             for conn in list(members.values()):
-                send(conn, None)
+                _send(conn, frames, current)
                 receivers += 1
-        if not shard:
-            for pattern, members in list(self.subs[PATTERN].items()):
+        if patterns:
+            for pattern, subscribers in list(patterns.items()):
                 if glob_match(pattern, channel):
-                    for conn in list(members.values()):
-                        send(conn, pattern)
+                    frames = _frames(b"pmessage", pattern, channel, message)
+                    for conn in list(subscribers.values()):
+                        _send(conn, frames, current)
                         receivers += 1
         return receivers
 
