@@ -1,0 +1,135 @@
+"""Differential fuzzing of the string, bitmap and keyspace commands against a real redis-server, side by side.
+
+A seeded generator draws commands from a small vocabulary of keys, values and edge-case numbers (0, -1, 2**63,
+non-integers, empty strings, option words in the wrong place); each command goes to a kvstrata server and to a
+redis-server 7 with ``databases 1``, both starting empty, and the exact RESP replies must be the same, error texts
+included. Nothing in the vocabulary depends on the clock at the millisecond (TTLs are either none or hours, and
+TTL/PTTL answers are compared by sign), so a difference is a difference in behaviour. Every reply is also checked
+not to be kvstrata's "internal error" (a handler that raised).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from tests.conftest import TARGET, RawConn, ServerProc
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None or TARGET != "kvstrata",
+                                reason="needs redis-server beside kvstrata")
+
+KEYS = ["k1", "k2", "k3", "num", "bits", "{t}a", ""]
+NUMBERS = ["0", "1", "-1", "7", "64", "100", "-100", "9223372036854775807", "-9223372036854775808",
+           "9223372036854775808", "1.5", "abc", "", "01", "+1", " 1", "4294967295", "4294967296", "3600000"]
+VALUES = ["", "v", "hello world", "123", "-5", "3.25", "1e3", "\x00\xff\x80", "x" * 70, "9223372036854775807",
+          "inf", "0x10", "-0", " 5", "1e308", "0.1", "10.50", "-9223372036854775808", "nan"]
+# Expiry times: none that ends during a run (an hour and more), or invalid ones.
+TIMES = ["3600000", "7200", "0", "-1", "abc", "9223372036854775807", "1.5"]
+WORDS = ["NX", "XX", "GT", "LT", "EX", "PX", "EXAT", "PXAT", "KEEPTTL", "GET", "PERSIST", "BYTE", "BIT", "LEN",
+         "IDX", "WITHMATCHLEN", "MINMATCHLEN", "REPLACE", "AND", "OR", "XOR", "NOT", "OVERFLOW", "WRAP", "SAT",
+         "FAIL", "u8", "i8", "u63", "i64", "u64", "#1", "GET", "SET", "INCRBY", "bogus"]
+
+
+def _pick(rng: random.Random, pool: list[str], junk: float = 0.1) -> str:
+    """One of ``pool``, or now and then a word from anywhere (an argument of the wrong kind)."""
+    if rng.random() < junk:
+        return rng.choice(KEYS + NUMBERS + VALUES + WORDS)
+    return rng.choice(pool)
+
+
+def _tail(rng: random.Random, n: int) -> list[str]:
+    return [rng.choice(WORDS + NUMBERS) for _ in range(rng.randint(0, n))]
+
+
+GENERATORS: dict[str, Callable[[random.Random], list[str]]] = {
+    "SET": lambda g: ["SET", _pick(g, KEYS), _pick(g, VALUES)] + g.choice(
+        [[], ["NX"], ["XX"], ["GET"], ["EX", "3600"], ["PX", g.choice(TIMES)], ["KEEPTTL"], _tail(g, 3)]),
+    "GET": lambda g: ["GET", _pick(g, KEYS)],
+    "GETEX": lambda g: ["GETEX", _pick(g, KEYS)] + g.choice([[], ["PERSIST"], ["EX", "3600"], _tail(g, 2)]),
+    "GETDEL": lambda g: ["GETDEL", _pick(g, KEYS)],
+    "GETSET": lambda g: ["GETSET", _pick(g, KEYS), _pick(g, VALUES)],
+    "SETNX": lambda g: ["SETNX", _pick(g, KEYS), _pick(g, VALUES)],
+    "SETEX": lambda g: ["SETEX", _pick(g, KEYS), g.choice(TIMES), _pick(g, VALUES)],
+    "MSET": lambda g: ["MSET"] + sum(([_pick(g, KEYS), _pick(g, VALUES)] for _ in range(g.randint(0, 3))), []),
+    "MSETNX": lambda g: ["MSETNX"] + sum(([_pick(g, KEYS), _pick(g, VALUES)] for _ in range(g.randint(1, 3))), []),
+    "MGET": lambda g: ["MGET"] + [_pick(g, KEYS) for _ in range(g.randint(1, 4))],
+    "APPEND": lambda g: ["APPEND", _pick(g, KEYS), _pick(g, VALUES)],
+    "STRLEN": lambda g: ["STRLEN", _pick(g, KEYS)],
+    "GETRANGE": lambda g: ["GETRANGE", _pick(g, KEYS), _pick(g, NUMBERS), _pick(g, NUMBERS)],
+    "SETRANGE": lambda g: ["SETRANGE", _pick(g, KEYS), g.choice(["0", "1", "5", "-1", "abc", "100"]),
+                           _pick(g, VALUES)],
+    "INCR": lambda g: ["INCR", _pick(g, KEYS)],
+    "DECR": lambda g: ["DECR", _pick(g, KEYS)],
+    "INCRBY": lambda g: ["INCRBY", _pick(g, KEYS), _pick(g, NUMBERS)],
+    "DECRBY": lambda g: ["DECRBY", _pick(g, KEYS), _pick(g, NUMBERS)],
+    "INCRBYFLOAT": lambda g: ["INCRBYFLOAT", _pick(g, KEYS), _pick(g, NUMBERS + ["0.1", "-2.5e3", "1e400"])],
+    "SETBIT": lambda g: ["SETBIT", _pick(g, KEYS), g.choice(["0", "7", "8", "100", "-1", "x"]), g.choice(["0", "1",
+                                                                                                          "2"])],
+    "GETBIT": lambda g: ["GETBIT", _pick(g, KEYS), g.choice(["0", "7", "8", "100", "-1"])],
+    "BITCOUNT": lambda g: ["BITCOUNT", _pick(g, KEYS)] + g.choice(
+        [[], [_pick(g, NUMBERS), _pick(g, NUMBERS)], [_pick(g, NUMBERS), _pick(g, NUMBERS), g.choice(["BIT",
+                                                                                                     "BYTE"])]]),
+    "BITPOS": lambda g: ["BITPOS", _pick(g, KEYS), g.choice(["0", "1", "2"])] + _tail(g, 3),
+    "BITOP": lambda g: ["BITOP", g.choice(["AND", "OR", "XOR", "NOT", "nand"]), _pick(g, KEYS)] + [
+        _pick(g, KEYS) for _ in range(g.randint(1, 3))],
+    "BITFIELD": lambda g: ["BITFIELD", _pick(g, KEYS)] + _tail(g, 6),
+    "BITFIELD_RO": lambda g: ["BITFIELD_RO", _pick(g, KEYS)] + _tail(g, 4),
+    "LCS": lambda g: ["LCS", _pick(g, KEYS), _pick(g, KEYS)] + _tail(g, 3),
+    "DEL": lambda g: ["DEL"] + [_pick(g, KEYS) for _ in range(g.randint(1, 3))],
+    "EXISTS": lambda g: ["EXISTS"] + [_pick(g, KEYS) for _ in range(g.randint(1, 3))],
+    "TYPE": lambda g: ["TYPE", _pick(g, KEYS)],
+    "EXPIRE": lambda g: ["EXPIRE", _pick(g, KEYS), g.choice(["3600", "7200", "-1", "0", "abc"])] + _tail(g, 1),
+    "PERSIST": lambda g: ["PERSIST", _pick(g, KEYS)],
+    "TTL": lambda g: ["TTL", _pick(g, KEYS)],
+    "PTTL": lambda g: ["PTTL", _pick(g, KEYS)],
+    "RENAME": lambda g: ["RENAME", _pick(g, KEYS), _pick(g, KEYS)],
+    "RENAMENX": lambda g: ["RENAMENX", _pick(g, KEYS), _pick(g, KEYS)],
+    "COPY": lambda g: ["COPY", _pick(g, KEYS), _pick(g, KEYS)] + _tail(g, 2),
+    "MOVE": lambda g: ["MOVE", _pick(g, KEYS), _pick(g, NUMBERS)],
+    "DBSIZE": lambda g: ["DBSIZE"],
+    "SUBSTR": lambda g: ["SUBSTR", _pick(g, KEYS), _pick(g, NUMBERS), _pick(g, NUMBERS)],
+    "TOUCH": lambda g: ["TOUCH"] + [_pick(g, KEYS) for _ in range(g.randint(1, 3))],
+    "UNLINK": lambda g: ["UNLINK"] + [_pick(g, KEYS) for _ in range(g.randint(1, 3))],
+    "EXPIRETIME": lambda g: ["EXPIRETIME", _pick(g, KEYS)],
+    "PEXPIRE": lambda g: ["PEXPIRE", _pick(g, KEYS), g.choice(TIMES)] + _tail(g, 2),
+    "EXPIREAT": lambda g: ["EXPIREAT", _pick(g, KEYS), g.choice(["1", "0", "-5", "99999999999", "x"])] + _tail(g, 1),
+    "ECHO": lambda g: ["ECHO", _pick(g, VALUES)],
+    "PSETEX": lambda g: ["PSETEX", _pick(g, KEYS), g.choice(TIMES), _pick(g, VALUES)],
+    "PUBLISH": lambda g: ["PUBLISH", _pick(g, KEYS), _pick(g, VALUES)],
+}
+
+
+def _normalised(cmd: list[str], reply: bytes) -> bytes:
+    """TTL/PTTL of a key with an expiry: its sign, not its value (the two servers read their clocks apart)."""
+    if cmd[0] in ("TTL", "PTTL") and reply.startswith(b":") and int(reply[1:]) > 0:
+        return b":positive\r\n"
+    return reply
+
+
+@pytest.fixture(scope="module")
+def pair():
+    kv = ServerProc(target="kvstrata").start()
+    rd = ServerProc(target="redis").start()
+    yield kv.raw(), rd.raw()
+    kv.stop()
+    rd.stop()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_kvstrata_answers_as_redis(pair: tuple[RawConn, RawConn], seed: int) -> None:
+    kv, rd = pair
+    for conn in pair:
+        assert conn.cmd_raw("FLUSHALL") == b"+OK\r\n"
+    rng = random.Random(seed)
+    names = sorted(GENERATORS)
+    for step in range(600):
+        cmd = GENERATORS[rng.choice(names)](rng)
+        got: list[Any] = [_normalised(cmd, conn.cmd_raw(*cmd)) for conn in (kv, rd)]
+        assert b"internal error" not in got[0], (seed, step, cmd, got[0])
+        assert got[0] == got[1], (seed, step, cmd, got[0], got[1])
+    # The data, too: every key's value and type the same on both.
+    for key in KEYS:
+        assert kv.cmd_raw("GET", key) == rd.cmd_raw("GET", key), key
