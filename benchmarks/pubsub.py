@@ -57,6 +57,16 @@ def _subscribe(s: socket.socket, channel: bytes) -> None:
     _read_bytes(s, len(b"*3\r\n$9\r\nsubscribe\r\n$%d\r\n%s\r\n:1\r\n" % (len(channel), channel)))
 
 
+def _pipelined(s: socket.socket, batch: bytes, count: int) -> int:
+    """Send ``batch`` (BATCH commands of one-line replies) and read its replies until ``count`` commands ran."""
+    done = 0
+    while done < count:
+        s.sendall(batch)
+        _read_exactly_lines(s, BATCH)
+        done += BATCH
+    return done
+
+
 def _drain(socks: list[socket.socket], want: int, deadline: float) -> None:
     """Read from every socket until each has delivered ``want`` bytes."""
     left = {s: want for s in socks}
@@ -88,13 +98,8 @@ def fan_out(host: str, port: int, subscribers: int, messages: int, size: int) ->
         _subscribe(s, channel)
     frame = len(b"*3\r\n$7\r\nmessage\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(channel), channel, size, msg))
     pub = _connect(host, port)
-    batch = pack([b"PUBLISH", channel, msg]) * BATCH
     t0 = time.perf_counter()
-    sent = 0
-    while sent < messages:
-        pub.sendall(batch)
-        _read_exactly_lines(pub, BATCH)
-        sent += BATCH
+    sent = _pipelined(pub, pack([b"PUBLISH", channel, msg]) * BATCH, messages)
     _drain(subs, frame * sent, time.monotonic() + 120)
     elapsed = time.perf_counter() - t0
     for s in [pub, *subs]:
@@ -114,11 +119,7 @@ def writes(host: str, port: int, count: int, notify: bool) -> float:
     value = b"v" * 100
     batch = b"".join(pack([b"SET", b"key:%d" % i, value]) for i in range(BATCH))
     t0 = time.perf_counter()
-    done = 0
-    while done < count:
-        admin.sendall(batch)
-        _read_exactly_lines(admin, BATCH)
-        done += BATCH
+    _pipelined(admin, batch, count)
     elapsed = time.perf_counter() - t0
     if sub is not None:
         sub.close()
