@@ -96,8 +96,8 @@ Pub/Sub works as in Redis 7.0: channels, glob patterns and shard channels (a nod
 the (un)subscribe commands, PING, QUIT and RESET), a message to a connection's own subscription after the replies
 it has pending. `PUBLISH` counts a subscriber once per matching subscription. ACL channel rules (`&pattern`,
 `allchannels`, `resetchannels`) are enforced, with Redis's rules and texts (a PSUBSCRIBE pattern must be one of
-the user's patterns literally; users made with ACL SETUSER start with no channels); unlike Redis, a subscriber
-whose user loses a channel is not disconnected (its later commands are checked). A subscriber that does not read
+the user's patterns literally; users made with ACL SETUSER start with no channels), and a connection subscribed
+to a channel its user loses (ACL SETUSER, ACL LOAD) is closed, as in Redis 7. A subscriber that does not read
 is closed at `client-output-buffer-limit` (one limit for every client; Redis has a separate, smaller one for
 subscribers). Messages stay on the node they were published on: nodes that share a pool do not forward them to
 each other (Redis Cluster forwards PUBLISH to every node).

@@ -201,3 +201,26 @@ def test_a_subscriber_that_does_not_read_is_closed(make_server):
     wait_for(lambda: r.publish("slow", chunk) == 0, timeout=30, what="the slow subscriber to be closed")
     assert int(r.info("stats")["client_output_buffer_limit_disconnections"]) >= 1
     assert r.ping()
+
+
+def test_a_subscriber_whose_user_loses_the_channel_is_disconnected(server, r, raw):
+    """As Redis 7: ACL SETUSER that takes a channel (or a pattern) away closes the connections of that user
+    subscribed to it; the others stay."""
+    r.execute_command("ACL", "SETUSER", "feeds", "on", ">pw", "+@all", "~*", "resetchannels", "&news.*", "&ops",
+                      "&sport*")
+    try:
+        news, ops, sport = raw(), raw(), raw()
+        for conn, kind, name in ((news, "SUBSCRIBE", "news.eu"), (ops, "SUBSCRIBE", "ops"),
+                                 (sport, "PSUBSCRIBE", "sport*")):
+            assert conn.cmd("AUTH", "feeds", "pw") == "OK"
+            conn.cmd(kind, name)
+        r.execute_command("ACL", "SETUSER", "feeds", "resetchannels", "&ops", "&sport*")
+        news.read_until_closed()  # closed: news.eu is no longer allowed
+        assert ops.cmd("PING") == [b"pong", b""] and sport.cmd("PING") == [b"pong", b""]
+        r.execute_command("ACL", "SETUSER", "feeds", "resetchannels", "&ops", "&sports")  # not the pattern itself
+        sport.read_until_closed()
+        assert ops.cmd("PING") == [b"pong", b""]
+        wait_for(lambda: r.pubsub_numsub("news.eu", "ops") == [(b"news.eu", 0), (b"ops", 1)],
+                 what="the closed subscribers' cleanup")
+    finally:
+        r.execute_command("ACL", "DELUSER", "feeds")

@@ -13,6 +13,7 @@ from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, command, container
 from kvstrata.errors import CommandError, syntax_error
 from kvstrata.protocol.encoder import OK
+from kvstrata.server.pubsub import PATTERN
 
 container("acl", "", group="server", since="6.0.0", summary="A container for Access List Control commands.")
 
@@ -37,7 +38,25 @@ def acl_setuser(ctx: Context, args: list[bytes]) -> Any:
         acl_mod.acl_of(ctx).setuser(name, [_text(a) for a in args[3:]])
     except ValueError as exc:
         raise CommandError(str(exc)) from None
+    _close_subscribers_without_access(ctx)
     return OK
+
+
+def _close_subscribers_without_access(ctx: Context) -> None:
+    """As Redis 7: a connection subscribed to a channel (or pattern) its user may no longer use is closed."""
+    if ctx.server is None:
+        return
+    for conn in list(ctx.server.clients.values()):
+        client = conn.client
+        user = client.user
+        if not client.subscribed or user is None or user.allchannels:
+            continue
+        if any(not user.channel_ok(name, kind == PATTERN) for kind, names in enumerate(client.pubsub)
+               for name in names):
+            if client is ctx.client:
+                client.closing = True  # after this command's reply
+            else:
+                conn.kill()
 
 
 @command("getuser", 3, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
@@ -161,6 +180,7 @@ def acl_load(ctx: Context, args: list[bytes]) -> Any:
                 conn.kill()
             else:
                 conn.client.user = user
+    _close_subscribers_without_access(ctx)
     return OK
 
 
