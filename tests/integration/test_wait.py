@@ -81,8 +81,8 @@ def test_client_unblock_ends_a_wait(server, raw, expect_error):
 
 @pytest.mark.kvstrata_only
 def test_client_unblock_leaves_a_paused_client_held(server, raw):
-    """A client held by CLIENT PAUSE is not blocked in a command: UNBLOCK answers 0 and it stays held (Redis 7.2's
-    answer; redis-server 7.0.15 crashes on it)."""
+    """A client held by CLIENT PAUSE is not blocked in a command: UNBLOCK answers 0 and it stays held
+    (redis-server 7.0.15 crashes on it; see client_unblock for later versions)."""
     r = server.client()
     conn = raw()
     cid = conn.cmd("CLIENT", "ID")

@@ -377,7 +377,9 @@ def client_unpause(ctx: Context, args: list[bytes]) -> Any:
          syntax="CLIENT UNBLOCK client-id [TIMEOUT | ERROR]")
 def client_unblock(ctx: Context, args: list[bytes]) -> Any:
     """1 when the client was blocked in WAIT (the only blocking command here) and is now unblocked, else 0. A
-    client held by CLIENT PAUSE is not blocked in a command: 0, as Redis 7.2 (7.0.15 crashes on it)."""
+    client held by CLIENT PAUSE is not blocked in a command: 0, and it stays held. Redis has no safe answer to
+    copy: 7.0.15 crashes on it, and 7.2-7.4's code unblocks it (ERROR: -UNBLOCKED, the held command dropped;
+    TIMEOUT reaches a panic for a postponed client)."""
     target = parse_int(args[2])
     error = False
     if len(args) == 4:
