@@ -297,11 +297,11 @@ class User:
             return name in self.channels
         return any(glob_match(p, name) for p in self.channels)
 
-    def channel_rules(self) -> list[str]:
-        """The channel part of the user's rules: ``&*``, or ``resetchannels`` and its patterns."""
+    def channel_words(self) -> list[str]:
+        """The user's channel rules as written: ``&*``, or each ``&pattern`` (none: no channel)."""
         if self.allchannels:
             return ["&*"]
-        return ["resetchannels"] + ["&" + c.decode("utf-8", "surrogateescape") for c in self.channels]
+        return ["&" + c.decode("utf-8", "surrogateescape") for c in self.channels]
 
     def describe(self) -> str:
         """The ACL LIST / ACL SAVE line (passwords only as their hashes)."""
@@ -310,7 +310,7 @@ class User:
             words.append("nopass")
         words += ["#" + d for d in self.passwords]
         words += ["~" + p.decode("utf-8", "surrogateescape") for p in self.patterns]  # none: nothing, as Redis 7
-        words += self.channel_rules()
+        words += self.channel_words() if self.allchannels else ["resetchannels", *self.channel_words()]
         words.append(self.commands_text())
         return " ".join(words)
 
@@ -389,7 +389,7 @@ class Acl:
         rules = ["on" if user.enabled else "off"]
         rules += ["nopass"] if user.nopass else ["#" + d for d in user.passwords]
         rules += ["~" + p.decode("utf-8", "surrogateescape") for p in user.patterns]
-        rules += ["&*"] if user.allchannels else ["&" + c.decode("utf-8", "surrogateescape") for c in user.channels]
+        rules += user.channel_words()
         rules += ["-@all"] + [r for r in user.cmd_rules if r != "-@all"]
         return rules
 

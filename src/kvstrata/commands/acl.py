@@ -70,8 +70,7 @@ def acl_getuser(ctx: Context, args: list[bytes]) -> Any:
         "passwords": user.passwords,
         "commands": user.commands_text(),
         "keys": user.keys_text(),
-        "channels": "&*" if user.allchannels else " ".join("&" + c.decode("utf-8", "surrogateescape")
-                                                             for c in user.channels),
+        "channels": " ".join(user.channel_words()),
         "selectors": [],
     }
 

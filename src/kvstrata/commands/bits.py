@@ -17,7 +17,7 @@ import numpy as np
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
-from kvstrata.commands.registry import REGISTRY, KeySpec, command
+from kvstrata.commands.registry import KeySpec, command
 from kvstrata.commands.strings import _grown, _max_len, _value
 from kvstrata.errors import NOT_INTEGER, CommandError, syntax_error
 from kvstrata.server.notify import STRING, notify
@@ -121,18 +121,14 @@ def _bit_offset(ctx: Context, raw: bytes, bits: int = 0) -> int:
     return offset
 
 
-def _key_specs(name: str, *specs: KeySpec) -> None:
-    """Redis's key specs for a command whose keys' flags the classic (first, last, step) triple cannot say
-    (BITOP's destination is overwritten, its sources only read; SETBIT also reads the bit it replaces)."""
-    REGISTRY[name.encode()].key_specs = specs
-
-
 # --------------------------------------------------------------------------------------------------------------
 # SETBIT / GETBIT
 # --------------------------------------------------------------------------------------------------------------
 
 
+# SETBIT also reads the bit it replaces (RW access update), as Redis's key spec says.
 @command("setbit", 4, "write denyoom", keys=(1, 1, 1), group="bitmap", since="2.2.0",
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update")),),
          summary="Sets or clears the bit at offset of the string value. Creates the key if it doesn't exist.",
          syntax="SETBIT key offset value")
 def setbit(ctx: Context, args: list[bytes]) -> Any:
@@ -164,7 +160,6 @@ def getbit(ctx: Context, args: list[bytes]) -> Any:
     return (value[byte] >> (7 - (offset & 7))) & 1
 
 
-_key_specs("setbit", KeySpec(1, 0, 1, ("RW", "access", "update")))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -291,7 +286,9 @@ def _combine(opname: bytes, sources: list[Buffer], out: bytearray) -> None:
                 combine(part, _bytes_of(other), out=part)
 
 
+# BITOP's destination is overwritten, its sources only read: two key specs, as Redis's.
 @command("bitop", -4, "write denyoom", keys=(2, -1, 1), group="bitmap", since="2.6.0",
+         key_specs=(KeySpec(2, 0, 1, ("OW", "update")), KeySpec(3, -1, 1, ("RO", "access"))),
          summary="Performs bitwise operations on multiple strings, and stores the result.",
          syntax="BITOP <AND | OR | XOR | NOT> destkey key [key ...]")
 def bitop(ctx: Context, args: list[bytes]) -> Any:
@@ -317,7 +314,6 @@ def bitop(ctx: Context, args: list[bytes]) -> Any:
     return size
 
 
-_key_specs("bitop", KeySpec(2, 0, 1, ("OW", "update")), KeySpec(3, -1, 1, ("RO", "access")))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -493,6 +489,7 @@ def _bitfield(ctx: Context, args: list[bytes], readonly_command: bool) -> Any:
 
 
 @command("bitfield", -2, "write denyoom", keys=(1, 1, 1), group="bitmap", since="3.2.0",
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update", "variable_flags")),),
          summary="Performs arbitrary bitfield integer operations on strings.",
          syntax="BITFIELD key [GET encoding offset | [OVERFLOW <WRAP | SAT | FAIL>] <SET encoding offset value | "
                 "INCRBY encoding offset increment> [GET encoding offset | [OVERFLOW <WRAP | SAT | FAIL>] "
@@ -508,4 +505,3 @@ def bitfield_ro(ctx: Context, args: list[bytes]) -> Any:
     return _bitfield(ctx, args, True)
 
 
-_key_specs("bitfield", KeySpec(1, 0, 1, ("RW", "access", "update", "variable_flags")))

@@ -296,14 +296,13 @@ def move(ctx: Context, args: list[bytes]) -> Any:
          summary="Swaps two Redis databases.", syntax="SWAPDB index1 index2")
 def swapdb(ctx: Context, args: list[bytes]) -> Any:
     """Only database 0 exists: swapping it with itself changes nothing."""
+    indexes = []
     for raw, which in ((args[1], "first"), (args[2], "second")):
-        try:
-            index = parse_int(raw)
-        except CommandError:
-            index = None
-        if index is None or not -2**31 <= index < 2**31:
+        index = parse_int(raw, f"invalid {which} DB index")
+        if not -2**31 <= index < 2**31:  # Redis reads an int
             raise CommandError(f"invalid {which} DB index")
-    if parse_int(args[1]) != 0 or parse_int(args[2]) != 0:
+        indexes.append(index)
+    if indexes != [0, 0]:
         raise CommandError("DB index is out of range")
     return OK
 

@@ -26,10 +26,9 @@ def _conn(ctx: Context) -> Any:
 
 
 def _allowed(ctx: Context, names: list[bytes], pattern: bool = False) -> None:
-    if ctx.client.user is not None and not ctx.client.user.allchannels:
-        denied = acl_mod.acl_of(ctx).deny_channels(ctx.client, names, pattern)
-        if denied is not None:
-            raise CommandError(denied, raw=True)
+    denied = acl_mod.acl_of(ctx).deny_channels(ctx.client, names, pattern)
+    if denied is not None:
+        raise CommandError(denied, raw=True)
 
 
 def _subscribe(ctx: Context, args: list[bytes], kind: int) -> Any:

@@ -178,12 +178,15 @@ def command(
     parent: str | None = None,
     most: int = 0,
     values: tuple[int, int] = (0, 0),
+    key_specs: tuple[KeySpec, ...] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register a handler ``fn(ctx, args) -> reply``; ``args[0]`` is the command name as sent.
 
     ``keys`` is the classic (first, last, step) triple COMMAND reports; it becomes the command's key spec.
     ``getkeys`` replaces it for finding keys when options follow them (the triple still describes the range).
     ``values``: the arguments stored as received, (first, step) as ``CommandSpec.values``.
+    ``key_specs``: Redis's key specs where the triple cannot say them (BITOP's overwritten destination and read
+    sources); ``keys`` is still the triple COMMAND reports.
     """
 
     def register(fn: Handler) -> Handler:
@@ -204,7 +207,7 @@ def command(
             write=write,
             denyoom="denyoom" in flagset,
             noauth="no_auth" in flagset,
-            key_specs=(KeySpec.from_range(*keys, write),) if keys[0] else (),
+            key_specs=key_specs if key_specs is not None else (KeySpec.from_range(*keys, write),) if keys[0] else (),
             getkeys=getkeys,
             load=load,
             settle=settle,

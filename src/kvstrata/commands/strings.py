@@ -15,7 +15,7 @@ from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
 from kvstrata.commands.registry import command
 from kvstrata.errors import NOT_FLOAT, OVERFLOW, CommandError, wrong_arity
 from kvstrata.protocol.encoder import OK
-from kvstrata.server.notify import GENERIC, STRING, notify
+from kvstrata.server.notify import GENERIC, STRING, notify, set_events
 
 _EXPIRES = (b"EX", b"PX", b"EXAT", b"PXAT")
 _SET_OPTIONS = {
@@ -77,23 +77,16 @@ def set_(ctx: Context, args: list[bytes]) -> Any:
     if b"KEEPTTL" in opts and current is not None:
         expire_at = current.expire_at
     store.put(key, args[2], expire_at)
-    _set_events(ctx, key, expire_at and b"KEEPTTL" not in opts)
+    set_events(ctx, key, expire_at and b"KEEPTTL" not in opts)
     if b"GET" in opts:
         return None if current is None else current.value  # type: ignore[union-attr]
     return OK
 
 
-def _set_events(ctx: Context, key: bytes, expires: Any) -> None:
-    """A SET's events, as Redis sends them: ``set``, then ``expire`` when it gave the key an expiry time."""
-    notify(ctx, STRING, b"set", key)
-    if expires:
-        notify(ctx, GENERIC, b"expire", key)
-
-
 def _setex(ctx: Context, args: list[bytes], unit: bytes, name: str) -> Any:
     expire_at = expire_at_ms(unit, args[2], ctx.store.clock.now_ms(), name)
     ctx.store.put(args[1], args[3], expire_at)
-    _set_events(ctx, args[1], True)
+    set_events(ctx, args[1], True)
     return OK
 
 

@@ -14,7 +14,7 @@ from kvstrata.commands.waits import Commit, PoolAck, PoolVersions, Suspend
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.tiers.pool import PoolDeleted, PoolUnavailableError
 from kvstrata.errors import CommandError, syntax_error, wrong_arity
-from kvstrata.server.notify import GENERIC, STRING, notify
+from kvstrata.server.notify import set_events
 
 STRONG_RECHECKS = 3
 
@@ -51,9 +51,7 @@ def _setex(ctx: Context, key: bytes, value: bytes, expire_at: int, cold: bool, e
     entry = store.put(key, value, expire_at, cold=cold, expected_version=expected)
     ssd_seq = ctx.command.ack_seq
     if not tries:  # TAIR.KV.SETEX, COMMIT, PULL and MPULL all store here: SET's events (a retry is the same write)
-        notify(ctx, STRING, b"set", key)
-        if expire_at:
-            notify(ctx, GENERIC, b"expire", key)
+        set_events(ctx, key, expire_at)
 
     def again(n: int) -> Any:
         # The pool held a higher version: write again above it (a plain write; a CAS gets VERMISMATCH).

@@ -88,3 +88,11 @@ def notify(ctx: Any, cls: int, event: bytes, key: bytes) -> None:
     if notifier is None or not notifier.flags & cls:
         return
     notifier.emit(cls, event, key, ctx.server.clients.get(ctx.client.id))
+
+
+def set_events(ctx: Any, key: bytes, expires: Any) -> None:
+    """A SET's events, as Redis sends them: ``set``, then ``expire`` when it gave the key an expiry time (SET and
+    its family, TAIR.KV writes)."""
+    notify(ctx, STRING, b"set", key)
+    if expires:
+        notify(ctx, GENERIC, b"expire", key)

@@ -51,11 +51,6 @@ class PubSub:
 
     # ---- a connection's subscriptions ----
     @staticmethod
-    def owned(conn: Any, kind: int) -> dict[bytes, None]:
-        """``conn``'s subscriptions of one namespace (in the order made)."""
-        return conn.client.pubsub[kind]
-
-    @staticmethod
     def count(conn: Any, kind: int) -> int:
         """What Redis's (un)subscribe replies count: channels + patterns, or shard channels alone."""
         own = conn.client.pubsub
