@@ -357,6 +357,9 @@ PARAMS: tuple[Param, ...] = (
           "Keyspace notifications, Redis's classes (K keyspace, E keyevent, g generic, $ string, x expired, e "
           "evicted from the last tier, A for all; empty: off). Published through Pub/Sub on this node.",
           mutable=True),
+    Param("tracking-table-max-keys", _int, 1_000_000,
+          "Keys remembered for CLIENT TRACKING's default mode (0: no limit); past it the oldest are forgotten and "
+          "the clients caching them sent an invalidation, as Redis does.", mutable=True, bounds=(0, INT64_MAX)),
     Param("latency-monitor-threshold", _int, 0,
           "LATENCY LATEST/HISTORY record a command's slowest latency of each second when it reaches this many "
           "milliseconds (0: off, as in Redis).", mutable=True,

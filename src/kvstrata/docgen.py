@@ -52,8 +52,19 @@ end), held commands run in their order once the pause ends (checked again: a new
 client that disconnects is dropped without running its command, and keys do not expire actively meanwhile (INFO
 `blocked_clients` counts the held clients). It pauses this node only: other nodes on the pool keep writing. Use it
 to stop writes while keys are moved away (MIGRATE, DUMP) or a node is replaced, without closing connections.
-CLIENT TRACKING (server-assisted client-side caching) is not served: a redis-py client made with `cache_config`
-fails to connect with "unknown subcommand 'TRACKING'" (the SDK's `local_tier` is an in-process LRU of chunks, without invalidation: chunk keys name immutable prefixes).
+
+**CLIENT TRACKING** (server-assisted client-side caching) works as in Redis 7.0: the default mode (a key a tracking
+client read is invalidated once, on its first change), OPTIN/OPTOUT with CLIENT CACHING (for one command or one
+transaction), BCAST with prefixes (the keys changed under each prefix in one loop turn, in one message), NOLOOP,
+REDIRECT (to a RESP3 connection, or to a RESP2 one subscribed to `__redis__:invalidate`; `tracking-redir-broken`
+once it is gone), a flush as a null, CLIENT TRACKINGINFO / GETREDIR, INFO `tracking_*` and CLIENT LIST's `t`, `R`,
+`B` and `redir=`. A change is any write, delete or expiry change, a key that expired, a key the last tier evicted
+(not a demotion to a lower tier) and, with a pool, another node's write or delete of the key. A client's own change
+is told after the reply of its command, as Redis does; `tracking-table-max-keys` bounds the table (past it the
+oldest keys are forgotten and their clients told; Redis picks random ones). redis-py 8's `cache_config` refuses
+any server that reports a version below 7.4, so against kvstrata (which reports 7.0.15) it refuses to connect as it
+does against Redis 7.0; clients that use tracking without that check work. (The SDK's `local_tier` is an
+in-process LRU of chunks, without invalidation: chunk keys name immutable prefixes.)
 
 **MONITOR** streams every command the server runs, in Redis's format and with Redis's rules: `@admin` commands
 and commands refused before they ran are not shown, AUTH's and HELLO's credentials are redacted, a transaction's

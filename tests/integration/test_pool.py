@@ -120,6 +120,23 @@ def test_two_nodes_share_chunks(node):
     assert b.execute_command("TAIR.KV.MGET", "share:none", "CONSISTENCY_LEVEL", "EVENTUAL") == [None]
 
 
+def test_a_write_on_another_node_invalidates_client_caches(node):
+    """CLIENT TRACKING across nodes: a client of node B caching a chunk it read is told when node A rewrites or
+    deletes it (the pool's invalidation reaches B's tracking table), within the deadline."""
+    a, b = node().client(), node()
+    a.execute_command("TAIR.KV.SETEX", "csc:k", 0, b"v1")
+    reader = b.raw()
+    reader.cmd_raw("HELLO", "3")
+    assert reader.cmd_raw("CLIENT", "TRACKING", "on") == b"+OK\r\n"
+    assert reader.cmd_raw("GET", "csc:k") == b"$2\r\nv1\r\n"
+    a.execute_command("TAIR.KV.SETEX", "csc:k", 0, b"v2")
+    assert reader.read_raw(timeout=10) == b">2\r\n$10\r\ninvalidate\r\n*1\r\n$5\r\ncsc:k\r\n"
+    assert reader.cmd_raw("GET", "csc:k") == b"$2\r\nv2\r\n"
+    a.delete("csc:k")
+    assert reader.read_raw(timeout=10) == b">2\r\n$10\r\ninvalidate\r\n*1\r\n$5\r\ncsc:k\r\n"
+    reader.close()
+
+
 def test_prefetch_brings_pool_chunks_into_dram(node):
     a, b = node().client(), node().client()
     keys = [f"prefetch:{i}" for i in range(4)]

@@ -17,6 +17,7 @@ from kvstrata.commands import (  # noqa: F401
     staging,
     strings,
     tairkv,
+    tracking,
     transactions,
 )
 from kvstrata.commands.registry import REGISTRY, CommandSpec, lookup

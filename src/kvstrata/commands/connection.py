@@ -13,6 +13,7 @@ from kvstrata.commands.transactions import end_transaction
 from kvstrata.errors import CommandError, WrongPassError, syntax_error, wrong_arity
 from kvstrata.protocol.encoder import OK, PONG, Status, Verbatim
 from kvstrata.server.pause import ALL, KINDS, OFF, now_ms
+from kvstrata.server.tracking import BCAST, BROKEN_REDIR
 
 # The Redis version whose behaviour we follow; clients use it to pick features.
 REDIS_COMPAT_VERSION = "7.0.15"
@@ -131,6 +132,8 @@ def reset(ctx: Context, args: list[bytes]) -> Any:
         ctx.server.monitors.discard(client.id)
     if client.subscribed and ctx.server is not None:
         ctx.server.pubsub.forget(ctx.server.clients[client.id])
+    if client.tracking and ctx.server is not None:
+        ctx.server.tracking.disable(ctx.server.clients[client.id])
     client.proto = 2
     client.name = b""
     client.reply &= REPLY_SKIP  # as Redis: replies back on, but a pending SKIP still swallows RESET's own reply
@@ -147,8 +150,12 @@ def _cmd_name(spec: Any) -> str:
 
 
 def _flags(c: ClientState) -> str:
-    """CLIENT LIST's flags, as Redis: O a monitor, P a subscriber, x in MULTI, N none."""
-    return ("O" if c.monitor else "") + ("P" if c.subscribed else "") + ("x" if c.multi is not None else "") or "N"
+    """CLIENT LIST's flags, as Redis: O a monitor, P a subscriber, x in MULTI, t tracking (R its redirection
+    broken, B in BCAST mode), N none."""
+    flags = ("O" if c.monitor else "") + ("P" if c.subscribed else "") + ("x" if c.multi is not None else "")
+    if c.tracking:
+        flags += "t" + ("R" if c.tracking & BROKEN_REDIR else "") + ("B" if c.tracking & BCAST else "")
+    return flags or "N"
 
 
 def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
@@ -164,7 +171,7 @@ def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
         f"argv-mem={argv} multi-mem={c.multi_bytes} rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
         f"cmd={_cmd_name(c.last_cmd)} "
         f"user={c.user.name if c.user is not None else 'default'} "
-        f"redir=-1 resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
+        f"redir={c.tracking_redirect if c.tracking else -1} resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
         f"lib-ver={c.lib_ver.decode(errors='replace')}"
     )
 

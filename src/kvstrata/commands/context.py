@@ -50,6 +50,11 @@ class ClientState:
     pubsub: tuple[dict[bytes, None], dict[bytes, None], dict[bytes, None]] = field(
         default_factory=lambda: ({}, {}, {}))
     subscribed: bool = False
+    # CLIENT TRACKING (server/tracking.py): its mode bits (0: off), the client id its invalidations go to (0: its
+    # own connection) and its BCAST prefixes, in the order given.
+    tracking: int = 0
+    tracking_redirect: int = 0
+    tracking_prefixes: list[bytes] = field(default_factory=list)
 
 
 REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT = 1, 2, 4

@@ -60,7 +60,7 @@ def _clients(ctx: Context) -> list[tuple[str, Any]]:
         ("client_recent_max_input_buffer", max((m[0] + m[2] for m in mem), default=0)),
         ("client_recent_max_output_buffer", max((m[4] for m in mem), default=0)),
         ("blocked_clients", ctx.server.blocked_clients if ctx.server is not None else 0),
-        ("tracking_clients", 0),
+        ("tracking_clients", ctx.server.tracking.clients if ctx.server is not None else 0),
         ("clients_in_timeout_table", 0),
     ]
 
@@ -132,6 +132,8 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
         ("keyspace_misses", misses),
         *zip(("pubsub_channels", "pubsub_patterns", "pubsubshard_channels"),
              srv.pubsub.sizes() if srv is not None else (0, 0, 0), strict=True),
+        *zip(("tracking_total_keys", "tracking_total_items", "tracking_total_prefixes"),
+             srv.tracking.sizes() if srv is not None else (0, 0, 0), strict=True),
         ("prefetch_queued", e.prefetch_queued),
         ("prefetch_done", e.prefetch_done),
         ("prefetch_dropped", srv.prefetcher.dropped if srv is not None else 0),

@@ -142,6 +142,8 @@ def _run_one(ctx: Context, spec: CommandSpec, args: list[Any], feed: Callable[[l
     if feed is not None and shown(spec):
         feed(args)
     reply = _reply_of(ctx, spec, args, counts)
+    if ctx.client.tracking and "readonly" in spec.flags:  # CLIENT TRACKING: as for a command run alone
+        ctx.server.tracking.remember(ctx.client, spec, args)
     if reply.__class__ is ErrorReply and ctx.server is not None:  # counted as every error reply is
         ctx.server.error_replied(reply)
     return reply

@@ -35,6 +35,8 @@ class InvalidationMixin:
             found, pending = self.ssd.lookup_pending(key)
             if found and pending is not None and pending.version >= version:
                 return
+        if self.on_modified is not None:  # another node changed it: clients caching it are told
+            self.on_modified(key)
         if self.ssd is not None:
             self.ssd.delete(key)
             if not deleted:

@@ -123,6 +123,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # (event, key) for keys that expired or that the last tier evicted: the server's keyspace
         # notifications (server/notify.py); may be called from a loader or writer thread.
         self.on_event: Callable[[bytes, bytes], None] | None = None
+        # A key changed (written, deleted, its expiry changed, invalidated by the pool; None: a flush), on the
+        # loop: client-side caching's invalidations (server/tracking.py). None while no client tracks.
+        self.on_modified: Callable[[bytes | None], None] | None = None
         self.tier_stats = {name: TierStats() for name in ("dram", "ssd", "pool", *self._by_name)}
         self._dram_stats = self.tier_stats["dram"]
         # The DRAM dict is never replaced (only cleared), so the hot path may hold it directly.
@@ -227,6 +230,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         self.changes += 1
         if self.watch_epochs:
             self.touch_watched(key)
+        if self.on_modified is not None:
+            self.on_modified(key)
         if self.predictor is not None and len(value) >= self.profile_min_bytes:
             self.predictor.write(key, self.command.stream)
         pool = self.pool
@@ -323,6 +328,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             self.changes += 1
             if self.watch_epochs:  # as Redis: a key that was not there is not changed
                 self.touch_watched(key)
+            if self.on_modified is not None:
+                self.on_modified(key)
         return deleted
 
     def _delete(self, key: bytes, track: bool) -> bool:
@@ -355,6 +362,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             self.changes += 1
             if self.watch_epochs:
                 self.touch_watched(key)
+            if self.on_modified is not None:
+                self.on_modified(key)
         return changed
 
     def _set_expire(self, key: bytes, expire_at: int) -> bool:
@@ -452,6 +461,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             slot[1] += 1
 
     def flush(self) -> None:
+        if self.on_modified is not None:
+            self.on_modified(None)
         for key, slot in self.watch_epochs.items():
             if self.probe(key) is not None:  # as Redis: a watched key that was not there is not changed
                 slot[1] += 1

@@ -68,6 +68,10 @@ class Push(list):  # type: ignore[type-arg]
     """An out-of-band message (pub/sub): a RESP3 push (``>``), an array in RESP2."""
 
 
+class SetReply(list):  # type: ignore[type-arg]
+    """A RESP3 set (an array in RESP2) whose members go out in the order given."""
+
+
 class Replies(list):  # type: ignore[type-arg]
     """Several replies one after another (SUBSCRIBE a b answers once per channel)."""
 
@@ -136,7 +140,7 @@ def encode(value: Any, proto: int, out: list[Any]) -> None:
         for k, v in value.items():
             encode(k, proto, out)
             encode(v, proto, out)
-    elif t is set or t is frozenset:
+    elif t is set or t is frozenset or t is SetReply:
         out.append((b"~%d\r\n" if proto == 3 else b"*%d\r\n") % len(value))
         for item in value:
             encode(item, proto, out)

@@ -41,6 +41,7 @@ from kvstrata.server.pubsub import PubSub
 from kvstrata.server.saves import Saves
 from kvstrata.server.stats import ServerStats, count_error
 from kvstrata.server.tls import server_context, tls_wanted
+from kvstrata.server.tracking import Tracking
 
 log = logging.getLogger("kvstrata.server")
 
@@ -134,7 +135,9 @@ class Server:
         self.pubsub = PubSub()  # channels, patterns and their subscribers (server/pubsub.py)
         self.notifier = Notifier(self.pubsub)  # keyspace notifications (server/notify.py)
         self.notifier.configure(str(config.get("notify-keyspace-events")))
-        self.store.on_event = self.notifier.from_store
+        self.tracking = Tracking(self)  # client-side caching: CLIENT TRACKING (server/tracking.py)
+        self.tracking.max_keys = int(config.get("tracking-table-max-keys"))
+        self.store.on_event = self._store_event
         self.blocked_clients = 0  # connections held by CLIENT PAUSE or blocked in WAIT (INFO clients)
         self.started = time.monotonic()
         self.run_id = os.urandom(20).hex()
@@ -311,6 +314,7 @@ class Server:
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
         self.notifier.configure(str(self.config.get("notify-keyspace-events")))
+        self.tracking.max_keys = int(self.config.get("tracking-table-max-keys"))
         dataplane.apply_config(self)
         for conn in self.clients.values():
             conn.parser.refresh()
@@ -399,6 +403,12 @@ class Server:
 
         fut.add_done_callback(done)
 
+    def _store_event(self, event: bytes, key: bytes) -> None:
+        """A key expired or the last tier evicted it (the store's ``on_event``; maybe on a loader or writer
+        thread): keyspace notifications and client-side caching's invalidations."""
+        self.notifier.from_store(event, key)
+        self.tracking.from_store(key)
+
     def request_shutdown(self) -> None:
         self._shutdown.set()
 
@@ -406,6 +416,7 @@ class Server:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.notifier.bind(self.loop)
+        self.tracking.bind(self.loop)
         loop = self.loop
         ssd = self.store.ssd
         pool = self.store.pool

@@ -83,6 +83,14 @@ class CommandRuns:
     def _error(self, message: str) -> None:
         raise NotImplementedError  # Connection's
 
+    def _tracked(self, spec: CommandSpec, args: list[Any]) -> None:
+        """After a tracking client's handler ran: it no longer runs (its own invalidations go out at once again),
+        and the keys a read-only command read may now be cached there (Redis remembers them whatever the reply)."""
+        tracking = self.server.tracking
+        tracking.current = None
+        if "readonly" in spec.flags and self.client.tracking:
+            tracking.remember(self.client, spec, args)
+
     def _tiered(self, spec: CommandSpec, args: list[Any], counts: CommandStats) -> Any:
         store = self.store
         ssd = store.ssd
@@ -112,6 +120,9 @@ class CommandRuns:
         # A fresh state per run (also a command resumed after a load must not run as the stream of whichever
         # connection ran last meanwhile: the predictor follows each connection's reads).
         self.ctx.command = state = store.begin_command(self.client.id)
+        tracking = self.client.tracking
+        if tracking:
+            self.server.tracking.current = self
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args) if step is None else step(result)
@@ -126,6 +137,8 @@ class CommandRuns:
             self._fail(spec, counts, exc, step is None)
             return None
         finally:
+            if tracking:
+                self._tracked(spec, args)
             if store.predictor is not None and store.predictor.pending:
                 if self._predict_later and step is None:
                     # [prefetch hook, issue 19] A command run without a load (nothing in the overlay): after

@@ -126,6 +126,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         # write per client per turn: a pipeline of PUBLISHes to N subscribers costs N writes, not N per message).
         self._pushes: list[bytes] | None = None
         self._pushes_bytes = 0
+        # CLIENT TRACKING: invalidations this client's own commands caused, sent after the reply (server/tracking.py)
+        self.tracking_pending: list[bytes] | None = None
 
     # ---- asyncio callbacks ----
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -163,6 +165,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self.server.monitors.discard(self.client.id)
         if self.client.subscribed:
             self.server.pubsub.forget(self)
+        if self.client.tracking:
+            self.server.tracking.disable(self)
         peer, self.client.pull_peer = self.client.pull_peer, None
         if peer is not None:
             peer.close()  # the connection's reference; a pull still copying holds its own
@@ -387,6 +391,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                     break
                 if client.reply:
                     self._reply_done(mark)
+                if client.tracking:
+                    self.server.tracking.after_command(self)
                 if client.closing:
                     backlog.clear()
                     break
@@ -404,6 +410,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                     break
                 if client.reply:
                     self._reply_done(mark)
+                if client.tracking:
+                    self.server.tracking.after_command(self)
                 if client.closing:
                     break
         self._predict_later = False
@@ -674,6 +682,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self.server.monitors.feed(client, args)
         if self.tiered:
             return self._tiered(spec, args, counts)
+        tracking = client.tracking
+        if tracking:
+            self.server.tracking.current = self
         t0 = perf_counter_ns()
         try:
             reply = spec.handler(self.ctx, args)
@@ -681,6 +692,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self._fail(spec, counts, exc)
             return None
         finally:
+            if tracking:
+                self._tracked(spec, args)
             # Counted after it ran, as Redis: INFO does not count itself, CONFIG RESETSTAT counts itself.
             counts.calls += 1
             usec = (perf_counter_ns() - t0) // 1000
@@ -799,6 +812,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.busy = False
         if self.client.reply:
             self._reply_done(0)  # _run flushed everything before the suspended command
+        if self.client.tracking:
+            self.server.tracking.after_command(self)
         if self.closed:
             return
         self._run()
