@@ -61,7 +61,9 @@ once it is gone), a flush as a null, CLIENT TRACKINGINFO / GETREDIR, INFO `track
 `B` and `redir=`. A change is any write, delete or expiry change, a key that expired, a key the last tier evicted
 (not a demotion to a lower tier) and, with a pool, another node's write or delete of the key. A client's own change
 is told after the reply of its command, as Redis does; `tracking-table-max-keys` bounds the table (past it the
-oldest keys are forgotten and their clients told; Redis picks random ones). redis-py 8's `cache_config` refuses
+oldest keys are forgotten and their clients told; Redis picks random ones). In BCAST mode a user limited to some
+key patterns is sent only the keys it may read, as KEYS and SCAN show it only those (Redis 7.0 sends every key under
+the prefix); prefixes are matched by one lookup per distinct prefix length. redis-py 8's `cache_config` refuses
 any server that reports a version below 7.4, so against kvstrata (which reports 7.0.15) it refuses to connect as it
 does against Redis 7.0; clients that use tracking without that check work. (The SDK's `local_tier` is an
 in-process LRU of chunks, without invalidation: chunk keys name immutable prefixes.)

@@ -157,6 +157,24 @@ def test_bcast_prefixes_and_noloop(tracker, raw):
     assert pushes_before_pong(a) == []  # not under a's prefixes
 
 
+@pytest.mark.kvstrata_only
+def test_bcast_sends_a_restricted_user_only_the_keys_it_may_read(server, raw):
+    """Unlike Redis 7.0 (which sends every key under the prefix), a user limited to some key patterns is not told
+    the names of other keys, as KEYS and SCAN do not show them to it."""
+    r = server.client()
+    r.execute_command("ACL", "SETUSER", "tenant", "on", ">pw", "~t1:*", "+@all")
+    try:
+        a, b = raw(), raw()
+        a.cmd_raw("HELLO", "3", "AUTH", "tenant", "pw")
+        assert a.cmd_raw("CLIENT", "TRACKING", "on", "BCAST") == b"+OK\r\n"
+        b.cmd_raw("MSET", "t1:a", "1", "t2:a", "2")
+        b.cmd_raw("SET", "t2:b", "1")
+        assert pushes_before_pong(a) == [inval("t1:a")]
+    finally:
+        r.execute_command("ACL", "DELUSER", "tenant")
+        r.close()
+
+
 def test_bcast_batches_the_changes_of_a_pipeline(tracker):
     a, b = tracker
     a.cmd_raw("CLIENT", "TRACKING", "off")

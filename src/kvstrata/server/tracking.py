@@ -53,6 +53,7 @@ class Tracking:
         self.table: dict[bytes, dict[int, None]] = {}  # insertion order: the oldest keys are trimmed first
         self.items = 0  # client ids across the table (INFO tracking_total_items)
         self.prefixes: dict[bytes, _Prefix] = {}
+        self._lengths: dict[int, int] = {}  # prefix length -> prefixes of that length
         self.clients = 0
         self.max_keys = 1_000_000
         # The tracking connection whose handler runs now (its own invalidations wait for its reply; NOLOOP).
@@ -83,6 +84,7 @@ class Tracking:
                 state = self.prefixes.get(prefix)
                 if state is None:
                     self.prefixes[prefix] = state = _Prefix()
+                    self._lengths[len(prefix)] = self._lengths.get(len(prefix), 0) + 1
                 if client.id not in state.clients:
                     state.clients[client.id] = conn
                     client.tracking_prefixes.append(prefix)
@@ -95,6 +97,9 @@ class Tracking:
                 state.clients.pop(client.id, None)
                 if not state.clients:
                     del self.prefixes[prefix]
+                    left = self._lengths.pop(len(prefix)) - 1
+                    if left:
+                        self._lengths[len(prefix)] = left
         client.tracking_prefixes = []
         conn.tracking_pending = None
         if self.current is conn:
@@ -135,7 +140,10 @@ class Tracking:
 
     # ---- changes ----
     def modified(self, key: bytes | None) -> None:
-        """A key changed (None: every key, a flush); on the loop."""
+        """A key changed (None: every key, a flush)."""
+        if self._loop is not None and threading.get_ident() != self._thread:  # the store's callers are on the
+            self._loop.call_soon_threadsafe(self.modified, key)  # loop; should one not be, it is handed there
+            return
         if key is None:
             self.flushed()
             return
@@ -145,12 +153,8 @@ class Tracking:
             self._invalidate(key, self.current, self.current)
 
     def from_store(self, key: bytes) -> None:
-        """A key expired or the last tier evicted it, possibly on another thread."""
-        if not self.clients:
-            return
-        if self._loop is not None and threading.get_ident() != self._thread:
-            self._loop.call_soon_threadsafe(self.modified, bytes(key))
-        else:
+        """A key expired or the last tier evicted it (possibly on a loader or writer thread)."""
+        if self.clients:
             self.modified(bytes(key))
 
     def _invalidate(self, key: bytes, current: Any, running: Any) -> None:
@@ -193,9 +197,13 @@ class Tracking:
         self.items = 0
 
     def _changed_under_prefixes(self, key: bytes) -> None:
+        """One lookup per distinct prefix length, not one comparison per prefix (Redis walks them all: a client
+        with a hundred thousand prefixes would cost every write milliseconds)."""
         current = self.current
-        for prefix, state in self.prefixes.items():
-            if key.startswith(prefix):
+        prefixes = self.prefixes
+        for n in self._lengths:
+            state = prefixes.get(key[:n]) if n <= len(key) else None
+            if state is not None:
                 state.changed[key] = current
                 if not self._broadcast_due:
                     self._broadcast_due = True
@@ -212,12 +220,15 @@ class Tracking:
             keys = sorted(changed)
             everyone = keys_array(keys)
             for conn in list(state.clients.values()):
-                if conn.client.tracking & NOLOOP:
-                    own = [k for k in keys if changed[k] is not conn]
-                    if own:
-                        self.send(conn, keys_array(own), None)
-                else:
-                    self.send(conn, everyone, None)
+                client = conn.client
+                mine = keys
+                if client.tracking & NOLOOP:
+                    mine = [k for k in mine if changed[k] is not conn]
+                user = client.user
+                if user is not None and not user.allkeys:  # names of keys it may not read are not its business
+                    mine = [k for k in mine if user.key_ok(k)]
+                if mine:
+                    self.send(conn, everyone if mine is keys else keys_array(mine), None)
 
     # ---- delivery ----
     def send(self, conn: Any, body: bytes, running: Any) -> None:
