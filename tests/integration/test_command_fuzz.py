@@ -133,3 +133,57 @@ def test_kvstrata_answers_as_redis(pair: tuple[RawConn, RawConn], seed: int) -> 
     # The data, too: every key's value and type the same on both.
     for key in KEYS:
         assert kv.cmd_raw("GET", key) == rd.cmd_raw("GET", key), key
+
+
+@pytest.fixture(scope="module")
+def tracked_pair():
+    """Per target: a connection that runs the commands, one tracking every key it reads (default mode, RESP3) and
+    one tracking every key in BCAST mode."""
+    kv = ServerProc(target="kvstrata").start()
+    rd = ServerProc(target="redis").start()
+    conns = []
+    for srv in (kv, rd):
+        run, track, bcast = srv.raw(), srv.raw(), srv.raw()
+        for conn, mode in ((track, ()), (bcast, ("BCAST",))):
+            assert conn.cmd_raw("HELLO", "3").startswith(b"%")
+            assert conn.cmd_raw("CLIENT", "TRACKING", "on", *mode) == b"+OK\r\n"
+        conns.append((run, track, bcast))
+    yield conns
+    kv.stop()
+    rd.stop()
+
+
+def _pushes(conn: RawConn) -> list[bytes]:
+    """The frames that arrive before the reply to a PING (the invalidations of every change made before it)."""
+    conn.send(b"*1\r\n$4\r\nPING\r\n")
+    frames = []
+    while (frame := conn.read_raw()) != b"+PONG\r\n":
+        frames.append(frame)
+    return frames
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tracking_invalidates_what_redis_invalidates(tracked_pair: list[tuple[RawConn, RawConn, RawConn]],
+                                                     seed: int) -> None:
+    """CLIENT TRACKING under the same command stream: before each command the tracking client reads every key (so
+    each is in the table), and the invalidations both tracking clients get for it must be Redis's, in Redis's
+    order: a command that changes nothing (a refused SET NX, an EXPIRE of a missing key, ...) must send none."""
+    for run, _, _ in tracked_pair:
+        assert run.cmd_raw("FLUSHALL") == b"+OK\r\n"
+    for _, track, bcast in tracked_pair:
+        _pushes(track)
+        _pushes(bcast)
+    rng = random.Random(1000 + seed)
+    names = sorted(GENERATORS)
+    told = [0, 0]  # steps with invalidations, default mode and BCAST: the stream does change keys
+    for step in range(300):
+        cmd = GENERATORS[rng.choice(names)](rng)
+        seen = []
+        for run, track, bcast in tracked_pair:
+            assert track.cmd_raw("MGET", *KEYS).startswith(b"*%d\r\n" % len(KEYS))
+            reply = _normalised(cmd, run.cmd_raw(*cmd))
+            seen.append((reply, _pushes(track), _pushes(bcast)))
+        assert seen[0] == seen[1], (seed, step, cmd, seen[0], seen[1])
+        told[0] += bool(seen[0][1])
+        told[1] += bool(seen[0][2])
+    assert told[0] > 50 and told[1] > 50, told

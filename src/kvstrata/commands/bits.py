@@ -18,7 +18,7 @@ from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
 from kvstrata.commands.registry import KeySpec, command
-from kvstrata.commands.strings import _grown, _max_len, _value
+from kvstrata.commands.strings import grown_value, max_bulk_len, string_value
 from kvstrata.errors import NOT_INTEGER, CommandError, syntax_error
 from kvstrata.server.notify import STRING, notify
 
@@ -116,7 +116,7 @@ def _bit_offset(ctx: Context, raw: bytes, bits: int = 0) -> int:
     if by_field:
         # Redis multiplies in a C long long: an offset past 64 bits wraps around as it does there.
         offset = _wrap64(offset * bits)
-    if offset < 0 or (offset >> 3) >= _max_len(ctx):
+    if offset < 0 or (offset >> 3) >= max_bulk_len(ctx):
         raise CommandError(BIT_OFFSET)
     return offset
 
@@ -137,14 +137,14 @@ def setbit(ctx: Context, args: list[bytes]) -> Any:
     if on not in (0, 1):
         raise CommandError(BIT_VALUE)
     key = args[1]
-    old = _value(ctx, key)
+    old = string_value(ctx, key)
     byte, shift = offset >> 3, 7 - (offset & 7)
     current = old[byte] if old is not None and byte < len(old) else 0
     was = (current >> shift) & 1
     if old is not None and byte < len(old) and was == on:
         return was  # as Redis: an unchanged value is not written (no new version, WATCH not fired)
     patch = bytes(((current & ~(1 << shift)) | (on << shift),))
-    ctx.store.replace_value(key, _grown(ctx, key, b"" if old is None else old, byte, patch))
+    ctx.store.replace_value(key, grown_value(ctx, key, b"" if old is None else old, byte, patch))
     notify(ctx, STRING, b"setbit", key)
     return was
 
@@ -153,7 +153,7 @@ def setbit(ctx: Context, args: list[bytes]) -> Any:
          summary="Returns a bit value by offset.", syntax="GETBIT key offset")
 def getbit(ctx: Context, args: list[bytes]) -> Any:
     offset = _bit_offset(ctx, args[2])
-    value = _value(ctx, args[1])
+    value = string_value(ctx, args[1])
     byte = offset >> 3
     if value is None or byte >= len(value):
         return 0
@@ -191,7 +191,7 @@ def _clamp(start: int, end: int, total: int) -> tuple[int, int]:
          summary="Counts the number of set bits (population counting) in a string.",
          syntax="BITCOUNT key [start end [BYTE | BIT]]")
 def bitcount(ctx: Context, args: list[bytes]) -> Any:
-    value = _value(ctx, args[1])
+    value = string_value(ctx, args[1])
     if value is None:  # as Redis: a missing key answers 0 before the range is looked at
         return 0
     n = len(value)
@@ -225,7 +225,7 @@ def bitpos(ctx: Context, args: list[bytes]) -> Any:
     bit = parse_int(args[2])
     if bit not in (0, 1):
         raise CommandError("The bit argument must be 1 or 0.")
-    value = _value(ctx, args[1])
+    value = string_value(ctx, args[1])
     if value is None:  # an endless run of zeros
         return -1 if bit else 0
     n = len(value)
@@ -300,7 +300,7 @@ def bitop(ctx: Context, args: list[bytes]) -> Any:
     dest = args[2]
     sources: list[Buffer] = []
     for key in args[3:]:
-        value = _value(ctx, key)
+        value = string_value(ctx, key)
         sources.append(b"" if value is None else value)  # a missing key counts as an empty string
     size = max(len(s) for s in sources)
     if size == 0:
@@ -449,7 +449,7 @@ def _bitfield(ctx: Context, args: list[bytes], readonly_command: bool) -> Any:
     if not reads_only and readonly_command:
         raise CommandError("BITFIELD_RO only supports the GET subcommand")
     key = args[1]
-    old = _value(ctx, key)
+    old = string_value(ctx, key)
     field = _Field(b"" if old is None else old)
     # As Redis: a write creates the key, or pads it with zeros up to the highest bit written, even when every
     # write then fails (OVERFLOW FAIL).
@@ -479,7 +479,7 @@ def _bitfield(ctx: Context, args: list[bytes], readonly_command: bool) -> Any:
         writes += 1
     if grows or field.changed():
         base = field.base
-        value = _grown(ctx, key, base, size if grows else len(base), b"")
+        value = grown_value(ctx, key, base, size if grows else len(base), b"")
         for i, b in field.patch.items():
             value[i] = b
         ctx.store.replace_value(key, value)

@@ -18,7 +18,7 @@ import numpy as np
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.registry import command
-from kvstrata.commands.strings import _max_len, _value
+from kvstrata.commands.strings import max_bulk_len, string_value
 from kvstrata.errors import CommandError, syntax_error
 
 Buffer = bytes | bytearray | memoryview
@@ -141,8 +141,8 @@ def _walk(a: np.ndarray, b: np.ndarray, table: np.ndarray, a_rows: bool, idx: bo
          summary="Finds the longest common substring.",
          syntax="LCS key1 key2 [LEN] [IDX] [MINMATCHLEN min-match-len] [WITHMATCHLEN]")
 def lcs(ctx: Context, args: list[bytes]) -> Any:
-    first = _value(ctx, args[1])
-    second = _value(ctx, args[2])
+    first = string_value(ctx, args[1])
+    second = string_value(ctx, args[2])
     want_len = want_idx = withmatchlen = False
     minmatchlen = 0
     j = 3
@@ -166,7 +166,7 @@ def lcs(ctx: Context, args: list[bytes]) -> Any:
     b: Buffer = b"" if second is None else second
     if len(a) >= _UINT32_MAX - 1 or len(b) >= _UINT32_MAX - 1:
         raise CommandError("String too long for LCS")
-    if (len(a) + 1) * (len(b) + 1) * 4 > _max_len(ctx):  # Redis's table: a uint32 per cell
+    if (len(a) + 1) * (len(b) + 1) * 4 > max_bulk_len(ctx):  # Redis's table: a uint32 per cell
         raise CommandError("Insufficient memory, transient memory for LCS exceeds proto-max-bulk-len")
     av = np.frombuffer(a, dtype=np.uint8)
     bv = np.frombuffer(b, dtype=np.uint8)

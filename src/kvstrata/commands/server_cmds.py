@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -19,6 +18,7 @@ from kvstrata.config_rewrite import rewrite
 from kvstrata.engine.keyspace import glob_match
 from kvstrata.errors import CommandError, UnblockedError, syntax_error
 from kvstrata.protocol.encoder import NO_REPLY, OK, Status, Verbatim
+from kvstrata.server.hangup import until_done_or_gone
 from kvstrata.server.limits import empty_budget, save_problem
 
 
@@ -314,22 +314,16 @@ def role(ctx: Context, args: list[bytes]) -> Any:
 async def _blocked_until(ctx: Context, deadline: float | None) -> int | CommandError:
     """WAIT's block: no replica will acknowledge, so until the timeout, until the client is gone (none), or until
     CLIENT UNBLOCK (``ClientState.unblock``: TIMEOUT answers as the timeout would, ERROR with -UNBLOCKED)."""
-    loop = asyncio.get_running_loop()
     server, client = ctx.server, ctx.client
-    unblock: asyncio.Future[bool] = loop.create_future()
+    unblock: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
     client.unblock = unblock
+    conn = server.clients.get(client.id) if server is not None else None
     if server is not None:
         server.blocked_clients += 1
     try:
-        while deadline is None or loop.time() < deadline:
-            conn = server.clients.get(client.id) if server is not None else None
-            if conn is None or client.closing or conn.hung_up():
-                break
-            with contextlib.suppress(TimeoutError):
-                step = WAIT_POLL_S if deadline is None else min(WAIT_POLL_S, deadline - loop.time())
-                if await asyncio.wait_for(asyncio.shield(unblock), max(step, 0)):
-                    return UnblockedError()
-                break
+        if conn is not None and await until_done_or_gone(
+                unblock, lambda: client.closing or conn.hung_up(), deadline, WAIT_POLL_S) and unblock.result():
+            return UnblockedError()
     finally:
         client.unblock = None
         if server is not None:

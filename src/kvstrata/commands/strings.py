@@ -31,11 +31,11 @@ _GETEX_OPTIONS = {
 }
 
 
-def _max_len(ctx: Context) -> int:
+def max_bulk_len(ctx: Context) -> int:
     return int(ctx.config.get("proto-max-bulk-len"))
 
 
-def _value(ctx: Context, key: bytes) -> bytes | bytearray | None:
+def string_value(ctx: Context, key: bytes) -> bytes | bytearray | None:
     entry = ctx.store.get(key)
     return None if entry is None else entry.value
 
@@ -116,7 +116,7 @@ def setnx(ctx: Context, args: list[bytes]) -> Any:
 @command("getset", 3, "write denyoom fast", keys=(1, 1, 1), values=(2, 0), group="string",
          summary="Returns the previous string value of a key after setting it to a new value.")
 def getset(ctx: Context, args: list[bytes]) -> Any:
-    old = _value(ctx, args[1])
+    old = string_value(ctx, args[1])
     ctx.store.put(args[1], args[2])
     notify(ctx, STRING, b"set", args[1])
     return old
@@ -125,7 +125,7 @@ def getset(ctx: Context, args: list[bytes]) -> Any:
 @command("getdel", 2, "write fast", keys=(1, 1, 1), group="string", since="6.2.0",
          summary="Returns the string value of a key after deleting the key.")
 def getdel(ctx: Context, args: list[bytes]) -> Any:
-    old = _value(ctx, args[1])
+    old = string_value(ctx, args[1])
     if old is None:
         return None
     # As DEL: with the pool, the reply waits for the key's tombstone (-TRYAGAIN if the pool did not take it).
@@ -198,14 +198,14 @@ def msetnx(ctx: Context, args: list[bytes]) -> Any:
 @command("append", 3, "write denyoom", keys=(1, 1, 1), values=(2, 0), group="string", since="2.0.0",
          summary="Appends a string to the value of a key. Creates the key if it doesn't exist.")
 def append(ctx: Context, args: list[bytes]) -> Any:
-    old = _value(ctx, args[1])
+    old = string_value(ctx, args[1])
     if old is None:
         ctx.store.put(args[1], args[2])
         notify(ctx, STRING, b"append", args[1])
         return len(args[2])
-    if len(old) + len(args[2]) > _max_len(ctx):
+    if len(old) + len(args[2]) > max_bulk_len(ctx):
         raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
-    value = _grown(ctx, args[1], old, len(old), args[2])
+    value = grown_value(ctx, args[1], old, len(old), args[2])
     ctx.store.replace_value(args[1], value)
     notify(ctx, STRING, b"append", args[1])
     return len(value)
@@ -214,7 +214,7 @@ def append(ctx: Context, args: list[bytes]) -> Any:
 @command("strlen", 2, "readonly fast", keys=(1, 1, 1), group="string", since="2.2.0",
          summary="Returns the length of a string value.")
 def strlen(ctx: Context, args: list[bytes]) -> Any:
-    old = _value(ctx, args[1])
+    old = string_value(ctx, args[1])
     return 0 if old is None else len(old)
 
 
@@ -223,7 +223,7 @@ def strlen(ctx: Context, args: list[bytes]) -> Any:
 def getrange(ctx: Context, args: list[bytes]) -> Any:
     start = parse_int(args[2])
     end = parse_int(args[3])
-    value = _value(ctx, args[1])
+    value = string_value(ctx, args[1])
     if value is None:
         return b""
     n = len(value)
@@ -254,22 +254,22 @@ def setrange(ctx: Context, args: list[bytes]) -> Any:
     if offset < 0:
         raise CommandError("offset is out of range")
     patch = args[3]
-    old = _value(ctx, args[1])
+    old = string_value(ctx, args[1])
     if old is None:
         if not patch:
             return 0
         old = b""
     elif not patch:
         return len(old)
-    if offset + len(patch) > _max_len(ctx):
+    if offset + len(patch) > max_bulk_len(ctx):
         raise CommandError("string exceeds maximum allowed size (proto-max-bulk-len)")
-    value = _grown(ctx, args[1], old, offset, patch)
+    value = grown_value(ctx, args[1], old, offset, patch)
     ctx.store.replace_value(args[1], value)
     notify(ctx, STRING, b"setrange", args[1])
     return len(value)
 
 
-def _grown(ctx: Context, key: bytes, old: bytes | bytearray | memoryview, offset: int, patch: bytes) -> bytearray:
+def grown_value(ctx: Context, key: bytes, old: bytes | bytearray | memoryview, offset: int, patch: bytes) -> bytearray:
     """``old`` with ``patch`` written at ``offset`` (zeros in any gap, as in Redis), built in one allocation that
     becomes the stored value (the store keeps a bytearray as it is). A result no tier could hold is refused
     before it is allocated."""
@@ -282,7 +282,7 @@ def _grown(ctx: Context, key: bytes, old: bytes | bytearray | memoryview, offset
 
 
 def _incr(ctx: Context, key: bytes, delta: int) -> int:
-    old = _value(ctx, key)
+    old = string_value(ctx, key)
     current = 0 if old is None else parse_int(bytes(old))
     result = current + delta
     if not INT64_MIN <= result <= INT64_MAX:
@@ -382,7 +382,7 @@ def format_long_double(x: np.longdouble) -> bytes:
                  "doesn't exist.", syntax="INCRBYFLOAT key increment")
 def incrbyfloat(ctx: Context, args: list[bytes]) -> Any:
     delta = parse_long_double(args[2])
-    old = _value(ctx, args[1])
+    old = string_value(ctx, args[1])
     current = np.longdouble(0) if old is None else parse_long_double(bytes(old))
     with np.errstate(over="ignore", invalid="ignore"):
         result = current + delta

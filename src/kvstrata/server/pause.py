@@ -12,14 +12,14 @@ keys away (MIGRATE, DUMP) or to stop writes during maintenance without closing c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
+from kvstrata.server.hangup import until_done_or_gone
+
 OFF, WRITE, ALL = 0, 1, 2
 KINDS = {b"write": WRITE, b"all": ALL}
-GONE_POLL_S = 0.25  # how soon a held client that disconnected is noticed and dropped
 
 
 def now_ms() -> int:
@@ -69,18 +69,15 @@ class ClientPause:
         return spec.write or (is_exec and multi is not None and any(q.write for q, _ in multi))
 
     async def wait(self, gone: Callable[[], bool]) -> None:
-        """Until the pause ends (unpause or deadline), or ``gone()`` says the waiting client left (asked every
-        ``GONE_POLL_S``: a client that gave up is dropped during the pause, as Redis frees it)."""
-        fut: asyncio.Future[None] | None = None
-        try:
-            while self.active() and not gone():
-                if fut is None or fut.done():
-                    fut = asyncio.get_running_loop().create_future()
-                    self._waiters.add(fut)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(fut), GONE_POLL_S)
-        finally:
-            if fut is not None:
+        """Until the pause ends (unpause or deadline), or ``gone()`` says the waiting client left (a client that
+        gave up is dropped during the pause, as Redis frees it: server/hangup.py)."""
+        while self.active():
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.add(fut)
+            try:
+                if not await until_done_or_gone(fut, gone):
+                    return
+            finally:
                 self._waiters.discard(fut)
 
     def _elapsed(self) -> None:

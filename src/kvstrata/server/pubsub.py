@@ -25,18 +25,38 @@ _NAMES = {
 }
 
 
-def _frames(kind: bytes, pattern: bytes | None, channel: bytes, message: bytes) -> tuple[bytes, bytes]:
-    """The message as RESP2 and RESP3 frames: (``*`` array, ``>`` push), built once for every subscriber."""
-    body = b"$%d\r\n%b\r\n" % (len(kind), kind)
-    if pattern is not None:
-        body += b"$%d\r\n%b\r\n" % (len(pattern), pattern)
-    body += b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(channel), channel, len(message), message)
-    n = b"4" if pattern is not None else b"3"
-    return b"*" + n + b"\r\n" + body, b">" + n + b"\r\n" + body
+class _Frames:
+    """A message's frame per protocol (a RESP2 ``*`` array or a RESP3 ``>`` push), each built the first time a
+    subscriber speaking it needs it, then shared by every such subscriber (most servers' subscribers all speak
+    one protocol: one copy of the message, not two)."""
+
+    __slots__ = ("kind", "pattern", "channel", "message", "resp2", "resp3")
+
+    def __init__(self, kind: bytes, pattern: bytes | None, channel: bytes, message: bytes) -> None:
+        self.kind, self.pattern, self.channel, self.message = kind, pattern, channel, message
+        self.resp2: bytes | None = None
+        self.resp3: bytes | None = None
+
+    def _build(self, head: bytes) -> bytes:
+        kind, pattern, channel, message = self.kind, self.pattern, self.channel, self.message
+        if pattern is None:
+            return b"%b3\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+                head, len(kind), kind, len(channel), channel, len(message), message)
+        return b"%b4\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+            head, len(kind), kind, len(pattern), pattern, len(channel), channel, len(message), message)
+
+    def of(self, proto: int) -> bytes:
+        if proto == 3:
+            if self.resp3 is None:
+                self.resp3 = self._build(b">")
+            return self.resp3
+        if self.resp2 is None:
+            self.resp2 = self._build(b"*")
+        return self.resp2
 
 
-def _send(conn: Any, frames: tuple[bytes, bytes], current: Any) -> None:
-    data = frames[1] if conn.client.proto == 3 else frames[0]
+def _send(conn: Any, frames: _Frames, current: Any) -> None:
+    data = frames.of(conn.client.proto)
     if conn is current:
         conn.out.append(data)
     else:
@@ -112,14 +132,14 @@ class PubSub:
         channel = bytes(channel)
         receivers = 0
         if members:
-            frames = _frames(_NAMES[SHARD if shard else CHANNEL][2], None, channel, message)
+            frames = _Frames(_NAMES[SHARD if shard else CHANNEL][2], None, channel, message)
             for conn in list(members.values()):
                 _send(conn, frames, current)
                 receivers += 1
         if patterns:
             for pattern, subscribers in list(patterns.items()):
                 if glob_match(pattern, channel):
-                    frames = _frames(b"pmessage", pattern, channel, message)
+                    frames = _Frames(b"pmessage", pattern, channel, message)
                     for conn in list(subscribers.values()):
                         _send(conn, frames, current)
                         receivers += 1
