@@ -260,6 +260,10 @@ PARAMS: tuple[Param, ...] = (
           "Longest wait in milliseconds between retries of a degraded pool (backoff doubles from 100 ms)."),
     Param("pool-key-prefix", _str, "kvs:",
           "Prefix of every pool key (it has no braces, so a key's {hash tag} still picks its cluster slot)."),
+    Param("pool-pubsub", _yes_no, True,
+          "PUBLISH reaches the subscribers of every node on the pool (forwarded through the pool's Pub/Sub, as "
+          "Redis Cluster forwards it); no: each node's messages stay on it. SPUBLISH and keyspace notifications "
+          "stay on their node either way.", mutable=True),
     Param("pool-node-id", _int, -1,
           "This node's id (0-255) in the low bits of its versions, the tie-break between nodes; -1: random."),
     Param("tier-order", _tier_order, "dram,pool,ssd",

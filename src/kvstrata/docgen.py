@@ -112,8 +112,11 @@ it has pending. `PUBLISH` counts a subscriber once per matching subscription. AC
 the user's patterns literally; users made with ACL SETUSER start with no channels), and a connection subscribed
 to a channel its user loses (ACL SETUSER, ACL LOAD) is closed, as in Redis 7. A subscriber that does not read
 is closed at `client-output-buffer-limit` (one limit for every client; Redis has a separate, smaller one for
-subscribers). Messages stay on the node they were published on: nodes that share a pool do not forward them to
-each other (Redis Cluster forwards PUBLISH to every node).
+subscribers). Nodes that share a pool forward PUBLISH to each other through the pool's own Pub/Sub, as Redis
+Cluster forwards it to every node (`pool-pubsub`, on by default): a subscriber on any node gets every message
+once, each node's in order; PUBLISH counts the receivers on its own node, as a Redis Cluster node does. Shard
+channels (SPUBLISH) stay on their node (a node is one shard), and a message published while the pool cannot be
+reached is lost for the other nodes (INFO `pool` `pubsub_dropped`).
 
 **Keyspace notifications** (`notify-keyspace-events`, Redis's classes and canonical form) are sent as Redis 7.0
 sends them, on `__keyspace@0__:<key>` and `__keyevent@0__:<event>`: `set` (SET and its family, GETSET, MSET,
@@ -122,7 +125,8 @@ BITOP's destination, and every TAIR.KV write: SETEX, COMMIT, PULL, MPULL), `expi
 BITOP's empty result), `persist`, `rename_from`/`rename_to`, `copy_to`, `restore`, `expired` (a key found past its
 TTL, in whichever tier) and `evicted` (a key the last tier dropped; moving down to the SSD is not an eviction).
 A KV-cache router can follow which chunks a node holds from `set`, `del`, `expired` and `evicted`. The `n` (new
-key) and `m` (key miss) classes are accepted and send nothing. Events are this node's, as Pub/Sub is.
+key) and `m` (key miss) classes are accepted and send nothing. Events are this node's, as in Redis Cluster
+(they are not forwarded through the pool).
 """
 
 _TAIRKV_NOTES = """

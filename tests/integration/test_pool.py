@@ -439,3 +439,42 @@ def test_mpull_replies_once_the_pool_holds_every_value(node, pool_client, tmp_pa
         assert a.client().get(b"mp:1") == values[1].tobytes()
     finally:
         w.close()
+
+
+def test_publish_reaches_the_subscribers_of_every_node(node):
+    """PUBLISH on one node reaches subscribers on the others, through the pool's Pub/Sub (as Redis Cluster forwards
+    it): every message once, in the publisher's order, patterns included; PUBLISH counts the local receivers (as a
+    Redis Cluster node does); SPUBLISH stays on its node; with pool-pubsub no nothing is forwarded."""
+    a, b = node(), node()
+    ra = a.client()
+    sub_b = b.raw()
+    assert sub_b.cmd_raw("SUBSCRIBE", "news").startswith(b"*3\r\n$9\r\nsubscribe\r\n")
+    psub_b = b.raw()
+    assert psub_b.cmd_raw("PSUBSCRIBE", "n*").startswith(b"*3\r\n$10\r\npsubscribe\r\n")
+    sub_a = a.raw()
+    assert sub_a.cmd_raw("SUBSCRIBE", "news").startswith(b"*3\r\n$9\r\nsubscribe\r\n")
+    wait_for(lambda: pool_info(ra)["invalidation_subscribed"] == 1, what="A's pool subscription")
+    wait_for(lambda: pool_info(b.client())["invalidation_subscribed"] == 1, what="B's pool subscription")
+    big = value_for("big", 256 * KB)
+    with ra.pipeline(transaction=False) as p:
+        for i in range(200):
+            p.publish("news", f"m{i}")
+        p.publish("news", big)
+        assert p.execute() == [1] * 201  # A's own subscriber; B's are not counted here
+    expect = [f"m{i}".encode() for i in range(200)] + [big]
+    for conn, frame in ((sub_b, lambda m: b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$%d\r\n%b\r\n" % (len(m), m)),
+                        (psub_b, lambda m: b"*4\r\n$8\r\npmessage\r\n$2\r\nn*\r\n$4\r\nnews\r\n$%d\r\n%b\r\n"
+                         % (len(m), m)),
+                        (sub_a, lambda m: b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$%d\r\n%b\r\n" % (len(m), m))):
+        assert [conn.read_raw() for _ in expect] == [frame(m) for m in expect]
+        assert conn.nothing_pending(0.3)  # each once: A does not get its own back through the pool
+    assert ra.execute_command("SPUBLISH", "news", "local") == 0  # a shard channel: its node only
+    rb = b.client()
+    assert rb.config_set("pool-pubsub", "no")
+    assert rb.publish("news", "stays") == 2  # B's own two subscriptions
+    assert sub_b.read_raw() == b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$5\r\nstays\r\n"
+    assert ra.publish("news", "goes") == 1
+    assert sub_b.read_raw() == b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$4\r\ngoes\r\n"  # B still receives
+    assert sub_a.read_raw() == b"*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$4\r\ngoes\r\n"
+    assert sub_a.nothing_pending(0.3)  # "stays" did not leave B
+    assert pool_info(ra)["pubsub_forwarded"] >= 202 and pool_info(rb)["pubsub_received"] >= 202

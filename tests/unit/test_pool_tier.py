@@ -4,12 +4,15 @@ down from the start (every operation degrades at once; STRONG checks and deletes
 from __future__ import annotations
 
 import socket
+import struct
 
 import pytest
+from tests.integration.polling import wait_for
 
 from kvstrata.clock import ManualClock
 from kvstrata.engine.entry import Entry
 from kvstrata.engine.store import HLC_LOGICAL_BITS, NODE_BITS, Store
+from kvstrata.engine.tiers import pool_pubsub
 from kvstrata.engine.tiers.pool import (
     FLAG_TOMBSTONE,
     HEADER_SIZE,
@@ -194,3 +197,27 @@ def test_hlc_versions_are_comparable_across_nodes(tmp_path):
         for s in stores:
             s.pool.close()
             s.ssd.close()
+
+
+def test_forwarded_messages_are_parsed_not_trusted_and_dropped_when_the_pool_is_away(monkeypatch):
+    """The pool's Pub/Sub frames (origin | channel length | channel | message): another node's are delivered, this
+    node's own and malformed ones are not; a pool that cannot be reached drops (and counts) what PUBLISH queued,
+    without blocking the caller; the queue is bounded."""
+    pool = PoolTier(f"redis://127.0.0.1:{closed_port()}", 1 << 20, connect_timeout_ms=100, timeout_ms=100,
+                    backoff_max_ms=100, threaded=False)
+    try:
+        got = []
+        pool.on_publish = lambda channel, message: got.append((channel, message))
+        other = b"\x01" * 8
+        pool._received_publish(other + struct.pack(">I", 4) + b"news" + b"hello\x00")
+        pool._received_publish(pool.origin + struct.pack(">I", 4) + b"news" + b"mine")
+        pool._received_publish(other + struct.pack(">I", 99) + b"news")  # declares more than it has
+        pool._received_publish(b"short")
+        assert got == [(b"news", b"hello\x00")] and pool.pubsub_received == 1
+        monkeypatch.setattr(pool_pubsub, "FORWARD_MAX_BYTES", 100)
+        pool.forward(b"news", b"x" * 80)
+        pool.forward(b"news", b"x" * 80)  # over the bound while the first is queued, or failed as it did
+        wait_for(lambda: pool.pubsub_dropped == 2, what="both messages to be dropped")
+        assert pool.pubsub_forwarded == 0 and pool.info()["pubsub_dropped"] == 2
+    finally:
+        pool.close()

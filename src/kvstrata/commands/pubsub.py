@@ -85,7 +85,12 @@ def _publish(ctx: Context, args: list[bytes], shard: bool) -> int:
     if ctx.server is None:
         return 0
     current = ctx.server.clients.get(ctx.client.id)
-    return ctx.server.pubsub.publish(args[1], bytes(args[2]), current, shard)
+    message = bytes(args[2])
+    receivers = ctx.server.pubsub.publish(args[1], message, current, shard)
+    pool = ctx.store.pool
+    if pool is not None and not shard and pool.forwarding:  # the other nodes' subscribers (as Redis Cluster)
+        pool.forward(bytes(args[1]), message)
+    return receivers
 
 
 @command("publish", 3, "pubsub loading stale fast", group="pubsub", since="2.0.0",

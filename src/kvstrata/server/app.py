@@ -315,6 +315,8 @@ class Server:
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
         self.notifier.configure(str(self.config.get("notify-keyspace-events")))
         self.tracking.max_keys = int(self.config.get("tracking-table-max-keys"))
+        if store.pool is not None:
+            store.pool.forwarding = bool(self.config.get("pool-pubsub"))
         dataplane.apply_config(self)
         for conn in self.clients.values():
             conn.parser.refresh()
@@ -434,6 +436,9 @@ class Server:
         if ssd is not None:
             ssd.on_commit = self._on_ssd_commit
         if pool is not None:
+            # Messages other nodes PUBLISHed, for this node's subscribers (engine/tiers/pool_pubsub.py).
+            pool.on_publish = lambda channel, message: self.pubsub.publish(channel, message)
+            pool.forwarding = bool(self.config.get("pool-pubsub"))
             pool.start_invalidation()
         hosts = [h for h in str(self.config.get("bind")).split() if h]
         # The HTTP endpoint first: once the RESP port answers, /metrics does too.

@@ -62,6 +62,7 @@ from kvstrata.engine.tiers.markers import Corrupt, Tombstone
 from kvstrata.engine.tiers.pool_client import PoolClient
 from kvstrata.engine.tiers.pool_health import PoolHealth, PoolUnavailableError
 from kvstrata.engine.tiers.pool_index import PoolIndex
+from kvstrata.engine.tiers.pool_pubsub import PoolPubSub
 from kvstrata.engine.tiers.pool_reads import PoolReads
 from kvstrata.engine.tiers.pool_record import (
     FLAG_TOMBSTONE,
@@ -95,7 +96,7 @@ def parse_url(url: str) -> tuple[bool, list[tuple[str, int]], str | None]:
     return parsed.cluster, parsed.nodes, parsed.password
 
 
-class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, PoolWriter, TierRoles):
+class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, PoolPubSub, PoolWriter, TierRoles):
     """A shared Redis/Valkey (Cluster) pool with this node's own byte budget, TTL and degradation handling."""
 
     name = "pool"
@@ -127,6 +128,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         self.ack = ack
         self.ack_replicas = ack_replicas
         self.channel = b"__kvstrata_invalidate__:" + prefix
+        self._init_pubsub(prefix)  # PUBLISH forwarded to the other nodes (pool_pubsub)
         # seq -> (outcome, pool version or error text), for the writes a client waits for (track=True).
         self.outcomes: dict[int, tuple[str, Any]] = {}
         # Tracked writes whose command will not take the outcome (PoolIndex.abandon): dropped when it comes.
@@ -220,6 +222,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         if self._closed:
             return
         self._stop.set()
+        self._stop_forwarder()
         self._stop_writer(10)
         self._closed = True
         self._drop_client()
@@ -249,6 +252,8 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
             "resync_dropped": self.resync_dropped, "resync_failures": self.resync_failures,
             "resync_last_ms": self.resync_last_ms, "resync_pending": int(self.subscriptions > self.resynced),
             "replica_waits_short": self.replica_waits_short,
+            "pubsub_forwarded": self.pubsub_forwarded, "pubsub_received": self.pubsub_received,
+            "pubsub_dropped": self.pubsub_dropped,
             "ack": self.ack, "maxmemory_policy": self.maxmemory_policy,
             "masters_degraded": len(self.masters_down), "master_recoveries": self.master_recoveries,
             "masters_degraded_names": ",".join(sorted(self.masters_down)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from kvstrata.engine.tiers.pool_sentinel import close_pool_client, sentinel_client
@@ -25,6 +26,8 @@ class PoolSubscriber:
 
     _subscriber: threading.Thread | None
     _stop: threading.Event
+    pubsub_channel: bytes
+    _received_publish: Callable[[bytes], None]  # PoolPubSub's
 
     def start_invalidation(self) -> None:
         """Subscribe to the invalidation channel in a thread; messages reach ``on_invalidate`` on the owner's
@@ -42,13 +45,14 @@ class PoolSubscriber:
             try:
                 conn = self._subscriber_conn(n)
                 ps = conn.pubsub()
-                ps.subscribe(self.channel)
+                ps.subscribe(self.channel, self.pubsub_channel)  # invalidations; PUBLISH of other nodes
                 plen = len(self.prefix)
                 while not self._stop.is_set():
                     msg = ps.get_message(timeout=min(0.2, self.timeout_ms / 2000))
                     if msg is None:
                         continue
-                    if msg.get("type") == "subscribe":  # the pool node took it: messages from now on arrive
+                    if msg.get("type") == "subscribe" and msg.get("channel") == self.channel:
+                        # The pool node took it: invalidations from now on arrive.
                         self.subscribed = True
                         # What was missed before this point is found by a resync (kvstrata.server.pool_resync).
                         self.subscriptions += 1
@@ -56,6 +60,9 @@ class PoolSubscriber:
                     if msg.get("type") != "message":
                         continue
                     data = msg["data"]
+                    if msg.get("channel") == self.pubsub_channel:
+                        self._received_publish(data)
+                        continue
                     if len(data) < 9 + plen:
                         continue
                     version = struct.unpack_from(">Q", data)[0]
