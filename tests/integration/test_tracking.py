@@ -406,3 +406,24 @@ def test_expiry_and_last_tier_evictions_invalidate_but_demotions_do_not(make_ser
     assert a.cmd_raw("GET", "first") == b"$8192\r\n" + b"x" * 8192 + b"\r\n"
     w.cmd_raw("SET", "first", "new")  # a change of a key that lives on the SSD
     assert pushes_before_pong(a) == [inval("first")]
+
+
+@pytest.mark.kvstrata_only
+def test_a_hundred_thousand_prefixes_do_not_hold_the_server(server, raw):
+    """Redis compares every pair of prefixes (and every prefix per change): here one command with 100,000 BCAST
+    prefixes is checked in O(n log n) and a change costs one lookup per distinct prefix length, so the command and
+    the writes after it answer within the replies' deadline; an overlap among many is still found."""
+    a, b = raw(), raw()
+    a.cmd_raw("HELLO", "3")
+    many = [f"p{i:06d}:" for i in range(100_000)]
+    assert a.cmd_raw("CLIENT", "TRACKING", "on", "BCAST", *[w for p in many for w in ("PREFIX", p)]) == b"+OK\r\n"
+    b.cmd_raw("SET", "p099999:x", "1")
+    b.cmd_raw("SET", "other", "1")
+    assert pushes_before_pong(a) == [inval("p099999:x")]
+    reply = a.cmd_raw("CLIENT", "TRACKING", "on", "BCAST", *[w for i in range(300) for w in ("PREFIX", f"q{i}")],
+                      "PREFIX", "p05")
+    assert reply == (b"-ERR Prefix 'p05' overlaps with an existing prefix 'p050000:'. Prefixes for a single client "
+                     b"must not overlap.\r\n")
+    r = server.client()
+    assert r.info()["tracking_total_prefixes"] >= 100_000
+    r.close()

@@ -20,6 +20,7 @@ went past it; Redis picks random keys before the next command).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import threading
 from typing import Any
 
@@ -54,6 +55,7 @@ class Tracking:
         self.items = 0  # client ids across the table (INFO tracking_total_items)
         self.prefixes: dict[bytes, _Prefix] = {}
         self._lengths: dict[int, int] = {}  # prefix length -> prefixes of that length
+        self._sorted_lengths: list[int] = []
         self.clients = 0
         self.max_keys = 1_000_000
         # The tracking connection whose handler runs now (its own invalidations wait for its reply; NOLOOP).
@@ -84,10 +86,19 @@ class Tracking:
                 state = self.prefixes.get(prefix)
                 if state is None:
                     self.prefixes[prefix] = state = _Prefix()
-                    self._lengths[len(prefix)] = self._lengths.get(len(prefix), 0) + 1
+                    self._counted(len(prefix), 1)
                 if client.id not in state.clients:
                     state.clients[client.id] = conn
                     client.tracking_prefixes.append(prefix)
+
+    def _counted(self, length: int, delta: int) -> None:
+        left = self._lengths.get(length, 0) + delta
+        if left:
+            if length not in self._lengths:
+                bisect.insort(self._sorted_lengths, length)
+            self._lengths[length] = left
+        elif self._lengths.pop(length, None) is not None:
+            self._sorted_lengths.remove(length)
 
     def disable(self, conn: Any) -> None:
         client = conn.client
@@ -97,9 +108,7 @@ class Tracking:
                 state.clients.pop(client.id, None)
                 if not state.clients:
                     del self.prefixes[prefix]
-                    left = self._lengths.pop(len(prefix)) - 1
-                    if left:
-                        self._lengths[len(prefix)] = left
+                    self._counted(len(prefix), -1)
         client.tracking_prefixes = []
         conn.tracking_pending = None
         if self.current is conn:
@@ -201,8 +210,11 @@ class Tracking:
         with a hundred thousand prefixes would cost every write milliseconds)."""
         current = self.current
         prefixes = self.prefixes
-        for n in self._lengths:
-            state = prefixes.get(key[:n]) if n <= len(key) else None
+        size = len(key)
+        for n in self._sorted_lengths:
+            if n > size:
+                break
+            state = prefixes.get(key[:n])
             if state is not None:
                 state.changed[key] = current
                 if not self._broadcast_due:
