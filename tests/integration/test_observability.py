@@ -719,3 +719,33 @@ def test_grafana_dashboard_is_valid_json():
     assert len(exprs) > 15
     assert any("histogram_quantile(0.99" in e and "kvstrata_command_duration_seconds_bucket" in e for e in exprs)
     assert any("kvstrata_tier_used_bytes" in e and "kvstrata_tier_budget_bytes" in e for e in exprs)
+
+
+def test_pubsub_tracking_and_blocked_clients_are_gauges(obs):
+    """The Pub/Sub subscriptions, CLIENT TRACKING's clients, keys and prefixes and the blocked clients show on
+    /metrics as INFO shows them, and go back when the clients go."""
+    r = obs.client()
+    sub, track, bcast, waiting = (obs.raw() for _ in range(4))
+    sub.cmd_raw("SUBSCRIBE", "c1", "c2")
+    sub.cmd_raw("PSUBSCRIBE", "p*")
+    track.cmd_raw("CLIENT", "TRACKING", "on")
+    track.cmd_raw("MGET", "t1", "t2", "t3")
+    bcast.cmd_raw("CLIENT", "TRACKING", "on", "BCAST", "PREFIX", "a", "PREFIX", "b")
+    waiting.send(b"*3\r\n$4\r\nWAIT\r\n$1\r\n1\r\n$1\r\n0\r\n")  # blocks until it disconnects
+    wait_for(lambda: r.info()["blocked_clients"] == 1, what="WAIT to block")
+    samples = scrape(obs.http_port)
+    info = r.info()
+    for name, field in (("kvstrata_pubsub_channels", "pubsub_channels"), ("kvstrata_pubsub_patterns",
+                        "pubsub_patterns"), ("kvstrata_tracking_clients", "tracking_clients"),
+                        ("kvstrata_tracking_keys", "tracking_total_keys"),
+                        ("kvstrata_tracking_prefixes", "tracking_total_prefixes"),
+                        ("kvstrata_blocked_clients", "blocked_clients")):
+        assert metric(samples, name) == info[field], name
+    assert (info["pubsub_channels"], info["pubsub_patterns"], info["tracking_clients"], info["tracking_total_keys"],
+            info["tracking_total_prefixes"]) == (2, 1, 2, 3, 2)
+    for conn in (sub, track, bcast, waiting):
+        conn.close()
+    wait_for(lambda: metric(scrape(obs.http_port), "kvstrata_tracking_clients") == 0
+             and metric(scrape(obs.http_port), "kvstrata_pubsub_channels") == 0
+             and metric(scrape(obs.http_port), "kvstrata_blocked_clients") == 0, what="the gauges to go back")
+    r.close()

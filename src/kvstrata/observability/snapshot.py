@@ -236,7 +236,12 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
             "connections_received": stats.connections,
             "rejected": stats.rejected,
             "output_limit_closed": getattr(stats, "output_limit_closed", 0),
+            "blocked": server.blocked_clients,
+            "tracking": server.tracking.clients,
         },
+        # Channels, patterns and shard channels with subscribers; keys and BCAST prefixes CLIENT TRACKING holds.
+        "pubsub": dict(zip(("channels", "patterns", "shard_channels"), server.pubsub.sizes(), strict=True)),
+        "tracking": dict(zip(("keys", "items", "prefixes"), server.tracking.sizes(), strict=True)),
         "net": {"input_bytes": stats.net_in, "output_bytes": stats.net_out},
         "commands_processed": server.commands_processed,
         "errors": {
