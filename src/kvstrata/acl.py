@@ -31,7 +31,7 @@ CATEGORIES = ("keyspace", "read", "write", "set", "sortedset", "list", "hash", "
               "geo", "stream", "pubsub", "admin", "fast", "slow", "blocking", "dangerous", "connection",
               "transaction", "scripting", "kvcache")
 _GROUP_CATEGORY = {"string": "string", "generic": "keyspace", "connection": "connection", "tairkv": "kvcache",
-                   "pubsub": "pubsub", "bitmap": "bitmap"}
+                   "pubsub": "pubsub", "bitmap": "bitmap", "transactions": "transaction"}
 # Redis's @admin / @dangerous assignments for the commands kvstrata has, by full name. MEMORY STATS and
 # MEMORY DOCTOR are added because here they show the top key prefixes of every tenant.
 _ADMIN = frozenset({"client|kill", "client|list", "config|get", "config|set", "config|resetstat",
@@ -39,8 +39,12 @@ _ADMIN = frozenset({"client|kill", "client|list", "config|get", "config|set", "c
                     "latency|history", "latency|reset", "latency|histogram", "save", "shutdown", "lastsave", "role",
                     "acl|setuser", "acl|getuser", "acl|deluser", "acl|list", "acl|users", "acl|load", "acl|save",
                     "acl|log", "acl|dryrun", "memory|stats", "memory|doctor"})
-_DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info", "restore", "migrate"}
-_KEYSPACE = frozenset({"dbsize", "flushall", "flushdb"})
+_DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info", "restore", "migrate", "swapdb"}
+_KEYSPACE = frozenset({"dbsize", "flushall", "flushdb", "swapdb"})
+# Redis puts COMMAND and its subcommands in @connection (their group is server); PUBSUB HELP in no group's category.
+_CONNECTION = frozenset({"command", "command|count", "command|docs", "command|getkeys", "command|help",
+                         "command|info", "command|list"})
+_NO_GROUP = frozenset({"pubsub|help"})
 # Commands whose first argument is a key pattern (not a key).
 PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})
 # Commands that act on every key, or show every value: only for users with allkeys (kvstrata's rule; Redis
@@ -64,7 +68,7 @@ def categories(spec: CommandSpec) -> list[str]:
         out.append("write")
     elif "readonly" in spec.flags:
         out.append("read")
-    group = _GROUP_CATEGORY.get(spec.group)
+    group = "connection" if name in _CONNECTION else None if name in _NO_GROUP else _GROUP_CATEGORY.get(spec.group)
     if group is not None:
         out.append(group)
     if name in _KEYSPACE:

@@ -28,7 +28,7 @@ def _valid_username(name: str) -> bool:
     return bool(name) and not any(c in " \t\n\v\f\r\x00" for c in name)
 
 
-@command("setuser", -3, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("setuser", -3, "admin noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Creates and modifies an ACL user and its rules.", syntax="ACL SETUSER username [rule [rule ...]]")
 def acl_setuser(ctx: Context, args: list[bytes]) -> Any:
     name = _text(args[2])
@@ -59,7 +59,7 @@ def _close_subscribers_without_access(ctx: Context) -> None:
                 conn.kill()
 
 
-@command("getuser", 3, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("getuser", 3, "admin noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Lists the ACL rules of a user.", syntax="ACL GETUSER username")
 def acl_getuser(ctx: Context, args: list[bytes]) -> Any:
     user = acl_mod.acl_of(ctx).users.get(_text(args[2]))
@@ -75,7 +75,7 @@ def acl_getuser(ctx: Context, args: list[bytes]) -> Any:
     }
 
 
-@command("deluser", -3, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("deluser", -3, "admin noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Deletes ACL users, and terminates their connections.", syntax="ACL DELUSER username [username ...]")
 def acl_deluser(ctx: Context, args: list[bytes]) -> Any:
     acl = acl_mod.acl_of(ctx)
@@ -94,27 +94,27 @@ def acl_deluser(ctx: Context, args: list[bytes]) -> Any:
     return len(deleted)
 
 
-@command("list", 2, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("list", 2, "admin noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Dumps the effective rules in ACL file format.")
 def acl_list(ctx: Context, args: list[bytes]) -> Any:
     users = acl_mod.acl_of(ctx).users
     return [users[name].describe() for name in sorted(users)]  # Redis lists them in name order
 
 
-@command("users", 2, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("users", 2, "admin noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Lists all ACL users.")
 def acl_users(ctx: Context, args: list[bytes]) -> Any:
     return sorted(acl_mod.acl_of(ctx).users)
 
 
-@command("whoami", 2, "no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("whoami", 2, "noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Returns the authenticated username of the current connection.")
 def acl_whoami(ctx: Context, args: list[bytes]) -> Any:
     user = getattr(ctx.client, "user", None)
     return user.name if user is not None else "default"
 
 
-@command("cat", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0", most=3,
+@command("cat", -2, "noscript loading stale", parent="acl", group="server", since="6.0.0", most=3,
          summary="Lists the ACL categories, or the commands inside a category.", syntax="ACL CAT [category]")
 def acl_cat(ctx: Context, args: list[bytes]) -> Any:
     if len(args) == 2:
@@ -125,7 +125,7 @@ def acl_cat(ctx: Context, args: list[bytes]) -> Any:
     return [s.full_name for s in acl_mod.category_specs(cat)]
 
 
-@command("log", -2, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("log", -2, "admin noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Lists recent security events generated due to ACL rules.", syntax="ACL LOG [count | RESET]")
 def acl_log(ctx: Context, args: list[bytes]) -> Any:
     acl = acl_mod.acl_of(ctx)
@@ -163,7 +163,7 @@ def _aclfile(ctx: Context) -> str:
     return path
 
 
-@command("load", 2, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("load", 2, "admin noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Reloads the rules from the configured ACL file.")
 def acl_load(ctx: Context, args: list[bytes]) -> Any:
     acl = acl_mod.acl_of(ctx)
@@ -183,7 +183,7 @@ def acl_load(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("save", 2, "admin no_script loading stale", parent="acl", group="server", since="6.0.0",
+@command("save", 2, "admin noscript loading stale", parent="acl", group="server", since="6.0.0",
          summary="Saves the effective ACL rules in the configured ACL file.")
 def acl_save(ctx: Context, args: list[bytes]) -> Any:
     path = _aclfile(ctx)
@@ -195,7 +195,7 @@ def acl_save(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("dryrun", -4, "admin no_script loading stale", parent="acl", group="server", since="7.0.0",
+@command("dryrun", -4, "admin noscript loading stale", parent="acl", group="server", since="7.0.0",
          summary="Simulates the execution of a command by a user, without executing the command.",
          syntax="ACL DRYRUN username command [arg [arg ...]]")
 def acl_dryrun(ctx: Context, args: list[bytes]) -> Any:
@@ -239,7 +239,7 @@ def _first_denied(user: Any, spec: Any, args: list[bytes]) -> bytes:
     return next((k for k in acl_mod.command_keys(sub, args) if not user.key_ok(k)), b"")
 
 
-@command("genpass", -2, "no_script loading stale", parent="acl", group="server", since="6.0.0", most=3,
+@command("genpass", -2, "noscript loading stale", parent="acl", group="server", since="6.0.0", most=3,
          summary="Generates a pseudorandom, secure password that can be used to identify ACL users.",
          syntax="ACL GENPASS [bits]")
 def acl_genpass(ctx: Context, args: list[bytes]) -> Any:

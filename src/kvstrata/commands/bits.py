@@ -489,7 +489,8 @@ def _bitfield(ctx: Context, args: list[bytes], readonly_command: bool) -> Any:
 
 
 @command("bitfield", -2, "write denyoom", keys=(1, 1, 1), group="bitmap", since="3.2.0",
-         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update", "variable_flags")),),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update", "variable_flags"),
+                            "This command allows both access and modification of the key"),),
          summary="Performs arbitrary bitfield integer operations on strings.",
          syntax="BITFIELD key [GET encoding offset | [OVERFLOW <WRAP | SAT | FAIL>] <SET encoding offset value | "
                 "INCRBY encoding offset increment> [GET encoding offset | [OVERFLOW <WRAP | SAT | FAIL>] "

@@ -19,7 +19,7 @@ from kvstrata.server.tracking import BCAST, BROKEN_REDIR
 REDIS_COMPAT_VERSION = "7.0.15"
 
 
-@command("ping", -1, "fast stale", values=(1, 0), group="connection", summary="Returns the server's liveliness response.",
+@command("ping", -1, "fast", values=(1, 0), group="connection", summary="Returns the server's liveliness response.",
          syntax="PING [message]")
 def ping(ctx: Context, args: list[bytes]) -> Any:
     if len(args) > 2:
@@ -29,7 +29,7 @@ def ping(ctx: Context, args: list[bytes]) -> Any:
     return PONG if len(args) == 1 else args[1]
 
 
-@command("echo", 2, "fast", values=(1, 0), group="connection", summary="Returns the given string.")
+@command("echo", 2, "fast loading stale", values=(1, 0), group="connection", summary="Returns the given string.")
 def echo(ctx: Context, args: list[bytes]) -> Any:
     return args[1]
 
@@ -46,7 +46,7 @@ def _check_password(ctx: Context, username: bytes, password: bytes) -> None:
     ctx.client.authenticated = True
 
 
-@command("auth", -2, "no_auth fast stale", group="connection", summary="Authenticates the connection.",
+@command("auth", -2, "no_auth fast stale noscript loading allow_busy", group="connection", summary="Authenticates the connection.",
          syntax="AUTH [username] password")
 def auth(ctx: Context, args: list[bytes]) -> Any:
     if len(args) > 3:
@@ -65,7 +65,7 @@ def _valid_name(name: bytes) -> bool:
     return all(33 <= c <= 126 for c in name)
 
 
-@command("hello", -1, "no_auth fast stale", group="connection", since="6.0.0",
+@command("hello", -1, "no_auth fast stale noscript loading allow_busy", group="connection", since="6.0.0",
          summary="Handshakes with the Redis server.",
          syntax="HELLO [protover [AUTH username password] [SETNAME clientname]]")
 def hello(ctx: Context, args: list[bytes]) -> Any:
@@ -111,19 +111,19 @@ def hello(ctx: Context, args: list[bytes]) -> Any:
     }
 
 
-@command("quit", -1, "no_auth fast stale", group="connection", summary="Closes the connection.")
+@command("quit", -1, "no_auth fast stale noscript loading allow_busy", group="connection", summary="Closes the connection.")
 def quit_(ctx: Context, args: list[bytes]) -> Any:
     ctx.client.closing = True
     return OK
 
 
-@command("select", 2, "fast", group="connection", summary="Changes the selected database.")
+@command("select", 2, "fast loading stale", group="connection", summary="Changes the selected database.")
 def select(ctx: Context, args: list[bytes]) -> Any:
     parse_db_index(args[1])
     return OK
 
 
-@command("reset", 1, "no_auth fast stale", group="connection", since="6.2.0", summary="Resets the connection.")
+@command("reset", 1, "no_auth fast stale noscript loading allow_busy", group="connection", since="6.2.0", summary="Resets the connection.")
 def reset(ctx: Context, args: list[bytes]) -> Any:
     client = ctx.client
     end_transaction(ctx)
@@ -184,13 +184,13 @@ def _now(ctx: Context) -> int:
     return ctx.store.clock.now_ms()
 
 
-@command("id", 2, "fast", parent="client", group="connection", since="5.0.0",
+@command("id", 2, "noscript loading stale", parent="client", group="connection", since="5.0.0",
          summary="Returns the unique client ID of the connection.")
 def client_id(ctx: Context, args: list[bytes]) -> Any:
     return ctx.client.id
 
 
-@command("setname", 3, "fast", parent="client", group="connection", since="2.6.9",
+@command("setname", 3, "noscript loading stale", parent="client", group="connection", since="2.6.9",
          summary="Sets the connection name.")
 def client_setname(ctx: Context, args: list[bytes]) -> Any:
     if not _valid_name(args[2]):
@@ -199,13 +199,13 @@ def client_setname(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("getname", 2, "fast", parent="client", group="connection", since="2.6.9",
+@command("getname", 2, "noscript loading stale", parent="client", group="connection", since="2.6.9",
          summary="Returns the name of the connection.")
 def client_getname(ctx: Context, args: list[bytes]) -> Any:
     return ctx.client.name or None
 
 
-@command("info", 2, "fast", parent="client", group="connection", since="6.2.0",
+@command("info", 2, "noscript loading stale", parent="client", group="connection", since="6.2.0",
          summary="Returns information about the connection.")
 def client_info(ctx: Context, args: list[bytes]) -> Any:
     return Verbatim(client_line(ctx.client, _now(ctx), running=True) + "\n")
@@ -249,7 +249,7 @@ def client_setinfo(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("kill", -3, "admin", parent="client", group="connection", since="2.4.0",
+@command("kill", -3, "admin noscript loading stale", parent="client", group="connection", since="2.4.0",
          summary="Terminates open connections.",
          syntax="CLIENT KILL ip:port | [ID client-id] [TYPE type] [USER username] [ADDR ip:port] "
                 "[LADDR ip:port] [SKIPME yes|no] [MAXAGE seconds]")
@@ -328,7 +328,7 @@ def _kill(ctx: Context, conn: Any) -> None:
         conn.kill()
 
 
-@command("reply", 3, "", parent="client", group="connection", since="3.2.0",
+@command("reply", 3, "noscript loading stale", parent="client", group="connection", since="3.2.0",
          summary="Instructs the server whether to reply to commands.", syntax="CLIENT REPLY ON | OFF | SKIP")
 def client_reply(ctx: Context, args: list[bytes]) -> Any:
     """The connection drops the replies (its ``_reply_done``); OFF and SKIP have none themselves."""
@@ -402,7 +402,7 @@ def client_unblock(ctx: Context, args: list[bytes]) -> Any:
     return 1
 
 
-@command("help", 2, "", parent="client", group="connection", summary="Returns helpful text about the "
+@command("help", 2, "loading stale", parent="client", group="connection", summary="Returns helpful text about the "
          "different subcommands.")
 def client_help(ctx: Context, args: list[bytes]) -> Any:
     from kvstrata.commands.registry import REGISTRY

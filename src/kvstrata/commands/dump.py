@@ -8,7 +8,7 @@ from typing import Any
 from kvstrata.commands.args import INT64_MAX, parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
-from kvstrata.commands.registry import command
+from kvstrata.commands.registry import KeySpec, command
 from kvstrata.errors import BusyKeyError, CommandError, syntax_error
 from kvstrata.protocol import dump_payload
 from kvstrata.protocol.encoder import OK
@@ -24,7 +24,9 @@ def dump(ctx: Context, args: list[bytes]) -> Any:
 
 # load="meta": whether the key exists decides (BUSYKEY); its old value is never read.
 # values=(3, 0): a large payload stays the buffer it was received into (it is only read, never hashed or kept).
-@command("restore", -4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="generic", since="2.6.0", load="meta",
+@command("restore", -4, "write denyoom", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("OW", "update")),),
+         values=(3, 0), group="generic", since="2.6.0", load="meta",
          summary="Creates a key from the serialized representation of a value.",
          syntax="RESTORE key ttl serialized-value [REPLACE] [ABSTTL] [IDLETIME seconds] [FREQ frequency]")
 def restore(ctx: Context, args: list[bytes]) -> Any:

@@ -9,21 +9,25 @@ from kvstrata.commands.args import parse_db_index, parse_int
 from kvstrata.commands.context import Context
 from kvstrata.commands.expiry import expire_at_ms
 from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
-from kvstrata.commands.registry import command
+from kvstrata.commands.registry import KeySpec, command
 from kvstrata.engine.keyspace import SCAN_BUCKETS
 from kvstrata.errors import CommandError, syntax_error
 from kvstrata.protocol.encoder import OK, Status
 from kvstrata.server.notify import GENERIC, notify
 
 
-@command("del", -2, "write", keys=(1, -1, 1), group="generic", summary="Deletes one or more keys.",
+@command("del", -2, "write", keys=(1, -1, 1),
+         key_specs=(KeySpec(1, -1, 1, ("RM", "delete")),),
+         group="generic", summary="Deletes one or more keys.",
          syntax="DEL key [key ...]")
 def del_(ctx: Context, args: list[bytes]) -> Any:
     deleted, seqs = delete_tracked(ctx, args[1:])
     return after_pool_delete(ctx, deleted, seqs)  # each key's tombstone: the reply waits for every one's outcome
 
 
-@command("unlink", -2, "write fast", keys=(1, -1, 1), group="generic", since="4.0.0",
+@command("unlink", -2, "write fast", keys=(1, -1, 1),
+         key_specs=(KeySpec(1, -1, 1, ("RM", "delete")),),
+         group="generic", since="4.0.0",
          summary="Asynchronously deletes one or more keys.", syntax="UNLINK key [key ...]")
 def unlink(ctx: Context, args: list[bytes]) -> Any:
     return del_(ctx, args)
@@ -31,7 +35,9 @@ def unlink(ctx: Context, args: list[bytes]) -> Any:
 
 # load="meta" (here and for TYPE and the TTL family): a tiered server probes the record headers of the keys below
 # DRAM (version, expiry, value length) instead of loading their values; ``store.probe`` answers from them.
-@command("exists", -2, "readonly fast", keys=(1, -1, 1), load="meta", group="generic",
+@command("exists", -2, "readonly fast", keys=(1, -1, 1),
+         key_specs=(KeySpec(1, -1, 1, ("RO",)),),
+         load="meta", group="generic",
          summary="Determines whether one or more keys exist.", syntax="EXISTS key [key ...]")
 def exists(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
@@ -44,7 +50,9 @@ def exists(ctx: Context, args: list[bytes]) -> Any:
     return len(found)
 
 
-@command("touch", -2, "readonly fast", keys=(1, -1, 1), group="generic", since="3.2.1",
+@command("touch", -2, "readonly fast", keys=(1, -1, 1),
+         key_specs=(KeySpec(1, -1, 1, ("RO",)),),
+         group="generic", since="3.2.1",
          summary="Returns the number of existing keys out of those specified after updating the time they were "
                  "last accessed.", syntax="TOUCH key [key ...]")
 def touch(ctx: Context, args: list[bytes]) -> Any:
@@ -159,7 +167,9 @@ def persist(ctx: Context, args: list[bytes]) -> Any:
     return 1
 
 
-@command("type", 2, "readonly fast", keys=(1, 1, 1), load="meta", group="generic",
+@command("type", 2, "readonly fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RO",)),),
+         load="meta", group="generic",
          summary="Determines the type of value stored at a key.")
 def type_(ctx: Context, args: list[bytes]) -> Any:
     return Status("none" if ctx.store.probe(args[1]) is None else "string")
@@ -240,19 +250,25 @@ def _rename(ctx: Context, args: list[bytes], nx: bool) -> Any:
     return 1 if nx else OK
 
 
-@command("rename", 3, "write", keys=(1, 2, 1), group="generic", summary="Renames a key and overwrites the "
+@command("rename", 3, "write", keys=(1, 2, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "delete")),
+         KeySpec(2, 0, 1, ("OW", "update"))), group="generic", summary="Renames a key and overwrites the "
          "destination.", syntax="RENAME key newkey")
 def rename(ctx: Context, args: list[bytes]) -> Any:
     return _rename(ctx, args, False)
 
 
-@command("renamenx", 3, "write fast", keys=(1, 2, 1), group="generic",
+@command("renamenx", 3, "write fast", keys=(1, 2, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "delete")),
+         KeySpec(2, 0, 1, ("OW", "insert"))), group="generic",
          summary="Renames a key only when the target key name doesn't exist.", syntax="RENAMENX key newkey")
 def renamenx(ctx: Context, args: list[bytes]) -> Any:
     return _rename(ctx, args, True)
 
 
-@command("copy", -3, "write denyoom", keys=(1, 2, 1), group="generic", since="6.2.0",
+@command("copy", -3, "write denyoom", keys=(1, 2, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RO", "access")),
+         KeySpec(2, 0, 1, ("OW", "update"))), group="generic", since="6.2.0",
          summary="Copies the value of a key to a new key.",
          syntax="COPY source destination [DB destination-db] [REPLACE]")
 def copy(ctx: Context, args: list[bytes]) -> Any:
@@ -284,7 +300,9 @@ def copy(ctx: Context, args: list[bytes]) -> Any:
     return 1
 
 
-@command("move", 3, "write fast", keys=(1, 1, 1), group="generic", load=False,
+@command("move", 3, "write fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update")),),
+         group="generic", load=False,
          summary="Moves a key to another database.", syntax="MOVE key db")
 def move(ctx: Context, args: list[bytes]) -> Any:
     """Database 0 is the only one (as Redis with ``databases 1``): moving a key to it is moving it onto itself."""

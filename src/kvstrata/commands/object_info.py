@@ -15,7 +15,7 @@ from typing import Any
 
 from kvstrata.commands.context import Context
 from kvstrata.commands.observe import help_reply
-from kvstrata.commands.registry import command, container
+from kvstrata.commands.registry import KeySpec, command, container
 from kvstrata.errors import CommandError
 
 EMBSTR_LIMIT = 44  # OBJ_ENCODING_EMBSTR_SIZE_LIMIT
@@ -42,19 +42,24 @@ container("object", "", group="generic", since="2.2.3", summary="A container for
 
 # ENCODING reads the value (an integer's text decides); the others need only the record's header (load="meta").
 @command("encoding", 3, "readonly", parent="object", group="generic", since="2.2.3", keys=(2, 2, 1),
+         key_specs=(KeySpec(2, 0, 1, ("RO",)),),
          summary="Returns the internal encoding of a Redis object.", syntax="ENCODING key")
 def object_encoding(ctx: Context, args: list[bytes]) -> Any:
     entry = ctx.store.get(args[2], touch=False)
     return None if entry is None else encoding(entry.value)
 
 
-@command("refcount", 3, "readonly", parent="object", group="generic", since="2.2.3", keys=(2, 2, 1), load="meta",
+@command("refcount", 3, "readonly", parent="object", group="generic", since="2.2.3", keys=(2, 2, 1),
+         key_specs=(KeySpec(2, 0, 1, ("RO",)),),
+         load="meta",
          summary="Returns the reference count of a value of a key.", syntax="REFCOUNT key")
 def object_refcount(ctx: Context, args: list[bytes]) -> Any:
     return None if ctx.store.probe(args[2]) is None else 1
 
 
-@command("freq", 3, "readonly", parent="object", group="generic", since="4.0.0", keys=(2, 2, 1), load="meta",
+@command("freq", 3, "readonly", parent="object", group="generic", since="4.0.0", keys=(2, 2, 1),
+         key_specs=(KeySpec(2, 0, 1, ("RO",)),),
+         load="meta",
          summary="Returns the logarithmic access frequency counter of a Redis object.", syntax="FREQ key")
 def object_freq(ctx: Context, args: list[bytes]) -> Any:
     if ctx.store.probe(args[2]) is None:
@@ -62,7 +67,9 @@ def object_freq(ctx: Context, args: list[bytes]) -> Any:
     raise CommandError(NOT_LFU)
 
 
-@command("idletime", 3, "readonly", parent="object", group="generic", since="2.2.3", keys=(2, 2, 1), load="meta",
+@command("idletime", 3, "readonly", parent="object", group="generic", since="2.2.3", keys=(2, 2, 1),
+         key_specs=(KeySpec(2, 0, 1, ("RO",)),),
+         load="meta",
          summary="Returns the time since the last access to a Redis object.", syntax="IDLETIME key")
 def object_idletime(ctx: Context, args: list[bytes]) -> Any:
     if ctx.store.probe(args[2]) is None:

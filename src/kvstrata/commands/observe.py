@@ -17,7 +17,7 @@ from typing import Any
 
 from kvstrata.commands.args import parse_int
 from kvstrata.commands.context import Context
-from kvstrata.commands.registry import REGISTRY, command, container
+from kvstrata.commands.registry import REGISTRY, KeySpec, command, container
 from kvstrata.engine.bufpool import BufferPool, trim_malloc
 from kvstrata.errors import CommandError, syntax_error
 from kvstrata.observability.latency import cumulative_usec
@@ -94,21 +94,21 @@ def _history(ctx: Context) -> Any:
     return ctx.server.observability.history
 
 
-@command("latest", 2, "admin loading stale", parent="latency", group="server", since="2.8.13",
+@command("latest", 2, "admin noscript loading stale", parent="latency", group="server", since="2.8.13",
          summary="Returns the latest latency samples for all events.")
 def latency_latest(ctx: Context, args: list[bytes]) -> Any:
     history = _history(ctx)
     return history.latest() if history is not None else []
 
 
-@command("history", 3, "admin loading stale", parent="latency", group="server", since="2.8.13",
+@command("history", 3, "admin noscript loading stale", parent="latency", group="server", since="2.8.13",
          summary="Returns timestamp-latency samples for an event.", syntax="HISTORY event")
 def latency_history(ctx: Context, args: list[bytes]) -> Any:
     history = _history(ctx)
     return history.history(args[2].decode(errors="replace").lower()) if history is not None else []
 
 
-@command("reset", -2, "admin loading stale", parent="latency", group="server", since="2.8.13",
+@command("reset", -2, "admin noscript loading stale", parent="latency", group="server", since="2.8.13",
          summary="Resets the latency data for one or more events.", syntax="RESET [event [event ...]]")
 def latency_reset(ctx: Context, args: list[bytes]) -> Any:
     history = _history(ctx)
@@ -117,7 +117,7 @@ def latency_reset(ctx: Context, args: list[bytes]) -> Any:
     return history.reset([a.decode(errors="replace").lower() for a in args[2:]])
 
 
-@command("histogram", -2, "admin loading stale", parent="latency", group="server", since="7.0.0",
+@command("histogram", -2, "admin noscript loading stale", parent="latency", group="server", since="7.0.0",
          summary="Returns the cumulative distribution of latencies of a subset or all commands.",
          syntax="HISTOGRAM [command [command ...]]")
 def latency_histogram(ctx: Context, args: list[bytes]) -> Any:
@@ -189,6 +189,7 @@ def usage_bytes(store: Any, key: bytes) -> int | None:
 
 
 @command("usage", -3, "readonly", parent="memory", group="server", since="4.0.0", keys=(2, 2, 1),
+         key_specs=(KeySpec(2, 0, 1, ("RO",)),),
          summary="Estimates the memory usage of a key.", syntax="USAGE key [SAMPLES count]")
 def memory_usage(ctx: Context, args: list[bytes]) -> Any:
     if len(args) == 5 and args[3].lower() == b"samples":

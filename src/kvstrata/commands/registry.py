@@ -43,6 +43,7 @@ class KeySpec:
     lastkey: int = 0
     step: int = 1
     flags: tuple[str, ...] = ("RO", "access")
+    notes: str = ""  # Redis's note on the spec (COMMAND INFO shows it)
 
     def find(self, args: list[bytes]) -> list[bytes]:
         last = self.index + self.lastkey if self.lastkey >= 0 else len(args) + self.lastkey

@@ -23,7 +23,8 @@ from kvstrata.server.limits import empty_budget, save_problem
 
 
 def _spec_info(spec: CommandSpec) -> list[Any]:
-    flags = [Status(f) for f in sorted(spec.flags)]
+    # As Redis: a command whose keys a function finds (options after them) has movable keys.
+    flags = [Status(f) for f in sorted(spec.flags | ({"movablekeys"} if spec.getkeys is not None else set()))]
     cats = [Status("@" + c) for c in acl_mod.categories(spec)]  # the same categories ACL rules use
     return [
         spec.full_name,
@@ -41,6 +42,7 @@ def _spec_info(spec: CommandSpec) -> list[Any]:
 
 def _key_specs(spec: CommandSpec) -> list[Any]:
     return [{
+        **({"notes": ks.notes} if ks.notes else {}),
         "flags": [Status(f) for f in ks.flags],
         "begin_search": {"type": "index", "spec": {"index": ks.index}},
         "find_keys": {"type": "range", "spec": {"lastkey": ks.lastkey, "keystep": ks.step, "limit": 0}},
@@ -149,7 +151,7 @@ def command_help(ctx: Context, args: list[bytes]) -> Any:
 container("config", "", group="server", summary="A container for server configuration commands.")
 
 
-@command("get", -3, "admin", parent="config", group="server", since="2.0.0",
+@command("get", -3, "admin noscript loading stale", parent="config", group="server", since="2.0.0",
          summary="Returns the effective values of configuration parameters.")
 def config_get(ctx: Context, args: list[bytes]) -> Any:
     """Redis's rules: a name without glob characters is looked up exactly (any case, replied as first spelled),
@@ -172,7 +174,7 @@ def config_get(ctx: Context, args: list[bytes]) -> Any:
     return out
 
 
-@command("set", -4, "admin", parent="config", group="server", since="2.0.0",
+@command("set", -4, "admin noscript loading stale", parent="config", group="server", since="2.0.0",
          summary="Sets configuration parameters in-flight.")
 def config_set(ctx: Context, args: list[bytes]) -> Any:
     """Redis 7's order: the names are checked first (the first unknown, immutable or repeated one is named as
@@ -237,7 +239,7 @@ def _unchanged(ctx: Context, key: str, value: str) -> bool:
         return False
 
 
-@command("resetstat", 2, "admin", parent="config", group="server", since="2.0.0",
+@command("resetstat", 2, "admin noscript loading stale", parent="config", group="server", since="2.0.0",
          summary="Resets the server's statistics.")
 def config_resetstat(ctx: Context, args: list[bytes]) -> Any:
     ctx.store.stats.reset()
@@ -254,7 +256,7 @@ def _restore(ctx: Context, old: dict[str, Any]) -> None:
         ctx.config.values[param] = previous
 
 
-@command("rewrite", 2, "admin", parent="config", group="server", since="2.8.0",
+@command("rewrite", 2, "admin noscript loading stale", parent="config", group="server", since="2.8.0",
          summary="Persists the effective configuration to file.")
 def config_rewrite(ctx: Context, args: list[bytes]) -> Any:
     path = ctx.server.config_file if ctx.server is not None else None

@@ -12,7 +12,7 @@ from kvstrata.commands.args import INT64_MAX, INT64_MIN, Option, parse_float, pa
 from kvstrata.commands.context import Context
 from kvstrata.commands.expiry import expire_at_ms
 from kvstrata.commands.pool_acks import after_pool_delete, delete_tracked
-from kvstrata.commands.registry import command
+from kvstrata.commands.registry import KeySpec, command
 from kvstrata.errors import NOT_FLOAT, OVERFLOW, CommandError, wrong_arity
 from kvstrata.protocol.encoder import OK
 from kvstrata.server.notify import GENERIC, STRING, notify, set_events
@@ -29,6 +29,11 @@ _GETEX_OPTIONS = {
     b"PERSIST": Option(b"PERSIST", 0, _EXPIRES),
     **{e: Option(e, 1, (b"PERSIST", *(x for x in _EXPIRES if x != e))) for e in _EXPIRES},
 }
+
+
+# Redis's notes on the key specs of SET and GETEX (COMMAND INFO).
+_SET_NOTES = "RW and ACCESS due to the optional `GET` argument"
+_GETEX_NOTES = "RW and UPDATE because it changes the TTL"
 
 
 def max_bulk_len(ctx: Context) -> int:
@@ -54,7 +59,9 @@ def _set_load(args: list[bytes]) -> str | bool:
 
 # load="meta" for the writes below that replace a value: a key held only below DRAM (the SSD, another node's in the
 # pool) has its record header probed before the write, not its whole value read (megabytes for a KV chunk).
-@command("set", -3, "write denyoom", keys=(1, 1, 1), values=(2, 0), group="string", load=_set_load,
+@command("set", -3, "write denyoom", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update", "variable_flags"), _SET_NOTES),),
+         values=(2, 0), group="string", load=_set_load,
          summary="Sets the string value of a key, ignoring its type. The key is created if it doesn't exist.",
          syntax="SET key value [NX | XX] [GET] [EX seconds | PX milliseconds | EXAT unix-time-seconds | "
                 "PXAT unix-time-milliseconds | KEEPTTL]")
@@ -90,20 +97,26 @@ def _setex(ctx: Context, args: list[bytes], unit: bytes, name: str) -> Any:
     return OK
 
 
-@command("setex", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", load="meta", since="2.0.0",
+@command("setex", 4, "write denyoom", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("OW", "update")),),
+         values=(3, 0), group="string", load="meta", since="2.0.0",
          summary="Sets the string value and expiration time of a key.", syntax="SETEX key seconds value")
 def setex(ctx: Context, args: list[bytes]) -> Any:
     return _setex(ctx, args, b"EX", "setex")
 
 
-@command("psetex", 4, "write denyoom", keys=(1, 1, 1), values=(3, 0), group="string", load="meta", since="2.6.0",
+@command("psetex", 4, "write denyoom", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("OW", "update")),),
+         values=(3, 0), group="string", load="meta", since="2.6.0",
          summary="Sets both string value and expiration time in milliseconds of a key.",
          syntax="PSETEX key milliseconds value")
 def psetex(ctx: Context, args: list[bytes]) -> Any:
     return _setex(ctx, args, b"PX", "psetex")
 
 
-@command("setnx", 3, "write denyoom fast", keys=(1, 1, 1), values=(2, 0), group="string", load="meta",
+@command("setnx", 3, "write denyoom fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("OW", "insert")),),
+         values=(2, 0), group="string", load="meta",
          summary="Set the string value of a key only when the key doesn't exist.")
 def setnx(ctx: Context, args: list[bytes]) -> Any:
     if ctx.store.probe(args[1]) is not None:
@@ -113,7 +126,9 @@ def setnx(ctx: Context, args: list[bytes]) -> Any:
     return 1
 
 
-@command("getset", 3, "write denyoom fast", keys=(1, 1, 1), values=(2, 0), group="string",
+@command("getset", 3, "write denyoom fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update")),),
+         values=(2, 0), group="string",
          summary="Returns the previous string value of a key after setting it to a new value.")
 def getset(ctx: Context, args: list[bytes]) -> Any:
     old = string_value(ctx, args[1])
@@ -122,7 +137,9 @@ def getset(ctx: Context, args: list[bytes]) -> Any:
     return old
 
 
-@command("getdel", 2, "write fast", keys=(1, 1, 1), group="string", since="6.2.0",
+@command("getdel", 2, "write fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "delete")),),
+         group="string", since="6.2.0",
          summary="Returns the string value of a key after deleting the key.")
 def getdel(ctx: Context, args: list[bytes]) -> Any:
     old = string_value(ctx, args[1])
@@ -132,7 +149,9 @@ def getdel(ctx: Context, args: list[bytes]) -> Any:
     return after_pool_delete(ctx, old, delete_tracked(ctx, [args[1]])[1])
 
 
-@command("getex", -2, "write fast", keys=(1, 1, 1), group="string", since="6.2.0",
+@command("getex", -2, "write fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update"), _GETEX_NOTES),),
+         group="string", since="6.2.0",
          summary="Returns the string value of a key after setting its expiration time.",
          syntax="GETEX key [EX seconds | PX milliseconds | EXAT unix-time-seconds | "
                 "PXAT unix-time-milliseconds | PERSIST]")
@@ -169,7 +188,9 @@ def mget(ctx: Context, args: list[bytes]) -> Any:
     return out
 
 
-@command("mset", -3, "write denyoom", keys=(1, -1, 2), values=(2, 2), group="string", load="meta",
+@command("mset", -3, "write denyoom", keys=(1, -1, 2),
+         key_specs=(KeySpec(1, -1, 2, ("OW", "update")),),
+         values=(2, 2), group="string", load="meta",
          summary="Atomically creates or modifies the string values of one or more keys.",
          syntax="MSET key value [key value ...]")
 def mset(ctx: Context, args: list[bytes]) -> Any:
@@ -181,7 +202,9 @@ def mset(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("msetnx", -3, "write denyoom", keys=(1, -1, 2), values=(2, 2), group="string", load="meta",
+@command("msetnx", -3, "write denyoom", keys=(1, -1, 2),
+         key_specs=(KeySpec(1, -1, 2, ("OW", "insert")),),
+         values=(2, 2), group="string", load="meta",
          summary="Atomically modifies the string values of one or more keys only when all keys don't exist.",
          syntax="MSETNX key value [key value ...]")
 def msetnx(ctx: Context, args: list[bytes]) -> Any:
@@ -195,7 +218,9 @@ def msetnx(ctx: Context, args: list[bytes]) -> Any:
     return 1
 
 
-@command("append", 3, "write denyoom", keys=(1, 1, 1), values=(2, 0), group="string", since="2.0.0",
+@command("append", 3, "write denyoom fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "insert")),),
+         values=(2, 0), group="string", since="2.0.0",
          summary="Appends a string to the value of a key. Creates the key if it doesn't exist.")
 def append(ctx: Context, args: list[bytes]) -> Any:
     old = string_value(ctx, args[1])
@@ -211,7 +236,9 @@ def append(ctx: Context, args: list[bytes]) -> Any:
     return len(value)
 
 
-@command("strlen", 2, "readonly fast", keys=(1, 1, 1), group="string", since="2.2.0",
+@command("strlen", 2, "readonly fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RO",)),),
+         group="string", since="2.2.0",
          summary="Returns the length of a string value.")
 def strlen(ctx: Context, args: list[bytes]) -> Any:
     old = string_value(ctx, args[1])
@@ -292,26 +319,34 @@ def _incr(ctx: Context, key: bytes, delta: int) -> int:
     return result
 
 
-@command("incr", 2, "write denyoom fast", keys=(1, 1, 1), group="string",
+@command("incr", 2, "write denyoom fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update")),),
+         group="string",
          summary="Increments the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.")
 def incr(ctx: Context, args: list[bytes]) -> Any:
     return _incr(ctx, args[1], 1)
 
 
-@command("decr", 2, "write denyoom fast", keys=(1, 1, 1), group="string",
+@command("decr", 2, "write denyoom fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update")),),
+         group="string",
          summary="Decrements the integer value of a key by one. Uses 0 as initial value if the key doesn't exist.")
 def decr(ctx: Context, args: list[bytes]) -> Any:
     return _incr(ctx, args[1], -1)
 
 
-@command("incrby", 3, "write denyoom fast", keys=(1, 1, 1), group="string",
+@command("incrby", 3, "write denyoom fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update")),),
+         group="string",
          summary="Increments the integer value of a key by a number. Uses 0 as initial value if the key doesn't "
                  "exist.", syntax="INCRBY key increment")
 def incrby(ctx: Context, args: list[bytes]) -> Any:
     return _incr(ctx, args[1], parse_int(args[2]))
 
 
-@command("decrby", 3, "write denyoom fast", keys=(1, 1, 1), group="string",
+@command("decrby", 3, "write denyoom fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update")),),
+         group="string",
          summary="Decrements a number from the integer value of a key. Uses 0 as initial value if the key "
                  "doesn't exist.", syntax="DECRBY key decrement")
 def decrby(ctx: Context, args: list[bytes]) -> Any:
@@ -377,7 +412,9 @@ def format_long_double(x: np.longdouble) -> bytes:
     return b"0" if text == "-0" else text.encode()
 
 
-@command("incrbyfloat", 3, "write denyoom fast", keys=(1, 1, 1), group="string", since="2.6.0",
+@command("incrbyfloat", 3, "write denyoom fast", keys=(1, 1, 1),
+         key_specs=(KeySpec(1, 0, 1, ("RW", "access", "update")),),
+         group="string", since="2.6.0",
          summary="Increment the floating point value of a key by a number. Uses 0 as initial value if the key "
                  "doesn't exist.", syntax="INCRBYFLOAT key increment")
 def incrbyfloat(ctx: Context, args: list[bytes]) -> Any:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstrata.commands.context import ClientState, Context
-from kvstrata.commands.registry import CommandSpec, command
+from kvstrata.commands.registry import CommandSpec, KeySpec, command
 from kvstrata.commands.waits import Suspend
 from kvstrata.errors import CommandError
 from kvstrata.protocol.encoder import NULL_ARRAY, OK, ErrorReply, Status
@@ -103,7 +103,9 @@ def discard(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("watch", -2, "noscript loading stale fast allow_busy", keys=(1, -1, 1), load="meta",
+@command("watch", -2, "noscript loading stale fast allow_busy", keys=(1, -1, 1),
+         key_specs=(KeySpec(1, -1, 1, ("RO",)),),
+         load="meta",
          group="transactions", since="2.2.0", summary="Monitors changes to keys to determine the execution of a "
                                                       "transaction.")
 def watch(ctx: Context, args: list[bytes]) -> Any:
