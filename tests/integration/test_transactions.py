@@ -244,3 +244,24 @@ def test_the_queue_is_bounded(make_server, raw, resp):
     assert b" multi=0 " in line and b" multi-mem=0 " in line  # the queue is freed
     assert c.cmd("EXEC") == resp.Error(EXECABORT)
     assert c.cmd("EXISTS", "k0") == 0
+
+
+def test_acl_category_transaction_covers_the_transaction_commands(server, raw):
+    """A user allowed ``+@read +@transaction`` (a rule written for Redis) may run MULTI, WATCH, EXEC, DISCARD and
+    UNWATCH, and nothing that writes; the same on both targets."""
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", "txuser", "on", ">pw", "~*", "+@read", "+@transaction", "+auth")
+    try:
+        c = raw()
+        assert c.cmd_raw("AUTH", "txuser", "pw") == b"+OK\r\n"
+        assert c.cmd_raw("WATCH", "k") == b"+OK\r\n"
+        assert c.cmd_raw("UNWATCH") == b"+OK\r\n"
+        assert c.cmd_raw("MULTI") == b"+OK\r\n"
+        assert c.cmd_raw("GET", "k") == b"+QUEUED\r\n"
+        assert c.cmd_raw("EXEC") == b"*1\r\n$-1\r\n"
+        assert c.cmd_raw("MULTI") == b"+OK\r\n"
+        assert c.cmd_raw("DISCARD") == b"+OK\r\n"
+        assert c.cmd_raw("SET", "k", "v").startswith(b"-NOPERM")
+    finally:
+        admin.execute_command("ACL", "DELUSER", "txuser")
+        admin.close()
