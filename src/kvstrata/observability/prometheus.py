@@ -181,22 +181,18 @@ class KvstrataCollector:
         yield CounterMetricFamily("kvstrata_client_output_limit_disconnections",
                                   "Clients closed for passing client-output-buffer-limit.",
                                   value=cl.get("output_limit_closed", 0))
-        yield GaugeMetricFamily("kvstrata_blocked_clients", "Clients held by CLIENT PAUSE or blocked in WAIT now.",
-                                value=cl["blocked"])
-        yield GaugeMetricFamily("kvstrata_tracking_clients", "Clients with CLIENT TRACKING on now.",
-                                value=cl["tracking"])
-        tracked = snap["tracking"]
-        yield GaugeMetricFamily("kvstrata_tracking_keys", "Keys CLIENT TRACKING remembers (default mode) now.",
-                                value=tracked["keys"])
-        yield GaugeMetricFamily("kvstrata_tracking_prefixes", "CLIENT TRACKING BCAST prefixes now.",
-                                value=tracked["prefixes"])
-        subs = snap["pubsub"]
-        yield GaugeMetricFamily("kvstrata_pubsub_channels", "Pub/Sub channels with a subscriber now.",
-                                value=subs["channels"])
-        yield GaugeMetricFamily("kvstrata_pubsub_patterns", "Pub/Sub patterns with a subscriber now.",
-                                value=subs["patterns"])
-        yield GaugeMetricFamily("kvstrata_pubsub_shard_channels", "Pub/Sub shard channels with a subscriber now.",
-                                value=subs["shard_channels"])
+        tracked, subs = snap["tracking"], snap["pubsub"]
+        for name, help_text, value in (
+            ("kvstrata_blocked_clients", "Clients held by CLIENT PAUSE or blocked in WAIT now.", cl["blocked"]),
+            ("kvstrata_tracking_clients", "Clients with CLIENT TRACKING on now.", cl["tracking"]),
+            ("kvstrata_tracking_keys", "Keys CLIENT TRACKING remembers (default mode) now.", tracked["keys"]),
+            ("kvstrata_tracking_prefixes", "CLIENT TRACKING BCAST prefixes now.", tracked["prefixes"]),
+            ("kvstrata_pubsub_channels", "Pub/Sub channels with a subscriber now.", subs["channels"]),
+            ("kvstrata_pubsub_patterns", "Pub/Sub patterns with a subscriber now.", subs["patterns"]),
+            ("kvstrata_pubsub_shard_channels", "Pub/Sub shard channels with a subscriber now.",
+             subs["shard_channels"]),
+        ):
+            yield GaugeMetricFamily(name, help_text, value=value)
         yield CounterMetricFamily("kvstrata_net_input_bytes", "Bytes received from clients.",
                                   value=snap["net"]["input_bytes"])
         yield CounterMetricFamily("kvstrata_net_output_bytes", "Bytes sent to clients.",
