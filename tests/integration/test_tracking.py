@@ -318,7 +318,6 @@ def test_cached_reads_are_linearizable_under_concurrent_writes(server, raw):
                 op = Op(t0, time.monotonic(), "write", value.encode(), client=w)
             with lock:
                 ops[key].append(op)
-            time.sleep(0)  # yield the GIL; not synchronisation
 
     cache: dict[bytes, bytes | None] = {}
     stats = {"hits": 0, "misses": 0, "invalidations": 0}
