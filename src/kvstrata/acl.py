@@ -42,8 +42,6 @@ _ADMIN = frozenset({"client|kill", "client|list", "config|get", "config|set", "c
 _DANGEROUS = _ADMIN | {"keys", "flushall", "flushdb", "info", "restore", "migrate", "swapdb"}
 _KEYSPACE = frozenset({"dbsize", "flushall", "flushdb", "swapdb"})
 # Redis puts COMMAND and its subcommands in @connection (their group is server); PUBSUB HELP in no group's category.
-_CONNECTION = frozenset({"command", "command|count", "command|docs", "command|getkeys", "command|help",
-                         "command|info", "command|list"})
 _NO_GROUP = frozenset({"pubsub|help"})
 # Commands whose first argument is a key pattern (not a key).
 PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})
@@ -68,7 +66,10 @@ def categories(spec: CommandSpec) -> list[str]:
         out.append("write")
     elif "readonly" in spec.flags:
         out.append("read")
-    group = "connection" if name in _CONNECTION else None if name in _NO_GROUP else _GROUP_CATEGORY.get(spec.group)
+    if (spec.parent or spec).name == "command":
+        group: str | None = "connection"
+    else:
+        group = None if name in _NO_GROUP else _GROUP_CATEGORY.get(spec.group)
     if group is not None:
         out.append(group)
     if name in _KEYSPACE:

@@ -71,3 +71,33 @@ def test_command_info_is_redis_s(infos: dict[str, dict[str, Any]]) -> None:
     # Every difference kept on purpose is still one (the list does not outlive its reasons).
     stale = [k for k in ON_PURPOSE if infos["kvstrata"][k[0]][k[1]] == infos["redis"][k[0]][k[1]]]
     assert stale == []
+
+
+SAMPLES = [
+    ("GET", "k"), ("SET", "k", "v"), ("SET", "k", "v", "GET"), ("SET", "k", "v", "EX", "10", "get"),
+    ("MSET", "a", "1", "b", "2"), ("MGET", "a", "b", "c"), ("DEL", "a", "b"), ("UNLINK", "a"), ("EXISTS", "a", "b"),
+    ("COPY", "s", "d", "REPLACE"), ("RENAME", "s", "d"), ("RENAMENX", "s", "d"), ("BITOP", "AND", "d", "s1", "s2"),
+    ("BITFIELD", "k", "GET", "u8", "0"), ("BITFIELD", "k", "OVERFLOW", "SAT", "GET", "u8", "0"),
+    ("BITFIELD", "k", "SET", "u8", "0", "1"), ("BITFIELD", "k", "GET", "u8"), ("BITFIELD_RO", "k", "GET", "u8", "0"),
+    ("GETEX", "k", "PERSIST"), ("GETDEL", "k"), ("INCRBYFLOAT", "k", "1"), ("APPEND", "k", "v"),
+    ("SETNX", "k", "v"), ("MSETNX", "a", "1"), ("LCS", "a", "b"), ("OBJECT", "ENCODING", "k"),
+    ("MEMORY", "USAGE", "k"), ("WATCH", "a", "b"), ("RESTORE", "k", "0", "x"), ("TOUCH", "a"),
+    ("PING", "x"), ("ECHO", "x"), ("NOSUCH", "x"), ("GET",), ("GET", "a", "b"), ("SETRANGE", "k", "0", "v"),
+]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    servers = [ServerProc(target=t).start() for t in ("kvstrata", "redis")]
+    yield [s.raw() for s in servers]
+    for s in servers:
+        s.stop()
+
+
+@pytest.mark.parametrize("sub", ["GETKEYS", "GETKEYSANDFLAGS"])
+def test_command_getkeys_and_flags_as_redis(pair: list[Any], sub: str) -> None:
+    """COMMAND GETKEYS and GETKEYSANDFLAGS give Redis's keys, flags (SET with and without GET, BITFIELD read-only
+    or not) and errors, exact bytes."""
+    for sample in SAMPLES:
+        ours, theirs = (conn.cmd_raw("COMMAND", sub, *sample) for conn in pair)
+        assert ours == theirs, (sub, sample)

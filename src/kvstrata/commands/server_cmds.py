@@ -124,21 +124,59 @@ def command_list(ctx: Context, args: list[bytes]) -> Any:
     return [s.full_name for s in specs]
 
 
-@command("getkeys", -4, "loading stale", parent="command", group="server", since="2.8.13",
-         summary="Extracts the key names from an arbitrary command.",
-         syntax="COMMAND GETKEYS command [arg [arg ...]]")
-def command_getkeys(ctx: Context, args: list[bytes]) -> Any:
+def _command_keys(args: list[bytes]) -> list[tuple[bytes, tuple[str, ...]]]:
+    """COMMAND GETKEYS / GETKEYSANDFLAGS: the keys of the command in ``args[2:]`` with each one's key-spec flags,
+    checked as Redis checks (the command, whether it has keys at all, its arity)."""
     spec = REGISTRY.get(bytes(args[2]).lower())
     if spec is not None and spec.subcommands and len(args) > 3:
         spec = spec.subcommands.get(bytes(args[3]).lower())
     if spec is None:
         raise CommandError("Invalid command specified")
+    if not spec.key_specs and spec.getkeys is None:
+        raise CommandError("The command has no key arguments")
     if not spec.arity_ok(len(args) - 2):
         raise CommandError("Invalid number of arguments specified for command")
-    keys = spec.keys(args[2:])
-    if not keys:
-        raise CommandError("The command has no key arguments")
-    return keys
+    argv = args[2:]
+    if spec.getkeys is not None or len(spec.key_specs) == 1:
+        flags = _variable_key_flags(spec.full_name, argv) or (spec.key_specs[0].flags if spec.key_specs else ())
+        found = [(key, flags) for key in spec.keys(argv)]
+    else:
+        found = [(key, ks.flags) for ks in spec.key_specs for key in ks.find(argv)]
+    if not found:
+        raise CommandError("Invalid arguments specified for command")
+    return found
+
+
+def _variable_key_flags(name: str, argv: list[bytes]) -> tuple[str, ...]:
+    """The flags of a key whose access depends on the arguments (Redis's setGetKeys and bitfieldGetKeys)."""
+    if name == "set":
+        return ("RW", "access", "update") if any(a.lower() == b"get" for a in argv[3:]) else ("OW", "update")
+    if name == "bitfield":
+        i = 2
+        while i < len(argv):
+            word, left = argv[i].lower(), len(argv) - i - 1
+            if word == b"get" and left >= 2:
+                i += 3
+            elif word == b"overflow" and left >= 1:
+                i += 2
+            else:  # a write, or a syntax error (as Redis: not read-only then)
+                return ("RW", "access", "update")
+        return ("RO", "access")
+    return ()
+
+
+@command("getkeys", -4, "loading stale", parent="command", group="server", since="2.8.13",
+         summary="Extracts the key names from an arbitrary command.",
+         syntax="COMMAND GETKEYS command [arg [arg ...]]")
+def command_getkeys(ctx: Context, args: list[bytes]) -> Any:
+    return [key for key, _ in _command_keys(args)]
+
+
+@command("getkeysandflags", -4, "loading stale", parent="command", group="server", since="7.0.0",
+         summary="Extracts the key names and access flags for an arbitrary command.",
+         syntax="COMMAND GETKEYSANDFLAGS command [arg [arg ...]]")
+def command_getkeysandflags(ctx: Context, args: list[bytes]) -> Any:
+    return [[key, [Status(f) for f in flags]] for key, flags in _command_keys(args)]
 
 
 @command("help", 2, "loading stale", parent="command", group="server", since="5.0.0",
