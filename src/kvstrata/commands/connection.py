@@ -46,7 +46,8 @@ def _check_password(ctx: Context, username: bytes, password: bytes) -> None:
     ctx.client.authenticated = True
 
 
-@command("auth", -2, "no_auth fast stale noscript loading allow_busy", group="connection", summary="Authenticates the connection.",
+@command("auth", -2, "no_auth fast stale noscript loading allow_busy",
+         group="connection", summary="Authenticates the connection.",
          syntax="AUTH [username] password")
 def auth(ctx: Context, args: list[bytes]) -> Any:
     if len(args) > 3:
@@ -65,7 +66,8 @@ def _valid_name(name: bytes) -> bool:
     return all(33 <= c <= 126 for c in name)
 
 
-@command("hello", -1, "no_auth fast stale noscript loading allow_busy", group="connection", since="6.0.0",
+@command("hello", -1, "no_auth fast stale noscript loading allow_busy",
+         group="connection", since="6.0.0",
          summary="Handshakes with the Redis server.",
          syntax="HELLO [protover [AUTH username password] [SETNAME clientname]]")
 def hello(ctx: Context, args: list[bytes]) -> Any:
@@ -111,7 +113,8 @@ def hello(ctx: Context, args: list[bytes]) -> Any:
     }
 
 
-@command("quit", -1, "no_auth fast stale noscript loading allow_busy", group="connection", summary="Closes the connection.")
+@command("quit", -1, "no_auth fast stale noscript loading allow_busy",
+         group="connection", summary="Closes the connection.")
 def quit_(ctx: Context, args: list[bytes]) -> Any:
     ctx.client.closing = True
     return OK
@@ -123,7 +126,8 @@ def select(ctx: Context, args: list[bytes]) -> Any:
     return OK
 
 
-@command("reset", 1, "no_auth fast stale noscript loading allow_busy", group="connection", since="6.2.0", summary="Resets the connection.")
+@command("reset", 1, "no_auth fast stale noscript loading allow_busy",
+         group="connection", since="6.2.0", summary="Resets the connection.")
 def reset(ctx: Context, args: list[bytes]) -> Any:
     client = ctx.client
     end_transaction(ctx)
@@ -171,7 +175,8 @@ def client_line(c: ClientState, now_ms: int, running: bool = False) -> str:
         f"argv-mem={argv} multi-mem={c.multi_bytes} rbs=0 rbp=0 obl=0 oll={oll} omem={omem} tot-mem={total} events={events} "
         f"cmd={_cmd_name(c.last_cmd)} "
         f"user={c.user.name if c.user is not None else 'default'} "
-        f"redir={c.tracking_redirect if c.tracking else -1} resp={c.proto} lib-name={c.lib_name.decode(errors='replace')} "
+        f"redir={c.tracking_redirect if c.tracking else -1} resp={c.proto} "
+        f"lib-name={c.lib_name.decode(errors='replace')} "
         f"lib-ver={c.lib_ver.decode(errors='replace')}"
     )
 

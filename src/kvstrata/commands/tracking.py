@@ -46,8 +46,9 @@ def _check_prefixes(own: list[bytes], prefixes: list[bytes]) -> None:
     if len(own) + len(prefixes) > EXACT_PREFIXES:
         _check_prefixes_sorted(own, prefixes)
         return
+    own = sorted(own)  # Redis walks the client's prefixes in their radix tree's order
     for i, prefix in enumerate(prefixes):
-        for old in sorted(own):
+        for old in own:
             if _overlap(old, prefix):
                 raise _existing_overlap(prefix, old)
         for other in prefixes[i + 1:]:

@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -161,6 +162,7 @@ class Server:
             if usable_cpus() > 1 else None)
         self._server: asyncio.base_events.Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0  # the loop's thread: the store's events from others are handed to the loop
         self.port = int(config.get("port"))
         # Dispatch by the name as sent (upper case from most clients) and in lower case.
         self.dispatch: dict[bytes, CommandSpec] = {}
@@ -406,10 +408,17 @@ class Server:
         fut.add_done_callback(done)
 
     def _store_event(self, event: bytes, key: bytes) -> None:
-        """A key expired or the last tier evicted it (the store's ``on_event``; maybe on a loader or writer
-        thread): keyspace notifications and client-side caching's invalidations."""
+        """A key expired or the last tier evicted it (the store's ``on_event``): keyspace notifications and
+        client-side caching's invalidations, on the loop (an event from a loader or writer thread is handed there;
+        none is when nobody wants it)."""
+        if not (self.notifier.wants(event) or self.tracking.clients):
+            return
+        if self.loop is not None and threading.get_ident() != self._loop_thread:
+            self.loop.call_soon_threadsafe(self._store_event, event, bytes(key))
+            return
         self.notifier.from_store(event, key)
-        self.tracking.from_store(key)
+        if self.tracking.clients:
+            self.tracking.modified(bytes(key))
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -417,8 +426,7 @@ class Server:
     # ---- lifecycle ----
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.notifier.bind(self.loop)
-        self.tracking.bind(self.loop)
+        self._loop_thread = threading.get_ident()
         loop = self.loop
         ssd = self.store.ssd
         pool = self.store.pool
@@ -438,7 +446,6 @@ class Server:
         if pool is not None:
             # Messages other nodes PUBLISHed, for this node's subscribers (engine/tiers/pool_pubsub.py).
             pool.on_publish = lambda channel, message: self.pubsub.publish(channel, message)
-            pool.forwarding = bool(self.config.get("pool-pubsub"))
             pool.start_invalidation()
         hosts = [h for h in str(self.config.get("bind")).split() if h]
         # The HTTP endpoint first: once the RESP port answers, /metrics does too.

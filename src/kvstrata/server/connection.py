@@ -282,6 +282,15 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         if self._pushes_bytes >= _JOIN_LIMIT:  # bounded here too: the output limit is checked as it is written
             self._flush_pushes()
 
+    def deliver(self, data: bytes, running: Any) -> None:
+        """A message for this client (a MONITOR line, a pub/sub message, an invalidation): into the replies of the
+        command running now when ``running`` is this connection (so after those it has pending), else queued
+        (``push_write``)."""
+        if self is running:
+            self.out.append(data)
+        else:
+            self.push_write(data)
+
     def _flush_pushes(self) -> None:
         pending = self._pushes
         self._pushes = None

@@ -97,7 +97,5 @@ class Monitors:
         running it (EXEC's), whose own line goes after the replies it has pending (the others' are written now)."""
         data = self.line_for(client, args)
         for conn in list(self.conns.values()):
-            if conn is current:
-                conn.out.append(data)
-            elif conn is not skip:
-                conn.push_write(data)
+            if conn is not skip:
+                conn.deliver(data, current)

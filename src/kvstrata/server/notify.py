@@ -3,14 +3,12 @@
 An event of a class the configuration selects goes out as Redis sends it: ``__keyspace@0__:<key>`` with the event
 name as the message (class ``K``), ``__keyevent@0__:<event>`` with the key (class ``E``). Commands report their
 events (``notify``); the store reports keys that expired and keys the last tier evicted (``Notifier.from_store``,
-which may be called from a loader or writer thread: the event is then handed to the event loop). Demotion to a
+on the loop: the server hands it the events of loader and writer threads). Demotion to a
 lower tier is not an eviction: the key is still there.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 
 KEYSPACE, KEYEVENT, GENERIC, STRING = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -47,16 +45,9 @@ class Notifier:
     def __init__(self, pubsub: Any) -> None:
         self.pubsub = pubsub
         self.flags = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = 0
 
     def configure(self, text: str) -> None:
         self.flags = flags_of(text)
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The loop events from other threads are handed to."""
-        self._loop = loop
-        self._thread = threading.get_ident()
 
     def emit(self, cls: int, event: bytes, key: bytes, current: Any = None) -> None:
         flags = self.flags
@@ -71,15 +62,13 @@ class Notifier:
         if flags & KEYEVENT:
             self.pubsub.publish(b"__keyevent@0__:" + event, key, current)
 
+    def wants(self, event: bytes) -> bool:
+        """Whether an event the store saw (``expired``, ``evicted``) is of a class the configuration selects."""
+        return bool(self.flags & (EXPIRED if event == b"expired" else EVICTED))
+
     def from_store(self, event: bytes, key: bytes) -> None:
-        """An event the store saw (``expired``, ``evicted``), possibly on another thread."""
-        cls = EXPIRED if event == b"expired" else EVICTED
-        if not self.flags & cls:
-            return
-        if self._loop is not None and threading.get_ident() != self._thread:
-            self._loop.call_soon_threadsafe(self.emit, cls, event, bytes(key))
-        else:
-            self.emit(cls, event, key)
+        """An event the store saw, on the loop (the server hands it there from loader and writer threads)."""
+        self.emit(EXPIRED if event == b"expired" else EVICTED, event, key)
 
 
 def notify(ctx: Any, cls: int, event: bytes, key: bytes) -> None:

@@ -56,11 +56,7 @@ class _Frames:
 
 
 def _send(conn: Any, frames: _Frames, current: Any) -> None:
-    data = frames.of(conn.client.proto)
-    if conn is current:
-        conn.out.append(data)
-    else:
-        conn.push_write(data)
+    conn.deliver(frames.of(conn.client.proto), current)
 
 
 class PubSub:

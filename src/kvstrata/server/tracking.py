@@ -11,17 +11,16 @@ flush sends a null instead of keys. A client's invalidation caused by its own co
 reply (NOLOOP: not at all).
 
 Changes come from the store (``Store.on_modified``: every write, delete, expiry change, flush and pool
-invalidation; ``from_store``: expired keys and keys the last tier evicted, possibly from a loader or writer
-thread). A demotion to a lower tier is not a change. The table is bounded by ``tracking-table-max-keys``: past it,
-the oldest keys are forgotten and their clients told, as if the keys had changed (after the reply of the read that
-went past it; Redis picks random keys before the next command).
+invalidation; and, through the server, which hands them to the loop from loader and writer threads, expired keys
+and keys the last tier evicted). A demotion to a lower tier is not a change. The table is bounded by
+``tracking-table-max-keys``: past it, the oldest keys are forgotten and their clients told, as if the keys had
+changed (after the reply of the read that went past it; Redis picks random keys before the next command).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import threading
 from typing import Any
 
 ON, BCAST, OPTIN, OPTOUT, CACHING, NOLOOP, BROKEN_REDIR = 1, 2, 4, 8, 16, 32, 64
@@ -61,12 +60,6 @@ class Tracking:
         # The tracking connection whose handler runs now (its own invalidations wait for its reply; NOLOOP).
         self.current: Any = None
         self._broadcast_due = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = 0
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._thread = threading.get_ident()
 
     def sizes(self) -> tuple[int, int, int]:
         """Keys in the table, client ids across it, BCAST prefixes (INFO's tracking_total_*)."""
@@ -149,10 +142,8 @@ class Tracking:
 
     # ---- changes ----
     def modified(self, key: bytes | None) -> None:
-        """A key changed (None: every key, a flush)."""
-        if self._loop is not None and threading.get_ident() != self._thread:  # the store's callers are on the
-            self._loop.call_soon_threadsafe(self.modified, key)  # loop; should one not be, it is handed there
-            return
+        """A key changed (None: every key, a flush); on the loop (the server hands it the store's events from
+        other threads)."""
         if key is None:
             self.flushed()
             return
@@ -160,11 +151,6 @@ class Tracking:
             self._changed_under_prefixes(key)
         if key in self.table:
             self._invalidate(key, self.current, self.current)
-
-    def from_store(self, key: bytes) -> None:
-        """A key expired or the last tier evicted it (possibly on a loader or writer thread)."""
-        if self.clients:
-            self.modified(bytes(key))
 
     def _invalidate(self, key: bytes, current: Any, running: Any) -> None:
         """Tell the clients that may cache ``key``; ``current``: the tracking connection whose command changed it
@@ -255,13 +241,13 @@ class Tracking:
             if target is None:
                 client.tracking |= BROKEN_REDIR
                 if client.proto == 3:
-                    _deliver(conn, b">2\r\n$21\r\ntracking-redir-broken\r\n:%d\r\n" % redirect, running)
+                    conn.deliver(b">2\r\n$21\r\ntracking-redir-broken\r\n:%d\r\n" % redirect, running)
                 return
             conn, redirected = target, True
         if conn.client.proto == 3:
-            _deliver(conn, _PUSH + body, running)
+            conn.deliver(_PUSH + body, running)
         elif redirected and conn.client.subscribed:
-            _deliver(conn, _MESSAGE + body, running)
+            conn.deliver(_MESSAGE + body, running)
         # else: a RESP2 connection without redirection cannot be sent anything (as Redis)
 
     def after_command(self, conn: Any) -> None:
@@ -280,9 +266,3 @@ class Tracking:
             if getattr(last, "parent", None) is None or last.parent.name != "client":
                 client.tracking &= ~CACHING
 
-
-def _deliver(conn: Any, frame: bytes, running: Any) -> None:
-    if conn is running:
-        conn.out.append(frame)
-    else:
-        conn.push_write(frame)

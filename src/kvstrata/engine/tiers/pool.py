@@ -116,6 +116,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         ack: str = "pool",
         ack_replicas: int = 1,
         threaded: bool = True,
+        pubsub: bool = True,
         wall_ms: Callable[[], int] | None = None,
         monotonic: Callable[[], float] | None = None,
     ) -> None:
@@ -128,7 +129,7 @@ class PoolTier(PoolClient, PoolHealth, PoolReads, PoolIndex, PoolSubscriber, Poo
         self.ack = ack
         self.ack_replicas = ack_replicas
         self.channel = b"__kvstrata_invalidate__:" + prefix
-        self._init_pubsub(prefix)  # PUBLISH forwarded to the other nodes (pool_pubsub)
+        self._init_pubsub(prefix, pubsub)  # PUBLISH forwarded to the other nodes (pool_pubsub)
         # seq -> (outcome, pool version or error text), for the writes a client waits for (track=True).
         self.outcomes: dict[int, tuple[str, Any]] = {}
         # Tracked writes whose command will not take the outcome (PoolIndex.abandon): dropped when it comes.

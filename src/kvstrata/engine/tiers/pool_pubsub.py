@@ -39,10 +39,10 @@ class PoolPubSub:
     backoff_max_ms: int
     _subscriber_conn: Callable[[int], Any]  # PoolSubscriber's
 
-    def _init_pubsub(self, prefix: bytes) -> None:
+    def _init_pubsub(self, prefix: bytes, forwarding: bool) -> None:
         self.pubsub_channel = b"__kvstrata_pubsub__:" + prefix
         self.origin = os.urandom(8)
-        self.forwarding = True  # pool-pubsub
+        self.forwarding = forwarding  # pool-pubsub (CONFIG SET changes it: Server.apply_config)
         # Set by the server: deliver a message another node published to this node's subscribers (on the loop).
         self.on_publish: Callable[[bytes, bytes], None] = lambda channel, message: None
         self._outbox: deque[bytes] = deque()

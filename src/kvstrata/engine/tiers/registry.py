@@ -114,6 +114,7 @@ def _pool(config: Any, clock: Clock) -> LowerTier | None:
         tombstone_ttl_ms=int(float(config.get("pool-tombstone-ttl")) * 1000),
         ack=str(config.get("pool-ack")),
         ack_replicas=int(config.get("pool-replicas")),
+        pubsub=bool(config.get("pool-pubsub")),
         wall_ms=clock.now_ms,
         monotonic=clock.monotonic,
     )
