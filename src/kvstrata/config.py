@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvstrata import output_limits
 from kvstrata.cpulist import normalize_cpulist
 from kvstrata.redact import URL_PARAMS, redact_url
 from kvstrata.sizes import parse_size
@@ -129,6 +130,9 @@ class Param:
     env: tuple[str, ...] = ()
     # Inclusive (low, high) an integer value must lie in: Redis's bounds for the parameters it also has.
     bounds: tuple[int, int] | None = None
+    # For a value that may name only some of its parts (client-output-buffer-limit's classes): the value in
+    # force from the one it replaces and what was parsed.
+    merge: Callable[[Any, Any], Any] | None = None
 
     @property
     def env_names(self) -> tuple[str, ...]:
@@ -341,8 +345,11 @@ PARAMS: tuple[Param, ...] = (
           mutable=True, bounds=(1024**2, INT64_MAX)),
     Param("client-query-buffer-limit", parse_size, 1024**3, "Largest pending request of one client.",
           mutable=True, bounds=(1024**2, INT64_MAX)),
-    Param("client-output-buffer-limit", parse_size, 1024**3,
-          "Pending reply bytes after which a client that does not read is disconnected.", mutable=True),
+    Param("client-output-buffer-limit", output_limits.parse, output_limits.DEFAULT,
+          "Pending reply bytes after which a client that does not read is disconnected, per client class as "
+          "Redis's: `<class> <hard> <soft> <soft seconds>`, for normal, replica (no client here) and pubsub "
+          "(a client with a subscription); a class not named keeps its limits; 0 is no limit; a bare size is "
+          "the hard limit of every class.", mutable=True, merge=output_limits.merge),
     Param("large-value-threshold", parse_size, 64 * 1024,
           "Bulk values at least this large are received straight into their own buffer."),
     Param("maxclients", _int, 10000, "Most clients connected at once.", mutable=True,
@@ -434,6 +441,8 @@ class Config:
         value = param.parse(raw)
         if param.bounds is not None and not param.bounds[0] <= value <= param.bounds[1]:
             raise ValueError(f"argument must be between {param.bounds[0]} and {param.bounds[1]} inclusive")
+        if param.merge is not None:
+            value = param.merge(self.values[key], value)
         if key in CLAMPS:  # accepted, then brought into range (CONFIG GET shows the value in use), as Redis
             value = max(CLAMPS[key][0], min(CLAMPS[key][1], value))
         self.values[key] = value

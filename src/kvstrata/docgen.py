@@ -72,7 +72,7 @@ in-process LRU of chunks, without invalidation: chunk keys name immutable prefix
 and commands refused before they ran are not shown, AUTH's and HELLO's credentials are redacted, a transaction's
 commands show when EXEC runs them, a monitor cannot touch keys, RESET ends it. Unlike Redis, an argument longer
 than 1 KiB shows its first 64 bytes and its length (`"abc..."...(1048576 bytes)`: KV chunks are megabytes), a
-monitor that does not keep up is closed at `client-output-buffer-limit`, and MONITOR needs `allkeys` under ACL
+monitor that does not keep up is closed at `client-output-buffer-limit` (its normal class), and MONITOR needs `allkeys` under ACL
 ([security](security.md)).
 """
 
@@ -111,8 +111,8 @@ it has pending. `PUBLISH` counts a subscriber once per matching subscription. AC
 `allchannels`, `resetchannels`) are enforced, with Redis's rules and texts (a PSUBSCRIBE pattern must be one of
 the user's patterns literally; users made with ACL SETUSER start with no channels), and a connection subscribed
 to a channel its user loses (ACL SETUSER, ACL LOAD) is closed, as in Redis 7. A subscriber that does not read
-is closed at `client-output-buffer-limit` (one limit for every client; Redis has a separate, smaller one for
-subscribers). Nodes that share a pool forward PUBLISH to each other through the pool's own Pub/Sub, as Redis
+is closed at `client-output-buffer-limit`'s pubsub class (Redis's classes, limits and defaults: 32 MB, or 8 MB
+for more than 60 s). Nodes that share a pool forward PUBLISH to each other through the pool's own Pub/Sub, as Redis
 Cluster forwards it to every node (`pool-pubsub`, on by default): a subscriber on any node gets every message
 once, each node's in order; PUBLISH counts the receivers on its own node, as a Redis Cluster node does. Shard
 channels (SPUBLISH) stay on their node (a node is one shard), and a message published while the pool cannot be

@@ -41,6 +41,18 @@ def parse_size(text: str | int) -> int:
     return int(number) * scale if "." not in number else int(float(number) * scale)
 
 
+_MEMORY = re.compile(r"(\d+)(b|k|kb|m|mb|g|gb)?", re.ASCII | re.IGNORECASE)
+
+
+def parse_memory(text: str) -> int:
+    """Bytes for a size as Redis's memtoull reads it in a multi-word setting (client-output-buffer-limit):
+    digits and an optional unit of any case (``1G`` is 1000^3 here), no sign, fraction or space."""
+    m = _MEMORY.fullmatch(text)
+    if m is None:
+        raise ValueError("argument must be a memory value")
+    return int(m[1]) * _UNITS[(m[2] or "").lower()]
+
+
 def format_size(n: int) -> str:
     """Human size as INFO's ``*_human`` fields print it (e.g. ``1.50M``)."""
     value = float(n)

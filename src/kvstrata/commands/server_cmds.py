@@ -254,8 +254,11 @@ def config_set(ctx: Context, args: list[bytes]) -> Any:
         _restore(ctx, old)
         raise CommandError(f"CONFIG SET failed (possibly related to argument 'save') - {problem}")
     for name, value in pairs:
-        if PARAMS_BY_NAME[canonical(name)].mutable:
-            ctx.config.persisted[canonical(name)] = value  # CONFIG REWRITE writes it as given
+        param = PARAMS_BY_NAME[canonical(name)]
+        if param.merge is not None:  # a value naming some parts: the whole one in force is what stays true
+            ctx.config.persisted[param.name] = param.render(ctx.config.get(param.name))
+        elif param.mutable:
+            ctx.config.persisted[param.name] = value  # CONFIG REWRITE writes it as given
     if ctx.server is not None:
         ctx.server.apply_config()
     return OK

@@ -13,7 +13,7 @@ import logging
 import select
 import traceback
 from collections import deque
-from time import perf_counter_ns
+from time import monotonic, perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 from kvstrata.commands.context import REPLY_OFF, REPLY_SKIP, REPLY_SKIP_NEXT, ClientState, Context
@@ -49,6 +49,9 @@ CONNECTION_OVERHEAD = 8 * 1024
 FAIR_SHARE = 64 * 1024
 # Bytes handed to the transport per writelines call while streaming a large reply.
 _STREAM_BATCH = 16 * 1024 * 1024
+# Where the transport pushes back (stops reading the client, checks the output limit) at most: lower when the
+# client's output limit is lower.
+_HIGH_WATER = 64 * 1024 * 1024
 
 
 def server_pool(server: Server) -> BufferPool | None:
@@ -122,6 +125,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         # Parts of large replies not yet handed to the transport (streamed as it drains), and their size.
         self._stream: deque[Any] | None = None
         self._stream_bytes = 0
+        # When the pending replies passed the soft output limit of this client's class (0.0: they are under it).
+        self._soft_since = 0.0
         # MONITOR lines and pub/sub messages for this client, written together once the loop's turn ends (one
         # write per client per turn: a pipeline of PUBLISHes to N subscribers costs N writes, not N per message).
         self._pushes: list[bytes] | None = None
@@ -154,8 +159,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                 b"--requirepass, or disable protected mode with --protected-mode no.\r\n")
             self._close()
             return
-        high = int(self.config.get("client-output-buffer-limit"))
-        transport.set_write_buffer_limits(high=min(high, 64 * 1024 * 1024))
+        high = self.config.get("client-output-buffer-limit").lowest("normal")
+        transport.set_write_buffer_limits(high=min(high or _HIGH_WATER, _HIGH_WATER))
         srv.clients[self.client.id] = self
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -306,11 +311,15 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self.transport.write(data)
 
     def _check_output_limit(self, adding: int = 0) -> bool:
-        """Close a client whose unsent replies exceed client-output-buffer-limit; True when it was closed."""
+        """Close a client whose unsent replies pass its class's client-output-buffer-limit (kvstrata.output_limits);
+        True when it was closed."""
         assert self.transport is not None
-        limit = int(self.config.get("client-output-buffer-limit"))
-        if self.transport.get_write_buffer_size() + self._stream_bytes + adding > limit:
-            log.warning("client %s exceeded the output buffer limit; closing", self.client.addr)
+        limits = self.config.get("client-output-buffer-limit")
+        limit = limits.pubsub if self.client.subscribed else limits.normal
+        used = self.transport.get_write_buffer_size() + self._stream_bytes + adding
+        close, self._soft_since = limit.passed(used, self._soft_since, monotonic())
+        if close:
+            log.warning("client %s passed the output buffer limit; closing", self.client.addr)
             self.server.stats.output_limit_closed += 1
             self._close(abort=True)
             return True

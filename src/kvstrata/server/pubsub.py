@@ -4,7 +4,7 @@ Three namespaces, as in Redis: channels (SUBSCRIBE), patterns (PSUBSCRIBE, Redis
 (SSUBSCRIBE; one node is one shard, so they behave as channels of their own). A message goes to every connection
 subscribed to its channel and once per matching pattern subscription, as a RESP3 push or a RESP2 array, written
 behind the replies the subscriber already has pending; a subscriber that does not read is closed at
-``client-output-buffer-limit``, as any client whose replies pile up. Subscriptions live in insertion order (an
+``client-output-buffer-limit`` (its pubsub class), as any client whose replies pile up. Subscriptions live in insertion order (an
 UNSUBSCRIBE without channels answers for them in the order they were made) and end with the connection or RESET.
 """
 
