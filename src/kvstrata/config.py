@@ -352,6 +352,12 @@ PARAMS: tuple[Param, ...] = (
           "the hard limit of every class.", mutable=True, merge=output_limits.merge),
     Param("large-value-threshold", parse_size, 64 * 1024,
           "Bulk values at least this large are received straight into their own buffer."),
+    Param("tcp-keepalive", _int, 300,
+          "Seconds of silence after which a client's TCP connection is probed (three unanswered probes a third "
+          "of that apart drop it: a vanished client is found); 0: never.", mutable=True, bounds=(0, 2**31 - 1)),
+    Param("tcp-backlog", _int, 511,
+          "Connections the kernel queues before they are accepted (capped by net.core.somaxconn).",
+          bounds=(0, 2**31 - 1)),
     Param("maxclients", _int, 10000, "Most clients connected at once.", mutable=True,
           bounds=(1, 2**32 - 1)),
     Param("timeout", _int, 0, "Close a client idle this many seconds (0: never).", mutable=True,

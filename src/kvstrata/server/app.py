@@ -448,20 +448,21 @@ class Server:
             pool.on_publish = lambda channel, message: self.pubsub.publish(channel, message)
             pool.start_invalidation()
         hosts = [h for h in str(self.config.get("bind")).split() if h]
+        backlog = int(self.config.get("tcp-backlog"))
         # The HTTP endpoint first: once the RESP port answers, /metrics does too.
         await self.observability.start()
         # The TLS port and the Unix socket before the plain port: once the plain port answers (what readiness
         # probes and the tests wait on), every listener does.
         if self.tls_port > 0:
             self._tls_server = await self.loop.create_server(
-                lambda: Connection(self), host=hosts or None, port=self.tls_port, reuse_address=True, backlog=511,
+                lambda: Connection(self), host=hosts or None, port=self.tls_port, reuse_address=True, backlog=backlog,
                 ssl=self._tls)
             log.info("TLS on port %d (client certificates: %s)", self.tls_port, self.config.get("tls-auth-clients"))
         self._unix = await dataplane.listen_unix(self, lambda: Connection(self))
         # As in Redis, --port 0 with a TLS port serves TLS only (without one, port 0 picks a free port).
         if self.port != 0 or self.tls_port <= 0:
             self._server = await self.loop.create_server(
-                lambda: Connection(self), host=hosts or None, port=self.port, reuse_address=True, backlog=511
+                lambda: Connection(self), host=hosts or None, port=self.port, reuse_address=True, backlog=backlog
             )
             if self.port == 0:
                 self.port = self._server.sockets[0].getsockname()[1]

@@ -9,8 +9,10 @@ suspension is still running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import select
+import socket
 import traceback
 from collections import deque
 from time import monotonic, perf_counter_ns
@@ -77,6 +79,17 @@ def _fmt_addr(addr: Any) -> str:
         host = addr[0]
         return f"[{host}]:{addr[1]}" if ":" in host and not host.startswith("::ffff:") else f"{host}:{addr[1]}"
     return str(addr or "")
+
+
+def keep_alive(sock: Any, seconds: int) -> None:
+    """TCP keepalive as Redis's anetKeepAlive: the first probe after ``seconds`` of silence, then every third of
+    that, and the peer is dropped after three unanswered (so a vanished client is found in about twice
+    ``seconds``). A socket that refuses is left as it is: keepalive is a hint."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, seconds)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, seconds // 3))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
 
 
 class Connection(CommandRuns, asyncio.BufferedProtocol):
@@ -159,6 +172,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
                 b"--requirepass, or disable protected mode with --protected-mode no.\r\n")
             self._close()
             return
+        keepalive = int(self.config.get("tcp-keepalive"))
+        if keepalive and isinstance(peer, tuple) and sock is not None:  # TCP, not the Unix socket
+            keep_alive(sock, keepalive)
         high = self.config.get("client-output-buffer-limit").lowest("normal")
         transport.set_write_buffer_limits(high=min(high or _HIGH_WATER, _HIGH_WATER))
         srv.clients[self.client.id] = self

@@ -112,7 +112,7 @@ async def listen_unix(server: Server, factory: Any) -> asyncio.base_events.Serve
         if _is_socket(path):
             os.unlink(path)
     assert server.loop is not None
-    srv = await server.loop.create_unix_server(factory, path, backlog=511)
+    srv = await server.loop.create_unix_server(factory, path, backlog=int(server.config.get("tcp-backlog")))
     os.chmod(path, int(str(server.config.get("unixsocketperm")), 8))
     log.info("listening on Unix socket %s", path)
     return srv
