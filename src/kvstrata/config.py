@@ -15,7 +15,7 @@ from typing import Any
 from kvstrata import output_limits
 from kvstrata.cpulist import normalize_cpulist
 from kvstrata.redact import URL_PARAMS, redact_url
-from kvstrata.sizes import parse_size
+from kvstrata.sizes import parse_memory, parse_size
 
 
 def _default_dram_size() -> int:
@@ -112,6 +112,20 @@ def save_points(text: str) -> list[tuple[int, int]]:
     if len(numbers) % 2 or any(n < 1 if i % 2 == 0 else n < 0 for i, n in enumerate(numbers)):
         raise ValueError("Invalid save parameters")
     return list(zip(numbers[::2], numbers[1::2], strict=True))
+
+
+def _memory_or_percent(text: str | int) -> str:
+    """maxmemory-clients as Redis reads it: a memory value (``1mb``; empty is 0) or a percentage (``10%``, at
+    most 100); kept as text, ``"0"`` or ``"<n>%"`` or bytes."""
+    text = str(text)
+    if len(text) > 1 and text.endswith("%") and text[:-1].isascii() and text[:-1].isdigit():
+        if int(text[:-1]) > 100:
+            raise ValueError("percentage argument must be less or equal to 100")
+        return f"{int(text[:-1])}%" if int(text[:-1]) else "0"
+    try:
+        return str(parse_memory(text)) if text else "0"
+    except ValueError:
+        raise ValueError("argument must be a memory or percent value") from None
 
 
 def _save(text: str) -> str:
@@ -352,6 +366,10 @@ PARAMS: tuple[Param, ...] = (
           "the hard limit of every class.", mutable=True, merge=output_limits.merge),
     Param("large-value-threshold", parse_size, 64 * 1024,
           "Bulk values at least this large are received straight into their own buffer."),
+    Param("maxmemory-clients", _memory_or_percent, "0",
+          "Memory all clients may hold together (request bytes, arguments, unsent replies: CLIENT LIST's tot-mem), "
+          "in bytes or as a percentage of dram-size (`10%`), at least 128 KiB; past it the clients holding the "
+          "most are closed, except those with CLIENT NO-EVICT (as Redis 7); 0: no limit.", mutable=True),
     Param("tcp-keepalive", _int, 300,
           "Seconds of silence after which a client's TCP connection is probed (three unanswered probes a third "
           "of that apart drop it: a vanished client is found); 0: never.", mutable=True, bounds=(0, 2**31 - 1)),

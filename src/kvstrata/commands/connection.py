@@ -155,10 +155,12 @@ def _cmd_name(spec: Any) -> str:
 
 def _flags(c: ClientState) -> str:
     """CLIENT LIST's flags, as Redis: O a monitor, P a subscriber, x in MULTI, t tracking (R its redirection
-    broken, B in BCAST mode), N none."""
+    broken, B in BCAST mode), e CLIENT NO-EVICT, N none."""
     flags = ("O" if c.monitor else "") + ("P" if c.subscribed else "") + ("x" if c.multi is not None else "")
     if c.tracking:
         flags += "t" + ("R" if c.tracking & BROKEN_REDIR else "") + ("B" if c.tracking & BCAST else "")
+    if c.no_evict:
+        flags += "e"
     return flags or "N"
 
 
@@ -354,8 +356,11 @@ def client_reply(ctx: Context, args: list[bytes]) -> Any:
 @command("no-evict", 3, "admin noscript loading stale", parent="client", group="connection", since="7.0.0",
          summary="Sets the client eviction mode of the connection.")
 def client_no_evict(ctx: Context, args: list[bytes]) -> Any:
-    if args[2].lower() not in (b"on", b"off"):
+    """Whether maxmemory-clients may close this client (it counts in the total either way)."""
+    mode = args[2].lower()
+    if mode not in (b"on", b"off"):
         raise syntax_error()
+    ctx.client.no_evict = mode == b"on"
     return OK
 
 

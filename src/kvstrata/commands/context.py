@@ -42,6 +42,7 @@ class ClientState:
     watched: dict[bytes, Any] = field(default_factory=dict)
     executing: bool = False  # EXEC is running the queue (BGSAVE then only schedules, as Redis's server.in_exec)
     monitor: bool = False  # MONITOR mode (server/monitor.py)
+    no_evict: bool = False  # CLIENT NO-EVICT: maxmemory-clients never closes it (server/client_eviction.py)
     # WAIT in progress: CLIENT UNBLOCK sets its result (True: answer -UNBLOCKED, False: as the timeout would).
     unblock: Any = None
     # Pub/Sub subscriptions (server/pubsub.py), per namespace: channels, patterns, shard channels, in the order

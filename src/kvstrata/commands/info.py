@@ -128,6 +128,7 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
     rows += [
         ("expired_keys", e.expired_keys),
         ("evicted_keys", e.evicted_keys),
+        ("evicted_clients", srv.stats.evicted_clients if srv is not None else 0),
         ("keyspace_hits", hits),
         ("keyspace_misses", misses),
         *zip(("pubsub_channels", "pubsub_patterns", "pubsubshard_channels"),

@@ -181,6 +181,8 @@ class KvstrataCollector:
         yield CounterMetricFamily("kvstrata_client_output_limit_disconnections",
                                   "Clients closed for passing client-output-buffer-limit.",
                                   value=cl.get("output_limit_closed", 0))
+        yield CounterMetricFamily("kvstrata_evicted_clients", "Clients closed by maxmemory-clients.",
+                                  value=cl.get("evicted", 0))
         tracked, subs = snap["tracking"], snap["pubsub"]
         for name, help_text, value in (
             ("kvstrata_blocked_clients", "Clients held by CLIENT PAUSE or blocked in WAIT now.", cl["blocked"]),

@@ -236,6 +236,7 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
             "connections_received": stats.connections,
             "rejected": stats.rejected,
             "output_limit_closed": getattr(stats, "output_limit_closed", 0),
+            "evicted": stats.evicted_clients,
             "blocked": server.blocked_clients,
             "tracking": server.tracking.clients,
         },

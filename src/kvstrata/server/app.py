@@ -30,6 +30,7 @@ from kvstrata.engine.tiers import registry as tier_registry
 from kvstrata.engine.tiers.pool import PoolTier
 from kvstrata.observability.service import Observability
 from kvstrata.server import dataplane
+from kvstrata.server.client_eviction import ClientEviction
 from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.limits import empty_budget
@@ -136,6 +137,7 @@ class Server:
         self.pubsub = PubSub()  # channels, patterns and their subscribers (server/pubsub.py)
         self.notifier = Notifier(self.pubsub)  # keyspace notifications (server/notify.py)
         self.notifier.configure(str(config.get("notify-keyspace-events")))
+        self.client_eviction = ClientEviction(self)  # maxmemory-clients (server/client_eviction.py)
         self.tracking = Tracking(self)  # client-side caching: CLIENT TRACKING (server/tracking.py)
         self.tracking.max_keys = int(config.get("tracking-table-max-keys"))
         self.store.on_event = self._store_event
@@ -317,6 +319,7 @@ class Server:
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
         self.notifier.configure(str(self.config.get("notify-keyspace-events")))
         self.tracking.max_keys = int(self.config.get("tracking-table-max-keys"))
+        self.client_eviction.configure(str(self.config.get("maxmemory-clients")), int(self.config.get("dram-size")))
         if store.pool is not None:
             store.pool.forwarding = bool(self.config.get("pool-pubsub"))
         dataplane.apply_config(self)

@@ -138,6 +138,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         # Parts of large replies not yet handed to the transport (streamed as it drains), and their size.
         self._stream: deque[Any] | None = None
         self._stream_bytes = 0
+        # This client's memory as maxmemory-clients last counted it (server/client_eviction.py).
+        self.mem_counted = 0
         # When the pending replies passed the soft output limit of this client's class (0.0: they are under it).
         self._soft_since = 0.0
         # MONITOR lines and pub/sub messages for this client, written together once the loop's turn ends (one
@@ -182,6 +184,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.clients.pop(self.client.id, None)
+        self.server.client_eviction.forget(self)
         if self.client.monitor:
             self.server.monitors.discard(self.client.id)
         if self.client.subscribed:
@@ -230,6 +233,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self._pending_error = exc
         if not parser._fast and parser.query_bytes > self.query_limit():
             self._query_limit_reached()
+            return
+        eviction = srv.client_eviction
+        if eviction.limit and eviction.account(self):
             return
         # Nothing to run while a large value is still arriving (no command completed): skip the batch work.
         if not self.busy and (parser._target is None or parser._ready or self._pending_error is not None):
@@ -325,6 +331,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self._stream_bytes += len(data)
         else:
             self.transport.write(data)
+        eviction = self.server.client_eviction
+        if eviction.limit:
+            eviction.account(self)
 
     def _check_output_limit(self, adding: int = 0) -> bool:
         """Close a client whose unsent replies pass its class's client-output-buffer-limit (kvstrata.output_limits);
@@ -345,6 +354,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.paused_writing = False
         if self.closed or self.transport is None:
             return
+        eviction = self.server.client_eviction
+        if eviction.limit:
+            eviction.account(self)  # what was sent leaves the total
         if self._stream:
             self._pump()
             if self._stream or self.closed:
@@ -527,6 +539,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.out = []
         if self.client.closing:
             self._close()
+        eviction = self.server.client_eviction
+        if eviction.limit and not self.closed:
+            eviction.account(self)
 
     def _send_large(self, out: list[Any], n: int) -> None:
         """Queue reply parts behind any stream in progress and hand the transport what it can take now.
@@ -587,6 +602,10 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             encode(ErrorReply(exc.message), self.client.proto, out)
             self.transport.write(b"".join(out))
         self._close()
+
+    def evict(self) -> None:
+        """maxmemory-clients closes this client (server/client_eviction.py): at once, nothing more is sent."""
+        self._close(abort=True)
 
     def _close(self, abort: bool = False) -> None:
         self.closed = True

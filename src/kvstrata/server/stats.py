@@ -17,6 +17,7 @@ class ServerStats(Counters):
     errors: int = 0
     protocol_errors: int = 0
     output_limit_closed: int = 0
+    evicted_clients: int = 0  # closed by maxmemory-clients
     query_limit_closed: int = 0
     cross_protocol_closed: int = 0
 

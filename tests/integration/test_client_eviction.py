@@ -1,0 +1,113 @@
+"""maxmemory-clients (client eviction) as Redis 7.0: CONFIG SET and GET texts, a client holding a half-received
+value or unread replies past the limit is closed and counted (INFO evicted_clients), a client with CLIENT
+NO-EVICT counts in the total but is never closed (the others are), the flag in CLIENT LIST, no eviction while
+the clients stay under the limit. Run against both targets."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import redis
+from tests.conftest import encode_command
+
+from integration.polling import wait_for
+
+MB = 1024 * 1024
+
+
+def _evicted(r: redis.Redis) -> int:
+    return int(r.info("stats")["evicted_clients"])
+
+
+@pytest.fixture
+def guarded(make_server):
+    """A fresh server and a client of it that maxmemory-clients never closes (it counts in the total)."""
+    srv = make_server()
+    r = srv.client(single_connection_client=True)
+    assert r.execute_command("CLIENT", "NO-EVICT", "on") == b"OK"
+    return srv, r
+
+
+def test_config_texts_as_redis(r):
+    name = "maxmemory-clients"
+    try:
+        for value, shown in (("10%", "10%"), ("100%", "100%"), ("0%", "0"), ("1mb", "1048576"),
+                             ("1M", "1000000"), ("", "0"), ("300kb", "307200")):
+            assert r.config_set(name, value), value
+            assert r.config_get(name) == {name: shown}, value
+        prefix = f"CONFIG SET failed (possibly related to argument '{name}') - "
+        for value, message in (("101%", "percentage argument must be less or equal to 100"),
+                               ("-1", "argument must be a memory or percent value"),
+                               ("1.5%", "argument must be a memory or percent value"),
+                               ("5%x", "argument must be a memory or percent value"),
+                               ("abc", "argument must be a memory or percent value")):
+            with pytest.raises(redis.ResponseError) as exc:
+                r.config_set(name, value)
+            assert str(exc.value) == prefix + message, value
+            assert r.config_get(name) == {name: "307200"}, value
+    finally:
+        r.config_set(name, "0")
+
+
+def test_a_client_receiving_a_large_value_past_the_limit_is_evicted(guarded):
+    srv, r = guarded
+    bystander = srv.raw()
+    assert bystander.cmd("PING") == "PONG"
+    assert r.config_set("maxmemory-clients", "1mb")
+    assert _evicted(r) == 0
+    hog = srv.raw()
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):  # it may be closed while it sends
+        hog.send(encode_command("SET", "k", b"v" * (16 * MB))[: 3 * MB])  # and the rest never comes
+    hog.read_until_closed(timeout=30)
+    assert _evicted(r) == 1
+    assert r.exists("k") == 0
+    assert bystander.cmd("PING") == "PONG"  # the small client was enough under the limit to stay
+    bystander.close()
+
+
+def test_a_client_with_unread_replies_past_the_limit_is_evicted(guarded):
+    srv, r = guarded
+    r.set("big", b"x" * MB)
+    assert r.config_set("maxmemory-clients", "4mb")
+    reader = srv.raw()
+    reader.send(encode_command("GET", "big") * 64)  # 64 MiB of replies, and it reads none
+    reader.read_until_closed(timeout=30)
+    assert _evicted(r) == 1
+
+
+def test_no_evict_counts_but_is_never_closed(guarded):
+    srv, r = guarded
+    value = bytes(range(256)) * (12 * 4096)  # 12 MiB
+    assert r.config_set("maxmemory-clients", "1mb")
+    small = srv.raw()
+    assert small.cmd("PING") == "PONG"
+    keeper = srv.raw()
+    keeper_id = keeper.cmd("CLIENT", "ID")
+    for mode, flags in (("on", "e"), ("off", "N"), ("on", "e")):
+        assert keeper.cmd("CLIENT", "NO-EVICT", mode) == "OK"
+        assert next(c["flags"] for c in r.client_list() if int(c["id"]) == keeper_id) == flags
+    request = encode_command("SET", "k", value)
+    keeper.send(request[: 6 * MB])
+    # The keeper's half-received value puts the total past the limit: the evictable client goes, it stays.
+    small.read_until_closed(timeout=30)
+    wait_for(lambda: _evicted(r) == 1, what="the eviction to be counted")
+    keeper.send(request[6 * MB:])
+    assert keeper.read_reply(timeout=30) == "OK"
+    assert r.get("k") == value
+    assert _evicted(r) == 1
+    keeper.close()
+
+
+def test_nothing_is_evicted_under_the_limit(guarded):
+    srv, r = guarded
+    assert r.config_set("maxmemory-clients", "64mb")
+    clients = [srv.raw() for _ in range(20)]
+    value = b"y" * MB
+    for i, c in enumerate(clients):
+        assert c.cmd("SET", f"k{i}", value) == "OK"
+        assert c.cmd("GET", f"k{i}") == value
+    assert _evicted(r) == 0
+    for c in clients:
+        assert c.cmd("PING") == "PONG"
+        c.close()
