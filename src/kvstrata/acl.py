@@ -52,6 +52,11 @@ PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})
 # client's keys and values.
 WHOLE_KEYSPACE = frozenset({"flushall", "flushdb", "tair.kv.arena", "monitor"})
 _GLOB_SPECIAL = frozenset(b"*?[\\")
+# Key permissions of a pattern: %R~ read, %W~ write, ~ both (Redis 7).
+READ, WRITE = 1, 2
+ALL = READ | WRITE
+_ALLKEYS_TAKEN = ("Adding a pattern after the * pattern (or the 'allkeys' flag) is not valid and does not have any "
+                  "effect. Try 'resetkeys' to start with an empty list of patterns")
 ACL_LOG_MAX = 128
 ACL_LOG_GROUP_MS = 60_000
 
@@ -123,16 +128,19 @@ class User:
     passwords: list[str] = field(default_factory=list)  # SHA-256 hex digests, in the order they were added
     cmd_rules: list[str] = field(default_factory=lambda: ["-@all"])
     allowed: set[CommandSpec] = field(default_factory=set)
-    patterns: list[bytes] = field(default_factory=list)
+    patterns: list[bytes] = field(default_factory=list)  # key patterns, in the order given
+    perms: dict[bytes, int] = field(default_factory=dict)  # each pattern's READ/WRITE bits
     allkeys: bool = False
     allchannels: bool = False
     channels: list[bytes] = field(default_factory=list)  # &pattern rules, in the order given
     # True when every command and every key is allowed: the connection then skips all checks.
     unrestricted: bool = False
-    # The patterns sorted for speed: ``literal*`` as prefixes (one startswith call), literals, the rest as globs.
-    _prefixes: tuple[bytes, ...] = ()
-    _exact: frozenset[bytes] = frozenset()
-    _globs: tuple[bytes, ...] = ()
+    # For each permission a key may need (0, READ, WRITE, ALL), the patterns granting it sorted for speed:
+    # ``literal*`` as prefixes (one startswith call), literals, the rest as globs.
+    _index: dict[int, tuple[tuple[bytes, ...], frozenset[bytes], tuple[bytes, ...]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._index_patterns()
 
     # ---- rules ----
     def apply(self, rule: str) -> None:
@@ -163,16 +171,13 @@ class User:
         elif low in ("allkeys", "~*"):
             self.allkeys = True
             self.patterns = [b"*"]
+            self.perms = {b"*": ALL}
         elif low == "resetkeys":
             self.allkeys = False
             self.patterns = []
-        elif rule.startswith("%"):
-            perm, tilde, pattern = rule[1:].partition("~")
-            if not tilde or not perm or any(c not in "RWrw" for c in perm):
-                raise ValueError("Syntax error")
-            self._add_pattern(pattern)  # read/write-only patterns are treated as read-write (documented)
-        elif rule.startswith("~"):
-            self._add_pattern(rule[1:])
+            self.perms = {}
+        elif rule[:1] in ("~", "%"):
+            self._add_pattern(rule)
         elif low in ("allchannels", "&*"):
             self.allchannels = True
             self.channels = []
@@ -219,15 +224,19 @@ class User:
         self._index_patterns()
 
     def _index_patterns(self) -> None:
-        prefixes, exact, globs = [], set(), []
-        for p in self.patterns:
-            if p.endswith(b"*") and _is_literal(p[:-1]):
-                prefixes.append(p[:-1])
-            elif _is_literal(p):
-                exact.add(p)
-            else:
-                globs.append(p)
-        self._prefixes, self._exact, self._globs = tuple(prefixes), frozenset(exact), tuple(globs)
+        self._index = {}
+        for need in (0, READ, WRITE, ALL):
+            prefixes, exact, globs = [], set(), []
+            for p in self.patterns:
+                if self.perms[p] & need != need:
+                    continue
+                if p.endswith(b"*") and _is_literal(p[:-1]):
+                    prefixes.append(p[:-1])
+                elif _is_literal(p):
+                    exact.add(p)
+                else:
+                    globs.append(p)
+            self._index[need] = (tuple(prefixes), frozenset(exact), tuple(globs))
 
     def _add_hash(self, digest: str) -> None:
         self.nopass = False
@@ -239,15 +248,38 @@ class User:
             raise ValueError("no such password")
         self.passwords.remove(digest)
 
-    def _add_pattern(self, pattern: str) -> None:
+    def _add_pattern(self, rule: str) -> None:
+        """``~pattern`` (read and write) or ``%R~``, ``%W~``, ``%RW~pattern``, parsed as Redis 7's ACLSetSelector
+        (a pattern given again gains the new permissions)."""
         if self.allkeys:
-            return
+            raise ValueError(_ALLKEYS_TAKEN)
+        perms, at = ALL, 1
+        if rule[0] == "%":
+            perms = 0
+            while at < len(rule):
+                c = rule[at].upper()
+                at += 1
+                if c == "~":
+                    break
+                bit = READ if c == "R" else WRITE if c == "W" else 0
+                if not bit or perms & bit:
+                    raise ValueError("Syntax error")
+                perms |= bit
+            if not perms:
+                raise ValueError("Syntax error")
+        pattern = rule[at:]
+        if any(c.isspace() for c in pattern):
+            raise ValueError("Syntax error")
         raw = pattern.encode("utf-8", "surrogateescape")
-        if raw == b"*":
+        if raw == b"*" and perms == ALL:
             self.allkeys = True
             self.patterns = [b"*"]
-        elif raw not in self.patterns:
+            self.perms = {b"*": ALL}
+        elif raw in self.perms:
+            self.perms[raw] |= perms
+        else:
             self.patterns.append(raw)
+            self.perms[raw] = perms
 
     # ---- checks ----
     def check_password(self, password: bytes) -> bool:
@@ -261,21 +293,29 @@ class User:
             ok |= hmac.compare_digest(given, digest)
         return ok
 
-    def key_ok(self, key: bytes) -> bool:
+    def key_ok(self, key: bytes, need: int) -> bool:
+        """Whether a pattern granting ``need`` (READ, WRITE, both, or 0: any pattern) matches ``key``."""
         if self.allkeys:
             return True
         if key.__class__ is not bytes:
             key = bytes(key)
-        if key.startswith(self._prefixes) or key in self._exact:
+        prefixes, exact, globs = self._index[need]
+        if key.startswith(prefixes) or key in exact:
             return True
-        return any(glob_match(p, key) for p in self._globs)
+        return any(glob_match(p, key) for p in globs)
 
-    def pattern_ok(self, pattern: bytes) -> bool:
-        """True when every key ``pattern`` can match lies inside one of this user's patterns."""
+    def may_read(self, key: bytes) -> bool:
+        """Whether the user may read ``key`` (a listing - KEYS, SCAN, CLIENT TRACKING BCAST - shows it)."""
+        return self.key_ok(key, READ)
+
+    def pattern_ok(self, pattern: bytes, need: int) -> bool:
+        """True when every key ``pattern`` can match lies inside one of this user's patterns granting ``need``."""
         if self.allkeys:
             return True
         pattern = bytes(pattern)
         for own in self.patterns:
+            if self.perms[own] & need != need:
+                continue
             if own == pattern:
                 return True
             if own.endswith(b"*") and _is_literal(own[:-1]) and pattern.startswith(own[:-1]):
@@ -290,8 +330,13 @@ class User:
     def commands_text(self) -> str:
         return " ".join(self.cmd_rules) or "-@all"
 
+    def key_words(self) -> list[str]:
+        """The user's key rules as Redis 7 writes them: ``~p`` (read and write), ``%R~p``, ``%W~p``."""
+        marks = {ALL: "~", READ: "%R~", WRITE: "%W~"}
+        return [marks[self.perms[p]] + p.decode("utf-8", "surrogateescape") for p in self.patterns]
+
     def keys_text(self) -> str:
-        return " ".join("~" + p.decode("utf-8", "surrogateescape") for p in self.patterns)
+        return " ".join(self.key_words())
 
     def channel_ok(self, name: bytes, pattern: bool) -> bool:
         """Whether the user may use channel ``name`` (``pattern``: a PSUBSCRIBE pattern, which must be one of the
@@ -314,7 +359,7 @@ class User:
         if self.nopass:
             words.append("nopass")
         words += ["#" + d for d in self.passwords]
-        words += ["~" + p.decode("utf-8", "surrogateescape") for p in self.patterns]  # none: nothing, as Redis 7
+        words += self.key_words()  # none: nothing, as Redis 7
         words += self.channel_words() if self.allchannels else ["resetchannels", *self.channel_words()]
         words.append(self.commands_text())
         return " ".join(words)
@@ -421,28 +466,14 @@ class Acl:
 
     # ---- enforcement ----
     def deny(self, client: Any, spec: CommandSpec, args: list[Any]) -> str | None:
-        """The NOPERM error text when ``client``'s user may not run ``args``; None when it may."""
-        user = client.user
-        sub = resolve(spec, args) if spec.subcommands else spec
-        if sub not in user.allowed and not sub.noauth:  # AUTH, HELLO, QUIT, RESET: always allowed, as in Redis
-            self.record(client, "command", sub.full_name)
-            return _message("command", sub.full_name)
-        if user.allkeys:
+        """The NOPERM error text when ``client``'s user may not run ``args`` (logged in ACL LOG); None when it
+        may."""
+        refused = check(client.user, spec, args)
+        if refused is None:
             return None
-        name = sub.full_name
-        if name in WHOLE_KEYSPACE:
-            self.record(client, "key", "*")
-            return _message("key", "")
-        if name in PATTERN_COMMANDS:
-            if len(args) > 1 and not user.pattern_ok(args[1]):
-                self.record(client, "key", bytes(args[1]).decode("utf-8", "surrogateescape"))
-                return _message("key", "")
-            return None
-        for key in command_keys(sub, args):
-            if not user.key_ok(key):
-                self.record(client, "key", bytes(key).decode("utf-8", "surrogateescape"))
-                return _message("key", "")
-        return None
+        reason, obj = refused
+        self.record(client, reason, obj)
+        return _message(reason, obj if reason == "command" else "")
 
     def deny_channels(self, client: Any, names: list[Any], pattern: bool) -> str | None:
         """The NOPERM text when ``client``'s user may not use one of the channels ``names`` (logged as Redis
@@ -511,10 +542,37 @@ class Acl:
         os.replace(tmp, path)
 
 
-def command_keys(spec: CommandSpec, args: list[Any]) -> list[Any]:
-    """The keys ``args`` names: the table's key specs, or the command's key-extraction function (TAIR.KV.MGET
-    and TAIR.KV.PREFETCH leave their trailing options out)."""
-    return spec.keys(args)
+def key_need(flags: tuple[str, ...], spec: CommandSpec) -> int:
+    """The permission a key with these key-spec flags needs, as Redis 7's ACLSelectorCheckKey: READ for access,
+    WRITE for insert, delete or update, 0 (any pattern) for neither (EXISTS, TYPE). A key no spec describes
+    needs what its command does (kvstrata's rule: never less than the command's writes)."""
+    if not flags:
+        return WRITE if "write" in spec.flags else READ
+    need = READ if "access" in flags else 0
+    if "insert" in flags or "delete" in flags or "update" in flags:
+        need |= WRITE
+    return need
+
+
+def check(user: User, spec: CommandSpec, args: list[Any]) -> tuple[str, str] | None:
+    """Why ``user`` may not run ``args`` as (reason, object) - ("command", its name) or ("key", the key, ``*``
+    for a command on every key) - or None when it may."""
+    sub = resolve(spec, args) if spec.subcommands else spec
+    if sub not in user.allowed and not sub.noauth:  # AUTH, HELLO, QUIT, RESET: always allowed, as in Redis
+        return "command", sub.full_name
+    if user.allkeys:
+        return None
+    name = sub.full_name
+    if name in WHOLE_KEYSPACE:
+        return "key", "*"
+    if name in PATTERN_COMMANDS:
+        if len(args) > 1 and not user.pattern_ok(args[1], key_need((), sub)):
+            return "key", bytes(args[1]).decode("utf-8", "surrogateescape")
+        return None
+    for key, flags in sub.keys_with_flags(args):
+        if not user.key_ok(key, key_need(flags, sub)):
+            return "key", bytes(key).decode("utf-8", "surrogateescape")
+    return None
 
 
 def visible(ctx: Any, keys: list[bytes]) -> list[bytes]:
@@ -522,7 +580,7 @@ def visible(ctx: Any, keys: list[bytes]) -> list[bytes]:
     user = getattr(ctx.client, "user", None)
     if user is None or user.allkeys:
         return keys
-    return [k for k in keys if user.key_ok(k)]
+    return [k for k in keys if user.may_read(k)]
 
 
 def acl_of(ctx: Any) -> Acl:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kvstrata.acl import Acl, User, categories, command_keys
+from kvstrata.acl import ALL, Acl, User, categories
 from kvstrata.commands import REGISTRY
 from kvstrata.commands.registry import resolve
 from kvstrata.engine.keyspace import glob_match
@@ -60,39 +60,40 @@ def test_categories_follow_the_table():
 
 def test_tairkv_options_are_not_keys():
     mget = REGISTRY[b"tair.kv.mget"]
-    assert command_keys(mget, [b"TAIR.KV.MGET", b"a", b"b", b"CONSISTENCY_LEVEL", b"STRONG", b"WITHVERSIONS"]) == [
+    assert mget.keys([b"TAIR.KV.MGET", b"a", b"b", b"CONSISTENCY_LEVEL", b"STRONG", b"WITHVERSIONS"]) == [
         b"a", b"b"]
     prefetch = REGISTRY[b"tair.kv.prefetch"]
-    assert command_keys(prefetch, [b"TAIR.KV.PREFETCH", b"a", b"PRIORITY", b"5"]) == [b"a"]
+    assert prefetch.keys([b"TAIR.KV.PREFETCH", b"a", b"PRIORITY", b"5"]) == [b"a"]
     usage = REGISTRY[b"memory"]
     args = [b"MEMORY", b"USAGE", b"k"]
-    assert command_keys(resolve(usage, args), args) == [b"k"]
+    assert resolve(usage, args).keys(args) == [b"k"]
 
 
 def test_key_patterns():
     u = user("~kvs:A:*", "~exact", "~g?o*")
-    assert u.key_ok(b"kvs:A:1") and u.key_ok(bytearray(b"kvs:A:")) and u.key_ok(b"exact") and u.key_ok(b"gxo1")
-    assert not u.key_ok(b"kvs:B:1") and not u.key_ok(b"exact2") and not u.key_ok(b"kvs:A")
-    assert user("allkeys").key_ok(b"anything") and not user().key_ok(b"anything")
+    assert u.key_ok(b"kvs:A:1", ALL) and u.key_ok(bytearray(b"kvs:A:"), ALL) and u.key_ok(b"exact", ALL)
+    assert u.key_ok(b"gxo1", ALL)
+    assert not u.key_ok(b"kvs:B:1", ALL) and not u.key_ok(b"exact2", ALL) and not u.key_ok(b"kvs:A", ALL)
+    assert user("allkeys").key_ok(b"anything", ALL) and not user().key_ok(b"anything", ALL)
 
 
 def test_pattern_ok_is_sound():
     """Every key a pattern accepted by pattern_ok can match is a key the user may access (random search)."""
     u = user("~kvs:A:*", "~x?y")
-    assert u.pattern_ok(b"kvs:A:*") and u.pattern_ok(b"kvs:A:s7:*") and u.pattern_ok(b"x?y")
+    assert u.pattern_ok(b"kvs:A:*", ALL) and u.pattern_ok(b"kvs:A:s7:*", ALL) and u.pattern_ok(b"x?y", ALL)
     for bad in (b"*", b"kvs:*", b"kvs:?:*", b"kvs:[AB]:*", b"kvs:A", b"xay", b"kvs:A*"):
-        assert not u.pattern_ok(bad), bad
+        assert not u.pattern_ok(bad, ALL), bad
     rng = random.Random(7)
     alphabet = b"kvs:AB*?[]^-\\x"
     for _ in range(3000):
         pattern = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 10)))
-        if not u.pattern_ok(pattern):
+        if not u.pattern_ok(pattern, ALL):
             continue
         for _ in range(30):
             key = bytes(rng.choice(b"kvs:ABxy") for _ in range(rng.randint(0, 10)))
             key = b"kvs:A:" + key if rng.random() < 0.5 else key
             if glob_match(pattern, key):
-                assert u.key_ok(key), (pattern, key)
+                assert u.key_ok(key, ALL), (pattern, key)
 
 
 def test_setuser_is_all_or_nothing_and_keeps_the_object(tmp_path):
@@ -113,7 +114,7 @@ def test_setuser_is_all_or_nothing_and_keeps_the_object(tmp_path):
     text = path.read_text()
     assert "user t on #" + hashlib.sha256(b"p").hexdigest() in text and ">p" not in text
     fresh = Acl(None, str(path))
-    assert fresh.users["t"].check_password(b"p") and fresh.users["t"].key_ok(b"b1")
+    assert fresh.users["t"].check_password(b"p") and fresh.users["t"].key_ok(b"b1", ALL)
     assert REGISTRY[b"get"] in fresh.users["t"].allowed and REGISTRY[b"set"] not in fresh.users["t"].allowed
     path.write_text("user t on +nosuch\n")
     with pytest.raises(ValueError, match="nosuch"):

@@ -212,31 +212,13 @@ def acl_dryrun(ctx: Context, args: list[bytes]) -> Any:
         raise CommandError(f"Command '{_text(args[3])}' not found")
     if not spec.arity_ok(len(cmd)):
         raise CommandError(f"wrong number of arguments for '{spec.full_name}' command")
-    probe = _Probe(user)
-    denied = acl_mod.Acl.deny(_NoLog(), probe, spec, cmd)  # type: ignore[arg-type]
-    if denied is None:
+    refused = acl_mod.check(user, spec, cmd)
+    if refused is None:
         return OK
-    return f"This user has no permissions to run the '{spec.full_name}' command" if "run the" in denied else \
-        f"This user has no permissions to access the '{_text(_first_denied(user, spec, cmd))}' key"
-
-
-class _Probe:
-    def __init__(self, user: Any) -> None:
-        self.user = user
-
-
-class _NoLog:
-    def record(self, *args: Any) -> None:
-        pass
-
-
-def _first_denied(user: Any, spec: Any, args: list[bytes]) -> bytes:
-    sub = acl_mod.resolve(spec, args) if spec.subcommands else spec
-    if sub.full_name in acl_mod.WHOLE_KEYSPACE:
-        return b"*"
-    if sub.full_name in acl_mod.PATTERN_COMMANDS:
-        return args[1]
-    return next((k for k in acl_mod.command_keys(sub, args) if not user.key_ok(k)), b"")
+    reason, obj = refused
+    if reason == "command":
+        return f"This user has no permissions to run the '{spec.full_name}' command"
+    return f"This user has no permissions to access the '{obj}' key"
 
 
 @command("genpass", -2, "noscript loading stale", parent="acl", group="server", since="6.0.0", most=3,

@@ -56,6 +56,25 @@ class KeySpec:
         return cls(first, last - first if last >= 0 else last, step, flags)
 
 
+def variable_key_flags(name: str, argv: list[bytes]) -> tuple[str, ...]:
+    """The flags of a key whose access depends on the arguments (Redis's setGetKeys and bitfieldGetKeys); ()
+    for the other commands."""
+    if name == "set":
+        return ("RW", "access", "update") if any(a.lower() == b"get" for a in argv[3:]) else ("OW", "update")
+    if name == "bitfield":
+        i = 2
+        while i < len(argv):
+            word, left = argv[i].lower(), len(argv) - i - 1
+            if word == b"get" and left >= 2:
+                i += 3
+            elif word == b"overflow" and left >= 1:
+                i += 2
+            else:  # a write, or a syntax error (as Redis: not read-only then)
+                return ("RW", "access", "update")
+        return ("RO", "access")
+    return ()
+
+
 @dataclass(eq=False)
 class CommandSpec:
     name: str
@@ -103,6 +122,14 @@ class CommandSpec:
         if len(specs) == 1:
             return specs[0].find(args)
         return [k for spec in specs for k in spec.find(args)]
+
+    def keys_with_flags(self, args: list[bytes]) -> list[tuple[bytes, tuple[str, ...]]]:
+        """The keys ``args`` name with each one's key-spec flags, as Redis's getKeysFromCommandWithSpecs (COMMAND
+        GETKEYSANDFLAGS, ACL's read and write key permissions); () for a key no spec describes."""
+        if self.getkeys is not None or len(self.key_specs) == 1:
+            flags = variable_key_flags(self.full_name, args) or (self.key_specs[0].flags if self.key_specs else ())
+            return [(key, flags) for key in self.keys(args)]
+        return [(key, ks.flags) for ks in self.key_specs for key in ks.find(args)]
 
     def own_arguments(self, args: list[Any]) -> None:
         """Make bytes every argument of ``args`` that is not ``bytes`` and not one of the values the command stores

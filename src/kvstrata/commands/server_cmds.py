@@ -136,33 +136,10 @@ def _command_keys(args: list[bytes]) -> list[tuple[bytes, tuple[str, ...]]]:
         raise CommandError("The command has no key arguments")
     if not spec.arity_ok(len(args) - 2):
         raise CommandError("Invalid number of arguments specified for command")
-    argv = args[2:]
-    if spec.getkeys is not None or len(spec.key_specs) == 1:
-        flags = _variable_key_flags(spec.full_name, argv) or (spec.key_specs[0].flags if spec.key_specs else ())
-        found = [(key, flags) for key in spec.keys(argv)]
-    else:
-        found = [(key, ks.flags) for ks in spec.key_specs for key in ks.find(argv)]
+    found = spec.keys_with_flags(args[2:])
     if not found:
         raise CommandError("Invalid arguments specified for command")
     return found
-
-
-def _variable_key_flags(name: str, argv: list[bytes]) -> tuple[str, ...]:
-    """The flags of a key whose access depends on the arguments (Redis's setGetKeys and bitfieldGetKeys)."""
-    if name == "set":
-        return ("RW", "access", "update") if any(a.lower() == b"get" for a in argv[3:]) else ("OW", "update")
-    if name == "bitfield":
-        i = 2
-        while i < len(argv):
-            word, left = argv[i].lower(), len(argv) - i - 1
-            if word == b"get" and left >= 2:
-                i += 3
-            elif word == b"overflow" and left >= 1:
-                i += 2
-            else:  # a write, or a syntax error (as Redis: not read-only then)
-                return ("RW", "access", "update")
-        return ("RO", "access")
-    return ()
 
 
 @command("getkeys", -4, "loading stale", parent="command", group="server", since="2.8.13",

@@ -224,7 +224,7 @@ class Tracking:
                     mine = [k for k in mine if changed[k] is not conn]
                 user = client.user
                 if user is not None and not user.allkeys:  # names of keys it may not read are not its business
-                    mine = [k for k in mine if user.key_ok(k)]
+                    mine = [k for k in mine if user.may_read(k)]
                 if mine:
                     self.send(conn, everyone if mine is keys else keys_array(mine), None)
 

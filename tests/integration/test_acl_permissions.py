@@ -1,0 +1,128 @@
+"""ACL read and write key permissions as Redis 7.0: ``%R~`` (read), ``%W~`` (write), ``~``/``%RW~`` (both), each
+key checked by its key spec's flags (access: read; insert, delete, update: write; neither, as EXISTS: any
+pattern), SET's and BITFIELD's by their arguments. Rules' syntax, errors and how GETUSER and ACL LIST show them,
+ACL DRYRUN and ACL LOG. Run against both targets; the KV-cache commands and the listings are kvstrata's."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+NOPERM_KEY = "this user has no permissions to access one of the keys used as arguments"
+
+
+@pytest.fixture(scope="module")
+def acl_server(module_make_server):
+    return module_make_server({"requirepass": "adminpw"})
+
+
+@pytest.fixture
+def admin(acl_server):
+    r = acl_server.client(password="adminpw")
+    r.flushall()
+    for name in r.acl_users():
+        if name not in (b"default", "default"):
+            r.acl_deluser(name)
+    r.acl_log_reset()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def tenant(acl_server, admin):
+    """User ``u``: reads r:*, writes w:*, both on rw:* and both:*; every command but the dangerous ones."""
+    assert admin.execute_command("ACL", "SETUSER", "u", "on", ">pw", "+@all", "-@dangerous", "%R~r:*", "%W~w:*",
+                                 "~rw:*", "%RW~both:*") == b"OK"
+    c = acl_server.client(username="u", password="pw")
+    yield c
+    c.close()
+
+
+def _refused(fn, *args) -> str:
+    with pytest.raises(redis.exceptions.NoPermissionError) as exc:
+        fn(*args)
+    return str(exc.value)
+
+
+def _keys_rule(admin, *rules: str) -> bytes:
+    admin.execute_command("ACL", "SETUSER", "p", "reset", *rules)
+    user = admin.execute_command("ACL", "GETUSER", "p")
+    return dict(zip(user[::2], user[1::2], strict=True))[b"keys"]
+
+
+def test_each_key_needs_what_its_command_does_with_it(admin, tenant):
+    admin.mset({"r:1": "a", "rw:1": "b", "w:1": "c"})
+    assert tenant.get("r:1") == b"a"
+    assert tenant.strlen("r:1") == 1 and tenant.exists("w:1") == 1  # no access flag: any pattern
+    assert _refused(tenant.set, "r:1", "x") == NOPERM_KEY
+    assert tenant.set("w:1", "x") and tenant.append("w:1", "y") == 2 and tenant.mset({"w:a": 1, "w:b": 2})
+    assert _refused(tenant.get, "w:1") == NOPERM_KEY
+    assert _refused(tenant.mget, "w:a") == NOPERM_KEY
+    assert _refused(tenant.incr, "w:2") == NOPERM_KEY  # reads the old value
+    assert _refused(lambda: tenant.set("w:1", "v", get=True)) == NOPERM_KEY  # SET ... GET reads it
+    assert tenant.set("rw:1", "v", get=True) == b"b"
+    assert tenant.copy("r:1", "w:copy") and _refused(tenant.copy, "w:1", "r:copy") == NOPERM_KEY
+    assert _refused(tenant.rename, "r:1", "w:3") == NOPERM_KEY  # the source is read and deleted
+    assert tenant.rename("rw:1", "w:3")
+    assert tenant.execute_command("BITFIELD_RO", "r:1", "GET", "u8", "0") == [ord("a")]
+    assert _refused(tenant.execute_command, "BITFIELD", "w:b", "GET", "u8", "0") == NOPERM_KEY
+    assert _refused(tenant.execute_command, "BITFIELD", "w:b", "SET", "u8", "0", "1") == NOPERM_KEY
+    assert tenant.execute_command("BITFIELD", "both:b", "SET", "u8", "0", "1") == [0]
+    assert tenant.delete("w:1") == 1 and _refused(tenant.delete, "r:1") == NOPERM_KEY
+    assert _refused(tenant.getdel, "w:a") == NOPERM_KEY and tenant.getdel("rw:none") is None
+    assert admin.get("r:1") == b"a"  # nothing refused changed anything
+
+
+def test_dryrun_and_log_name_the_key(admin, tenant):
+    dry = lambda *cmd: admin.execute_command("ACL", "DRYRUN", "u", *cmd)  # noqa: E731
+    assert dry("SET", "w:1", "v") == b"OK"
+    assert dry("GET", "w:1") == b"This user has no permissions to access the 'w:1' key"
+    assert dry("SET", "r:1", "v", "GET") == b"This user has no permissions to access the 'r:1' key"
+    assert dry("SET", "rw:1", "v", "GET") == b"OK"
+    _refused(tenant.get, "w:secret")
+    entry = admin.acl_log()[0]
+    assert (entry["reason"], entry["object"], entry["username"]) == ("key", "w:secret", "u")
+
+
+def test_rules_syntax_and_how_they_are_shown(admin):
+    assert _keys_rule(admin, "%R~a", "%W~b", "~c", "%RW~d", "%wr~e") == b"%R~a %W~b ~c ~d ~e"
+    assert _keys_rule(admin, "~a", "%R~a") == b"~a"  # a pattern given again gains permissions, keeps its place
+    assert _keys_rule(admin, "%R~a", "%W~b", "%W~a") == b"~a %W~b"
+    assert _keys_rule(admin, "%R~*") == b"%R~*"  # reading every key is not allkeys
+    assert _keys_rule(admin, "%R~a", "~*") == b"~*"
+    assert _keys_rule(admin, "%R") == b"%R~"
+    listed = [line for line in admin.acl_list() if line.startswith("user p ")]
+    assert len(listed) == 1 and " %R~ " in listed[0]
+    for rule in ("%X~a", "%RR~a", "%~a", "%R~a b", "~a b"):
+        with pytest.raises(redis.ResponseError) as exc:
+            admin.execute_command("ACL", "SETUSER", "p", rule)
+        assert str(exc.value) == f"Error in ACL SETUSER modifier '{rule}': Syntax error"
+    for rules in (("~*", "~a"), ("allkeys", "%R~a"), ("allkeys", "%X~a")):
+        with pytest.raises(redis.ResponseError) as exc:
+            admin.execute_command("ACL", "SETUSER", "p", "reset", *rules)
+        assert str(exc.value) == (
+            f"Error in ACL SETUSER modifier '{rules[1]}': Adding a pattern after the * pattern (or the 'allkeys' "
+            "flag) is not valid and does not have any effect. Try 'resetkeys' to start with an empty list of "
+            "patterns")
+
+
+def test_read_everything_write_nothing(acl_server, admin):
+    admin.execute_command("ACL", "SETUSER", "reader", "on", ">pw", "+@all", "-@dangerous", "%R~*")
+    admin.set("k", "v")
+    reader = acl_server.client(username="reader", password="pw")
+    assert reader.get("k") == b"v" and reader.mget("k", "other") == [b"v", None]
+    for call in (lambda: reader.set("k", "x"), lambda: reader.delete("k"), lambda: reader.expire("k", 5)):
+        assert _refused(call) == NOPERM_KEY
+    assert admin.get("k") == b"v" and admin.ttl("k") == -1
+    reader.close()
+
+
+@pytest.mark.kvstrata_only
+def test_kv_cache_commands_and_listings(acl_server, admin, tenant):
+    admin.mset({"r:1": "a", "w:1": "c", "rw:1": "b"})
+    assert tenant.execute_command("TAIR.KV.MGET", "r:1") == [b"a"]
+    assert _refused(tenant.execute_command, "TAIR.KV.MGET", "w:1") == NOPERM_KEY
+    assert _refused(tenant.execute_command, "TAIR.KV.SETEX", "r:2", "0", "v") == NOPERM_KEY
+    assert tenant.execute_command("TAIR.KV.SETEX", "w:2", "0", "v") >= 1
+    # A listing shows only the keys the user may read.
+    assert sorted(tenant.scan_iter("*")) == [b"r:1", b"rw:1"]
