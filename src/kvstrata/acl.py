@@ -438,7 +438,7 @@ class Acl:
     def _rules_of(user: User) -> list[str]:
         rules = ["on" if user.enabled else "off"]
         rules += ["nopass"] if user.nopass else ["#" + d for d in user.passwords]
-        rules += ["~" + p.decode("utf-8", "surrogateescape") for p in user.patterns]
+        rules += user.key_words()
         rules += user.channel_words()
         rules += ["-@all"] + [r for r in user.cmd_rules if r != "-@all"]
         return rules

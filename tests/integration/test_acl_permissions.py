@@ -93,6 +93,10 @@ def test_rules_syntax_and_how_they_are_shown(admin):
     assert _keys_rule(admin, "%R") == b"%R~"
     listed = [line for line in admin.acl_list() if line.startswith("user p ")]
     assert len(listed) == 1 and " %R~ " in listed[0]
+    admin.execute_command("ACL", "SETUSER", "p", "reset", "%R~a", "%W~b")
+    admin.execute_command("ACL", "SETUSER", "p", "on", ">pw")  # later rules keep the permissions as they were
+    user = admin.execute_command("ACL", "GETUSER", "p")
+    assert dict(zip(user[::2], user[1::2], strict=True))[b"keys"] == b"%R~a %W~b"
     for rule in ("%X~a", "%RR~a", "%~a", "%R~a b", "~a b"):
         with pytest.raises(redis.ResponseError) as exc:
             admin.execute_command("ACL", "SETUSER", "p", rule)
