@@ -51,6 +51,11 @@ PATTERN_COMMANDS = frozenset({"tair.kv.markhot", "tair.kv.unmarkhot"})
 # only a user who may read every key gets one (a tenant's SDK reads over its socket instead). MONITOR shows every
 # client's keys and values.
 WHOLE_KEYSPACE = frozenset({"flushall", "flushdb", "tair.kv.arena", "monitor"})
+# Commands that name channels: where the channels start and end in the arguments, and whether they are patterns
+# (which must be one of the user's channel patterns literally, as in Redis). Unsubscribing is always allowed.
+CHANNEL_ARGS: dict[str, tuple[int, int | None, bool]] = {
+    "publish": (1, 2, False), "spublish": (1, 2, False), "subscribe": (1, None, False),
+    "ssubscribe": (1, None, False), "psubscribe": (1, None, True)}
 _GLOB_SPECIAL = frozenset(b"*?[\\")
 # Key permissions of a pattern: %R~ read, %W~ write, ~ both (Redis 7).
 READ, WRITE = 1, 2
@@ -120,12 +125,12 @@ def _is_literal(pattern: bytes) -> bool:
     return not any(c in _GLOB_SPECIAL for c in pattern)
 
 
-@dataclass(eq=False)
-class User:
-    name: str
-    enabled: bool = False
-    nopass: bool = False
-    passwords: list[str] = field(default_factory=list)  # SHA-256 hex digests, in the order they were added
+@dataclass(eq=False, kw_only=True)
+class Selector:
+    """One set of permissions: the commands, the key patterns (each with its READ/WRITE bits) and the channel
+    patterns a command must all fit (Redis 7's selector). A user is its root selector plus the selectors it was
+    given in parentheses; a command runs when one of them allows it whole."""
+
     cmd_rules: list[str] = field(default_factory=lambda: ["-@all"])
     allowed: set[CommandSpec] = field(default_factory=set)
     patterns: list[bytes] = field(default_factory=list)  # key patterns, in the order given
@@ -133,8 +138,6 @@ class User:
     allkeys: bool = False
     allchannels: bool = False
     channels: list[bytes] = field(default_factory=list)  # &pattern rules, in the order given
-    # True when every command and every key is allowed: the connection then skips all checks.
-    unrestricted: bool = False
     # For each permission a key may need (0, READ, WRITE, ALL), the patterns granting it sorted for speed:
     # ``literal*`` as prefixes (one startswith call), literals, the rest as globs.
     _index: dict[int, tuple[tuple[bytes, ...], frozenset[bytes], tuple[bytes, ...]]] = field(default_factory=dict)
@@ -144,31 +147,9 @@ class User:
 
     # ---- rules ----
     def apply(self, rule: str) -> None:
-        """Apply one ACL SETUSER rule; raises ValueError with Redis's reason on a bad one."""
+        """Apply one key, channel or command rule; raises ValueError with Redis's reason on a bad one."""
         low = rule.lower()
-        if low == "on":
-            self.enabled = True
-        elif low == "off":
-            self.enabled = False
-        elif low == "nopass":
-            self.nopass = True
-            self.passwords = []
-        elif low == "resetpass":
-            self.nopass = False
-            self.passwords = []
-        elif rule.startswith(">"):
-            self._add_hash(hash_password(rule[1:].encode("utf-8", "surrogateescape")))
-        elif rule.startswith("#"):
-            digest = rule[1:].lower()
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ValueError("The password hash must be exactly 64 characters and contain only lowercase "
-                                 "hexadecimal characters")
-            self._add_hash(digest)
-        elif rule.startswith("<"):
-            self._remove_hash(hash_password(rule[1:].encode("utf-8", "surrogateescape")))
-        elif rule.startswith("!"):
-            self._remove_hash(rule[1:].lower())
-        elif low in ("allkeys", "~*"):
+        if low in ("allkeys", "~*"):
             self.allkeys = True
             self.patterns = [b"*"]
             self.perms = {b"*": ALL}
@@ -215,12 +196,8 @@ class User:
             else:
                 self.allowed.difference_update(specs)
             self.cmd_rules.append(rule.lower())
-        elif low == "reset":
-            for r in ("resetpass", "resetkeys", "resetchannels", "off", "-@all"):
-                self.apply(r)
         else:
             raise ValueError("Syntax error")
-        self.unrestricted = self.allkeys and len(self.allowed) == len(all_specs())
         self._index_patterns()
 
     def _index_patterns(self) -> None:
@@ -237,16 +214,6 @@ class User:
                 else:
                     globs.append(p)
             self._index[need] = (tuple(prefixes), frozenset(exact), tuple(globs))
-
-    def _add_hash(self, digest: str) -> None:
-        self.nopass = False
-        if digest not in self.passwords:
-            self.passwords.append(digest)
-
-    def _remove_hash(self, digest: str) -> None:
-        if digest not in self.passwords:
-            raise ValueError("no such password")
-        self.passwords.remove(digest)
 
     def _add_pattern(self, rule: str) -> None:
         """``~pattern`` (read and write) or ``%R~``, ``%W~``, ``%RW~pattern``, parsed as Redis 7's ACLSetSelector
@@ -282,17 +249,6 @@ class User:
             self.perms[raw] = perms
 
     # ---- checks ----
-    def check_password(self, password: bytes) -> bool:
-        if not self.enabled:
-            return False
-        if self.nopass:
-            return True
-        given = hash_password(password)
-        ok = False
-        for digest in self.passwords:  # every hash is compared, in constant time each
-            ok |= hmac.compare_digest(given, digest)
-        return ok
-
     def key_ok(self, key: bytes, need: int) -> bool:
         """Whether a pattern granting ``need`` (READ, WRITE, both, or 0: any pattern) matches ``key``."""
         if self.allkeys:
@@ -304,12 +260,9 @@ class User:
             return True
         return any(glob_match(p, key) for p in globs)
 
-    def may_read(self, key: bytes) -> bool:
-        """Whether the user may read ``key`` (a listing - KEYS, SCAN, CLIENT TRACKING BCAST - shows it)."""
-        return self.key_ok(key, READ)
-
     def pattern_ok(self, pattern: bytes, need: int) -> bool:
-        """True when every key ``pattern`` can match lies inside one of this user's patterns granting ``need``."""
+        """True when every key ``pattern`` can match lies inside one of this selector's patterns granting
+        ``need``."""
         if self.allkeys:
             return True
         pattern = bytes(pattern)
@@ -322,47 +275,154 @@ class User:
                 return True
         return False
 
-    # ---- rendering ----
-    def flags(self) -> list[str]:
-        """ACL GETUSER's flags, as Redis 7.0 lists them."""
-        return ["on" if self.enabled else "off", *(["nopass"] if self.nopass else [])]
-
-    def commands_text(self) -> str:
-        return " ".join(self.cmd_rules) or "-@all"
-
-    def key_words(self) -> list[str]:
-        """The user's key rules as Redis 7 writes them: ``~p`` (read and write), ``%R~p``, ``%W~p``."""
-        marks = {ALL: "~", READ: "%R~", WRITE: "%W~"}
-        return [marks[self.perms[p]] + p.decode("utf-8", "surrogateescape") for p in self.patterns]
-
-    def keys_text(self) -> str:
-        return " ".join(self.key_words())
-
     def channel_ok(self, name: bytes, pattern: bool) -> bool:
-        """Whether the user may use channel ``name`` (``pattern``: a PSUBSCRIBE pattern, which must be one of the
-        user's patterns literally, as in Redis; a channel must match one)."""
+        """Whether channel ``name`` is allowed (``pattern``: a PSUBSCRIBE pattern, which must be one of the
+        patterns literally, as in Redis; a channel must match one)."""
         if self.allchannels:
             return True
         if pattern:
             return name in self.channels
         return any(glob_match(p, name) for p in self.channels)
 
+    # ---- rendering ----
+    def commands_text(self) -> str:
+        return " ".join(self.cmd_rules) or "-@all"
+
+    def key_words(self) -> list[str]:
+        """The key rules as Redis 7 writes them: ``~p`` (read and write), ``%R~p``, ``%W~p``."""
+        marks = {ALL: "~", READ: "%R~", WRITE: "%W~"}
+        return [marks[self.perms[p]] + p.decode("utf-8", "surrogateescape") for p in self.patterns]
+
+    def keys_text(self) -> str:
+        return " ".join(self.key_words())
+
     def channel_words(self) -> list[str]:
-        """The user's channel rules as written: ``&*``, or each ``&pattern`` (none: no channel)."""
+        """The channel rules as written: ``&*``, or each ``&pattern`` (none: no channel)."""
         if self.allchannels:
             return ["&*"]
         return ["&" + c.decode("utf-8", "surrogateescape") for c in self.channels]
 
-    def describe(self) -> str:
-        """The ACL LIST / ACL SAVE line (passwords only as their hashes)."""
-        words = ["user", self.name, "on" if self.enabled else "off"]
+    def fields(self) -> dict[str, str]:
+        """ACL GETUSER's description of the selector."""
+        return {"commands": self.commands_text(), "keys": self.keys_text(),
+                "channels": " ".join(self.channel_words())}
+
+    def rules(self) -> list[str]:
+        """The selector as rules (ACL LIST, ACL SAVE, and the replay of ACL SETUSER), as Redis describes one: keys,
+        channels (after ``resetchannels`` unless all), commands."""
+        words = self.key_words()  # none: nothing, as Redis 7
+        words += self.channel_words() if self.allchannels else ["resetchannels", *self.channel_words()]
+        words += self.cmd_rules or ["-@all"]
+        return words
+
+
+@dataclass(eq=False)
+class User(Selector):
+    """An ACL user: its name, whether it is on, its password hashes, its root permissions (the selector it is) and
+    the further selectors given in parentheses."""
+
+    name: str
+    enabled: bool = False
+    nopass: bool = False
+    passwords: list[str] = field(default_factory=list)  # SHA-256 hex digests, in the order they were added
+    selectors: list[Selector] = field(default_factory=list)
+    # True when every command and every key is allowed: the connection then skips all checks.
+    unrestricted: bool = False
+
+    # ---- rules ----
+    def apply(self, rule: str) -> None:
+        """Apply one ACL SETUSER rule; raises ValueError with Redis's reason on a bad one."""
+        low = rule.lower()
+        if low == "on":
+            self.enabled = True
+        elif low == "off":
+            self.enabled = False
+        elif low == "nopass":
+            self.nopass = True
+            self.passwords = []
+        elif low == "resetpass":
+            self.nopass = False
+            self.passwords = []
+        elif rule.startswith(">"):
+            self._add_hash(hash_password(rule[1:].encode("utf-8", "surrogateescape")))
+        elif rule.startswith("#"):
+            digest = rule[1:].lower()
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError("The password hash must be exactly 64 characters and contain only lowercase "
+                                 "hexadecimal characters")
+            self._add_hash(digest)
+        elif rule.startswith("<"):
+            self._remove_hash(hash_password(rule[1:].encode("utf-8", "surrogateescape")))
+        elif rule.startswith("!"):
+            self._remove_hash(rule[1:].lower())
+        elif len(rule) > 1 and rule[0] == "(" and rule[-1] == ")":
+            selector = Selector()
+            for word in rule[1:-1].split():
+                selector.apply(word)
+            self.selectors.append(selector)
+        elif low == "clearselectors":
+            self.selectors = []
+        elif low == "reset":
+            for r in ("resetpass", "resetkeys", "resetchannels", "off", "clearselectors", "-@all"):
+                self.apply(r)
+        else:
+            super().apply(rule)
+        self.unrestricted = self.allkeys and self.allchannels and len(self.allowed) == len(all_specs())
+
+    def _add_hash(self, digest: str) -> None:
+        self.nopass = False
+        if digest not in self.passwords:
+            self.passwords.append(digest)
+
+    def _remove_hash(self, digest: str) -> None:
+        if digest not in self.passwords:
+            raise ValueError("no such password")
+        self.passwords.remove(digest)
+
+    # ---- checks ----
+    @property
+    def every_selector(self) -> list[Selector]:
+        """The root selector (the user itself) first, then the others in the order given."""
+        return [self, *self.selectors]
+
+    def check_password(self, password: bytes) -> bool:
+        if not self.enabled:
+            return False
+        if self.nopass:
+            return True
+        given = hash_password(password)
+        ok = False
+        for digest in self.passwords:  # every hash is compared, in constant time each
+            ok |= hmac.compare_digest(given, digest)
+        return ok
+
+    def may_read(self, key: bytes) -> bool:
+        """Whether a selector lets the user read ``key`` (a listing - KEYS, SCAN, CLIENT TRACKING BCAST - shows it)."""
+        return any(s.key_ok(key, READ) for s in self.every_selector)
+
+    def may_use_channel(self, name: bytes, pattern: bool) -> bool:
+        """Whether a selector allows channel ``name`` (a subscriber keeps its subscriptions while one does)."""
+        return any(s.channel_ok(name, pattern) for s in self.every_selector)
+
+    # ---- rendering ----
+    def flags(self) -> list[str]:
+        """ACL GETUSER's flags, as Redis 7.0 lists them."""
+        return ["on" if self.enabled else "off", *(["nopass"] if self.nopass else [])]
+
+    def definition(self) -> list[str]:
+        """The rules that make this user from nothing (passwords only as their hashes; each further selector as
+        one rule in parentheses)."""
+        words = ["on" if self.enabled else "off"]
         if self.nopass:
             words.append("nopass")
         words += ["#" + d for d in self.passwords]
-        words += self.key_words()  # none: nothing, as Redis 7
-        words += self.channel_words() if self.allchannels else ["resetchannels", *self.channel_words()]
-        words.append(self.commands_text())
-        return " ".join(words)
+        words += self.rules()
+        words += ["(" + " ".join(s.rules()) + ")" for s in self.selectors]
+        return words
+
+    def describe(self) -> str:
+        """The ACL LIST / ACL SAVE line."""
+        return " ".join(["user", self.name, *self.definition()])
 
 
 @dataclass
@@ -376,6 +436,26 @@ class LogEntry:
     updated_ms: int
     client_info: str
     entry_id: int
+
+
+def merge_selectors(words: Iterable[str]) -> list[str]:
+    """Rules with each selector given over several words (``(+get``, ``~k)``) joined into one, as Redis's
+    ACLMergeSelectorArguments; ValueError for a selector never closed."""
+    merged: list[str] = []
+    opened: list[str] = []
+    for word in words:
+        if opened:
+            opened.append(word)
+            if word.endswith(")"):
+                merged.append(" ".join(opened))
+                opened = []
+        elif word.startswith("(") and not word.endswith(")"):
+            opened = [word]
+        else:
+            merged.append(word)
+    if opened:
+        raise ValueError(f"Unmatched parenthesis in acl selector starting at '{opened[0]}'.")
+    return merged
 
 
 def default_user(requirepass: str | None) -> User:
@@ -422,9 +502,9 @@ class Acl:
         existing = self.users.get(name)
         trial = User(name)
         if existing is not None:
-            for rule in self._rules_of(existing):
+            for rule in existing.definition():
                 trial.apply(rule)
-        for rule in rules:
+        for rule in merge_selectors(rules):
             try:
                 trial.apply(rule)
             except ValueError as exc:
@@ -433,15 +513,6 @@ class Acl:
             self.users[name] = trial
         else:
             existing.__dict__.update(trial.__dict__)  # connected clients hold the object: they see the change
-
-    @staticmethod
-    def _rules_of(user: User) -> list[str]:
-        rules = ["on" if user.enabled else "off"]
-        rules += ["nopass"] if user.nopass else ["#" + d for d in user.passwords]
-        rules += user.key_words()
-        rules += user.channel_words()
-        rules += ["-@all"] + [r for r in user.cmd_rules if r != "-@all"]
-        return rules
 
     def on_requirepass(self, value: str | None) -> None:
         """CONFIG SET requirepass: the default user's only password (or nopass when empty), as in Redis."""
@@ -474,18 +545,6 @@ class Acl:
         reason, obj = refused
         self.record(client, reason, obj)
         return _message(reason, obj if reason == "command" else "")
-
-    def deny_channels(self, client: Any, names: list[Any], pattern: bool) -> str | None:
-        """The NOPERM text when ``client``'s user may not use one of the channels ``names`` (logged as Redis
-        logs it, reason ``channel``); None when it may."""
-        user = client.user
-        if user is None or user.allchannels:
-            return None
-        for name in names:
-            if not user.channel_ok(bytes(name), pattern):
-                self.record(client, "channel", bytes(name).decode("utf-8", "surrogateescape"))
-                return _message("channel", "")
-        return None
 
     def record(self, client: Any, reason: str, obj: str) -> None:
         """An ACL LOG entry; a repeat of a recent one (same reason, object, user) only bumps its count."""
@@ -525,7 +584,11 @@ class Acl:
             if words[1] in users:
                 raise ValueError(f"{path}:{n}: duplicate user '{words[1]}'")
             user = User(words[1])
-            for rule in words[2:]:
+            try:
+                rules = merge_selectors(words[2:])
+            except ValueError:
+                raise ValueError(f"{path}:{n}: Unmatched parenthesis in selector definition.") from None
+            for rule in rules:
                 try:
                     user.apply(rule)
                 except ValueError as exc:
@@ -554,24 +617,54 @@ def key_need(flags: tuple[str, ...], spec: CommandSpec) -> int:
     return need
 
 
+# Which refusal a user is told when no selector allows a command, as Redis's ACLCheckAllUserCommandPerm: a
+# channel over a key over the command; between two of a kind, the one further in the arguments.
+_RANK = {"command": 1, "key": 2, "channel": 4}
+
+
 def check(user: User, spec: CommandSpec, args: list[Any]) -> tuple[str, str] | None:
-    """Why ``user`` may not run ``args`` as (reason, object) - ("command", its name) or ("key", the key, ``*``
-    for a command on every key) - or None when it may."""
+    """Why ``user`` may not run ``args`` as (reason, object) - ("command", its name), ("key", the key, ``*`` for
+    a command on every key) or ("channel", the channel) - or None when one of its selectors allows the command,
+    every key and every channel."""
     sub = resolve(spec, args) if spec.subcommands else spec
-    if sub not in user.allowed and not sub.noauth:  # AUTH, HELLO, QUIT, RESET: always allowed, as in Redis
-        return "command", sub.full_name
-    if user.allkeys:
-        return None
-    name = sub.full_name
-    if name in WHOLE_KEYSPACE:
-        return "key", "*"
-    if name in PATTERN_COMMANDS:
-        if len(args) > 1 and not user.pattern_ok(args[1], key_need((), sub)):
-            return "key", bytes(args[1]).decode("utf-8", "surrogateescape")
-        return None
-    for key, flags in sub.keys_with_flags(args):
-        if not user.key_ok(key, key_need(flags, sub)):
-            return "key", bytes(key).decode("utf-8", "surrogateescape")
+    keys: list[tuple[bytes, tuple[str, ...]]] = []
+    worst: tuple[int, int, str, str] | None = None
+    for selector in user.every_selector:
+        refused = _refusal(selector, sub, args, keys)
+        if refused is None:
+            return None
+        if worst is None or refused[:2] > worst[:2]:
+            worst = refused
+    assert worst is not None
+    return worst[2], worst[3]
+
+
+def _refusal(selector: Selector, sub: CommandSpec, args: list[Any],
+             keys: list[tuple[bytes, tuple[str, ...]]]) -> tuple[int, int, str, str] | None:
+    """One selector's refusal as (rank, argument position, reason, object), or None when it allows the whole
+    command (Redis's ACLSelectorCheckCmd). ``keys``: the command's keys with their flags, filled on first use
+    and kept for the next selector."""
+    if sub not in selector.allowed and not sub.noauth:  # AUTH, HELLO, QUIT, RESET: always, as in Redis
+        return _RANK["command"], 0, "command", sub.full_name
+    if not selector.allkeys:
+        name = sub.full_name
+        if name in WHOLE_KEYSPACE:
+            return _RANK["key"], 0, "key", "*"
+        if name in PATTERN_COMMANDS:
+            if len(args) > 1 and not selector.pattern_ok(args[1], key_need((), sub)):
+                return _RANK["key"], 1, "key", bytes(args[1]).decode("utf-8", "surrogateescape")
+        elif sub.key_specs or sub.getkeys is not None:
+            if not keys:
+                keys.extend(sub.keys_with_flags(args))
+            for at, (key, flags) in enumerate(keys):
+                if not selector.key_ok(key, key_need(flags, sub)):
+                    return _RANK["key"], at + 1, "key", bytes(key).decode("utf-8", "surrogateescape")
+    channels = CHANNEL_ARGS.get(sub.full_name)
+    if channels is not None and not selector.allchannels:
+        first, end, pattern = channels
+        for at, channel in enumerate(args[first:end], first):
+            if not selector.channel_ok(bytes(channel), pattern):
+                return _RANK["channel"], at, "channel", bytes(channel).decode("utf-8", "surrogateescape")
     return None
 
 

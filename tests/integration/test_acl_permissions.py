@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import redis
 
+from kvstrata.acl import merge_selectors
+
 NOPERM_KEY = "this user has no permissions to access one of the keys used as arguments"
 
 
@@ -130,3 +132,97 @@ def test_kv_cache_commands_and_listings(acl_server, admin, tenant):
     assert tenant.execute_command("TAIR.KV.SETEX", "w:2", "0", "v") >= 1
     # A listing shows only the keys the user may read.
     assert sorted(tenant.scan_iter("*")) == [b"r:1", b"rw:1"]
+
+
+def _words(line: str) -> list[str]:
+    """An ACL LIST line's words but Redis's sanitize-payload flag, selectors kept whole."""
+    return [w for w in merge_selectors(line.split()) if w != "sanitize-payload"]
+
+
+def test_selectors_allow_a_command_that_one_of_them_allows_whole(acl_server, admin):
+    """Redis 7's selectors: the root rules, then each ``(...)`` in turn; a command runs when one of them allows
+    the command, every key and every channel."""
+    assert admin.execute_command("ACL", "SETUSER", "s", "on", ">pw", "+get", "~a*", "(+set", "~b*)",
+                                 "(+get %R~c* &news* +publish)") == b"OK"
+    user = admin.execute_command("ACL", "GETUSER", "s")
+    info = dict(zip(user[::2], user[1::2], strict=True))
+    assert (info[b"keys"], info[b"channels"]) == (b"~a*", b"")
+    selectors = [dict(zip(s[::2], s[1::2], strict=True)) for s in info[b"selectors"]]
+    assert [(s[b"keys"], s[b"channels"], sorted(s[b"commands"].split())) for s in selectors] == [
+        (b"~b*", b"", [b"+set", b"-@all"]), (b"%R~c*", b"&news*", [b"+get", b"+publish", b"-@all"])]
+    line = next(u for u in admin.acl_list() if u.startswith("user s "))
+    assert "(~b* resetchannels -@all +set)" in _words(line)
+    s = acl_server.client(username="s", password="pw")
+    admin.mset({"a1": "1", "b1": "2", "c1": "3"})
+    assert s.get("a1") == b"1" and s.get("c1") == b"3" and s.set("b1", "x")
+    assert s.publish("news.eu", "m") == 0
+    for call in (lambda: s.get("b1"), lambda: s.set("a1", "x"), lambda: s.set("c1", "x"),
+                 lambda: s.mget("a1", "c1"), lambda: s.publish("other", "m")):
+        _refused(call)
+    with pytest.raises(redis.exceptions.NoPermissionError, match="run the 'del' command"):
+        s.delete("b1")
+    # Which refusal is logged: a channel over a key over the command, as Redis picks it.
+    admin.acl_log_reset()
+    for call in (lambda: s.publish("other", "m"), lambda: s.set("c1", "x"), lambda: s.delete("b1")):
+        _refused(call)
+    assert [(e["reason"], e["object"]) for e in admin.acl_log()][:3] == [
+        ("command", "del"), ("key", "c1"), ("channel", "other")]
+    dry = lambda *cmd: admin.execute_command("ACL", "DRYRUN", "s", *cmd)  # noqa: E731
+    assert dry("PUBLISH", "other", "m") == b"This user has no permissions to access the 'other' channel"
+    assert dry("SET", "c1", "x") == b"This user has no permissions to access the 'c1' key"
+    assert dry("GET", "c1") == b"OK"
+    # clearselectors (and reset) leave the root rules only.
+    assert admin.execute_command("ACL", "SETUSER", "s", "clearselectors") == b"OK"
+    with pytest.raises(redis.exceptions.NoPermissionError, match="run the 'set' command"):
+        s.set("b1", "y")
+    assert s.get("a1") == b"1"
+    s.close()
+
+
+def test_selector_rules_errors(admin):
+    def refused(*rules: str) -> str:
+        with pytest.raises(redis.ResponseError) as exc:
+            admin.execute_command("ACL", "SETUSER", "e", *rules)
+        return str(exc.value)
+
+    assert refused("on", "(+get", "~x") == "Unmatched parenthesis in acl selector starting at '(+get'."
+    assert refused("(+get ~x) extra)") == "Error in ACL SETUSER modifier '(+get ~x) extra)': Syntax error"
+    assert refused("(nosuchrule)") == "Error in ACL SETUSER modifier '(nosuchrule)': Syntax error"
+    assert refused("(+nosuch)") == ("Error in ACL SETUSER modifier '(+nosuch)': Unknown command or category "
+                                    "name in ACL")
+    assert refused("(~* ~a)").startswith("Error in ACL SETUSER modifier '(~* ~a)': Adding a pattern after the *")
+    assert admin.execute_command("ACL", "GETUSER", "e") is None  # nothing was created
+    assert admin.execute_command("ACL", "SETUSER", "e", "()", "(+@all ~*)") == b"OK"
+    user = admin.execute_command("ACL", "GETUSER", "e")
+    assert len(dict(zip(user[::2], user[1::2], strict=True))[b"selectors"]) == 2
+
+
+def test_a_subscriber_keeps_a_channel_a_selector_allows(acl_server, admin):
+    admin.execute_command("ACL", "SETUSER", "sub", "on", ">pw", "+@all", "~*", "(+subscribe &feed)")
+    conn = acl_server.raw()
+    assert conn.cmd("AUTH", "sub", "pw") == "OK"
+    assert conn.cmd("SUBSCRIBE", "feed") == [b"subscribe", b"feed", 1]
+    assert admin.publish("feed", "m") == 1
+    admin.execute_command("ACL", "SETUSER", "sub", "clearselectors")  # the only rule allowing it goes
+    conn.read_until_closed(timeout=10)
+    conn.close()
+
+
+@pytest.mark.kvstrata_only
+def test_selectors_and_permissions_survive_acl_save_and_load(make_server, tmp_path):
+    path = tmp_path / "users.acl"
+    path.write_text("user default on nopass ~* &* +@all\n"
+                    "user t on nopass %R~r:* +get (+set %W~w:* ~x:*) (&ch* +publish)\n")
+    srv = make_server({"aclfile": path})
+    admin = srv.client()
+    t = srv.client(username="t", password="any")
+    assert t.set("w:1", "v") and _refused(lambda: t.get("w:1")) == NOPERM_KEY
+    assert admin.execute_command("ACL", "SAVE") == b"OK"
+    before = admin.execute_command("ACL", "LIST")
+    assert "(%W~w:* ~x:* resetchannels -@all +set)" in path.read_text()
+    assert admin.execute_command("ACL", "LOAD") == b"OK"
+    assert admin.execute_command("ACL", "LIST") == before
+    path.write_text("user t on nopass (+get ~a*\n")
+    with pytest.raises(redis.ResponseError, match="Unmatched parenthesis in selector definition"):
+        admin.execute_command("ACL", "LOAD")
+    assert admin.execute_command("ACL", "LIST") == before

@@ -47,7 +47,8 @@ def test_command_rules_in_order():
         u.apply("+nosuch")
     with pytest.raises(ValueError, match="Unknown command"):
         u.apply("+@nosuch")
-    assert user("allkeys", "allcommands").unrestricted and not user("~a*", "+@all").unrestricted
+    assert user("allkeys", "allcommands", "allchannels").unrestricted and not user("~a*", "+@all").unrestricted
+    assert not user("allkeys", "allcommands").unrestricted  # its channels are still checked
 
 
 def test_categories_follow_the_table():

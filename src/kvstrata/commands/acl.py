@@ -51,7 +51,7 @@ def _close_subscribers_without_access(ctx: Context) -> None:
         user = client.user
         if not client.subscribed or user is None or user.allchannels:
             continue
-        if any(not user.channel_ok(name, kind == PATTERN) for kind, names in enumerate(client.pubsub)
+        if any(not user.may_use_channel(name, kind == PATTERN) for kind, names in enumerate(client.pubsub)
                for name in names):
             if client is ctx.client:
                 client.closing = True  # after this command's reply
@@ -68,10 +68,8 @@ def acl_getuser(ctx: Context, args: list[bytes]) -> Any:
     return {
         "flags": user.flags(),  # bulk strings, as Redis 7
         "passwords": user.passwords,
-        "commands": user.commands_text(),
-        "keys": user.keys_text(),
-        "channels": " ".join(user.channel_words()),
-        "selectors": [],
+        **user.fields(),  # the root selector's
+        "selectors": [s.fields() for s in user.selectors],
     }
 
 
@@ -218,7 +216,7 @@ def acl_dryrun(ctx: Context, args: list[bytes]) -> Any:
     reason, obj = refused
     if reason == "command":
         return f"This user has no permissions to run the '{spec.full_name}' command"
-    return f"This user has no permissions to access the '{obj}' key"
+    return f"This user has no permissions to access the '{obj}' {reason}"
 
 
 @command("genpass", -2, "noscript loading stale", parent="acl", group="server", since="6.0.0", most=3,

