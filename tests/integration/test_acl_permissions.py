@@ -226,3 +226,16 @@ def test_selectors_and_permissions_survive_acl_save_and_load(make_server, tmp_pa
     with pytest.raises(redis.ResponseError, match="Unmatched parenthesis in selector definition"):
         admin.execute_command("ACL", "LOAD")
     assert admin.execute_command("ACL", "LIST") == before
+
+
+def test_a_refused_channel_is_refused_when_queued(acl_server, admin, resp):
+    admin.execute_command("ACL", "SETUSER", "m", "on", ">pw", "+@all", "~*", "resetchannels", "&ok")
+    conn = acl_server.raw()
+    assert conn.cmd("AUTH", "m", "pw") == "OK"
+    assert conn.cmd("MULTI") == "OK"
+    assert conn.cmd("PUBLISH", "no", "x") == resp.Error(
+        "NOPERM this user has no permissions to access one of the channels used as arguments")
+    assert conn.cmd("PUBLISH", "ok", "x") == "QUEUED"
+    assert conn.cmd("EXEC") == resp.Error("EXECABORT Transaction discarded because of previous errors.")
+    assert conn.cmd("PUBLISH", "ok", "x") == 0
+    conn.close()
