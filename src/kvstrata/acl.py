@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstrata.commands.registry import REGISTRY, CommandSpec, resolve
+from kvstrata.commands.registry import REGISTRY, CommandSpec, resolve, variable_key_flags
 from kvstrata.engine.keyspace import glob_match
 
 # Redis's categories (those with no commands here still parse, so rules written for Redis work unchanged).
@@ -605,15 +605,21 @@ class Acl:
         os.replace(tmp, path)
 
 
+_NEED_BY_FLAGS: dict[tuple[str, ...], int] = {}
+
+
 def key_need(flags: tuple[str, ...], spec: CommandSpec) -> int:
     """The permission a key with these key-spec flags needs, as Redis 7's ACLSelectorCheckKey: READ for access,
     WRITE for insert, delete or update, 0 (any pattern) for neither (EXISTS, TYPE). A key no spec describes
     needs what its command does (kvstrata's rule: never less than the command's writes)."""
     if not flags:
         return WRITE if "write" in spec.flags else READ
-    need = READ if "access" in flags else 0
-    if "insert" in flags or "delete" in flags or "update" in flags:
-        need |= WRITE
+    need = _NEED_BY_FLAGS.get(flags)
+    if need is None:
+        need = READ if "access" in flags else 0
+        if "insert" in flags or "delete" in flags or "update" in flags:
+            need |= WRITE
+        _NEED_BY_FLAGS[flags] = need
     return need
 
 
@@ -622,12 +628,34 @@ def key_need(flags: tuple[str, ...], spec: CommandSpec) -> int:
 _RANK = {"command": 1, "key": 2, "channel": 4}
 
 
+_FIXED_NEED: dict[CommandSpec, int | None] = {}
+_VARIABLE = -1
+
+
+def _fixed_need(spec: CommandSpec) -> int | None:
+    """What every key of ``spec`` needs when all its keys need the same (one key spec, or a key-finding
+    function): that permission, or _VARIABLE when the arguments decide it (SET ... GET); None when it differs
+    from key to key. Computed once per command."""
+    try:
+        return _FIXED_NEED[spec]
+    except KeyError:
+        need: int | None = None
+        if spec.getkeys is not None or len(spec.key_specs) == 1:
+            flags = spec.key_specs[0].flags if spec.key_specs else ()
+            need = _VARIABLE if "variable_flags" in flags else key_need(flags, spec)
+        _FIXED_NEED[spec] = need
+        return need
+
+
 def check(user: User, spec: CommandSpec, args: list[Any]) -> tuple[str, str] | None:
     """Why ``user`` may not run ``args`` as (reason, object) - ("command", its name), ("key", the key, ``*`` for
     a command on every key) or ("channel", the channel) - or None when one of its selectors allows the command,
     every key and every channel."""
     sub = resolve(spec, args) if spec.subcommands else spec
     keys: list[tuple[bytes, tuple[str, ...]]] = []
+    if not user.selectors:  # the usual user: its own rules only
+        refused = _refusal(user, sub, args, keys)
+        return None if refused is None else (refused[2], refused[3])
     worst: tuple[int, int, str, str] | None = None
     for selector in user.every_selector:
         refused = _refusal(selector, sub, args, keys)
@@ -654,11 +682,20 @@ def _refusal(selector: Selector, sub: CommandSpec, args: list[Any],
             if len(args) > 1 and not selector.pattern_ok(args[1], key_need((), sub)):
                 return _RANK["key"], 1, "key", bytes(args[1]).decode("utf-8", "surrogateescape")
         elif sub.key_specs or sub.getkeys is not None:
-            if not keys:
-                keys.extend(sub.keys_with_flags(args))
-            for at, (key, flags) in enumerate(keys):
-                if not selector.key_ok(key, key_need(flags, sub)):
-                    return _RANK["key"], at + 1, "key", bytes(key).decode("utf-8", "surrogateescape")
+            need = _fixed_need(sub)
+            if need == _VARIABLE:
+                need = key_need(variable_key_flags(sub.full_name, args), sub)
+            if need is not None:  # every key needs the same: the keys alone, as before permissions
+                for key in sub.keys(args):
+                    if not selector.key_ok(key, need):
+                        at = sub.keys(args).index(key)
+                        return _RANK["key"], at + 1, "key", bytes(key).decode("utf-8", "surrogateescape")
+            else:
+                if not keys:
+                    keys.extend(sub.keys_with_flags(args))
+                for at, (key, flags) in enumerate(keys):
+                    if not selector.key_ok(key, key_need(flags, sub)):
+                        return _RANK["key"], at + 1, "key", bytes(key).decode("utf-8", "surrogateescape")
     channels = CHANNEL_ARGS.get(sub.full_name)
     if channels is not None and not selector.allchannels:
         first, end, pattern = channels

@@ -60,7 +60,8 @@ def variable_key_flags(name: str, argv: list[bytes]) -> tuple[str, ...]:
     """The flags of a key whose access depends on the arguments (Redis's setGetKeys and bitfieldGetKeys); ()
     for the other commands."""
     if name == "set":
-        return ("RW", "access", "update") if any(a.lower() == b"get" for a in argv[3:]) else ("OW", "update")
+        reads = len(argv) > 3 and any(a.lower() == b"get" for a in argv[3:])
+        return ("RW", "access", "update") if reads else ("OW", "update")
     if name == "bitfield":
         i = 2
         while i < len(argv):
