@@ -686,9 +686,8 @@ def _refusal(selector: Selector, sub: CommandSpec, args: list[Any],
             if need == _VARIABLE:
                 need = key_need(variable_key_flags(sub.full_name, args), sub)
             if need is not None:  # every key needs the same: the keys alone, as before permissions
-                for key in sub.keys(args):
+                for at, key in enumerate(sub.keys(args)):
                     if not selector.key_ok(key, need):
-                        at = sub.keys(args).index(key)
                         return _RANK["key"], at + 1, "key", bytes(key).decode("utf-8", "surrogateescape")
             else:
                 if not keys:

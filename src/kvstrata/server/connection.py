@@ -234,8 +234,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         if not parser._fast and parser.query_bytes > self.query_limit():
             self._query_limit_reached()
             return
-        eviction = srv.client_eviction
-        if eviction.limit and eviction.account(self):
+        if self._count_memory():
             return
         # Nothing to run while a large value is still arriving (no command completed): skip the batch work.
         if not self.busy and (parser._target is None or parser._ready or self._pending_error is not None):
@@ -331,9 +330,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             self._stream_bytes += len(data)
         else:
             self.transport.write(data)
-        eviction = self.server.client_eviction
-        if eviction.limit:
-            eviction.account(self)
+        self._count_memory()
 
     def _check_output_limit(self, adding: int = 0) -> bool:
         """Close a client whose unsent replies pass its class's client-output-buffer-limit (kvstrata.output_limits);
@@ -354,9 +351,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.paused_writing = False
         if self.closed or self.transport is None:
             return
-        eviction = self.server.client_eviction
-        if eviction.limit:
-            eviction.account(self)  # what was sent leaves the total
+        self._count_memory()  # what was sent leaves the total
         if self._stream:
             self._pump()
             if self._stream or self.closed:
@@ -539,9 +534,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.out = []
         if self.client.closing:
             self._close()
-        eviction = self.server.client_eviction
-        if eviction.limit and not self.closed:
-            eviction.account(self)
+        self._count_memory()
 
     def _send_large(self, out: list[Any], n: int) -> None:
         """Queue reply parts behind any stream in progress and hand the transport what it can take now.
@@ -602,6 +595,12 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             encode(ErrorReply(exc.message), self.client.proto, out)
             self.transport.write(b"".join(out))
         self._close()
+
+    def _count_memory(self) -> bool:
+        """maxmemory-clients (server/client_eviction.py): this client's memory changed; True when counting it
+        closed the client. Nothing while the limit is off."""
+        eviction = self.server.client_eviction
+        return bool(eviction.limit) and not self.closed and eviction.account(self)
 
     def evict(self) -> None:
         """maxmemory-clients closes this client (server/client_eviction.py): at once, nothing more is sent."""
