@@ -263,6 +263,25 @@ def module_make_server():
 
 
 @pytest.fixture(scope="module")
+def acl_server(module_make_server):
+    """A server whose default user has a password (``adminpw``), shared by the ACL tests of one module."""
+    return module_make_server({"requirepass": "adminpw"})
+
+
+@pytest.fixture
+def admin(acl_server):
+    """The default user on ``acl_server``, with the keyspace, the other users and ACL LOG emptied first."""
+    r = acl_server.client(password="adminpw")
+    r.flushall()
+    for name in r.acl_users():
+        if name not in (b"default", "default"):
+            r.acl_deluser(name)
+    r.acl_log_reset()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
 def cluster():
     """A 3-master Redis/Valkey Cluster for the pool tests, one per test module."""
     from kvstrata.bench.cluster import LocalCluster

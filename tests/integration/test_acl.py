@@ -12,23 +12,6 @@ NOPERM_KEY = "NOPERM this user has no permissions to access one of the keys used
 WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
 
 
-@pytest.fixture(scope="module")
-def acl_server(module_make_server):
-    return module_make_server({"requirepass": "adminpw"})
-
-
-@pytest.fixture
-def admin(acl_server):
-    r = acl_server.client(password="adminpw")
-    r.flushall()
-    for name in r.acl_users():
-        if name not in (b"default", "default"):
-            r.acl_deluser(name)
-    r.acl_log_reset()
-    yield r
-    r.close()
-
-
 def test_setuser_getuser_list_users_whoami(acl_server, admin, expect_error):
     assert admin.execute_command("ACL", "SETUSER", "alice", "on", ">pa", "~app:*", "+get", "+set") == b"OK"
     user = admin.execute_command("ACL", "GETUSER", "alice")

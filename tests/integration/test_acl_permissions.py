@@ -13,23 +13,6 @@ from kvstrata.acl import merge_selectors
 NOPERM_KEY = "this user has no permissions to access one of the keys used as arguments"
 
 
-@pytest.fixture(scope="module")
-def acl_server(module_make_server):
-    return module_make_server({"requirepass": "adminpw"})
-
-
-@pytest.fixture
-def admin(acl_server):
-    r = acl_server.client(password="adminpw")
-    r.flushall()
-    for name in r.acl_users():
-        if name not in (b"default", "default"):
-            r.acl_deluser(name)
-    r.acl_log_reset()
-    yield r
-    r.close()
-
-
 @pytest.fixture
 def tenant(acl_server, admin):
     """User ``u``: reads r:*, writes w:*, both on rw:* and both:*; every command but the dangerous ones."""
