@@ -62,7 +62,6 @@ READ, WRITE = 1, 2
 ALL = READ | WRITE
 _ALLKEYS_TAKEN = ("Adding a pattern after the * pattern (or the 'allkeys' flag) is not valid and does not have any "
                   "effect. Try 'resetkeys' to start with an empty list of patterns")
-ACL_LOG_MAX = 128
 ACL_LOG_GROUP_MS = 60_000
 
 
@@ -480,6 +479,7 @@ class Acl:
         self.requirepass = requirepass
         self.aclfile = aclfile
         self.log: deque[LogEntry] = deque()
+        self.log_max = 128  # acllog-max-len
         self._log_ids = 0
         if aclfile:
             self.load(aclfile)
@@ -560,7 +560,7 @@ class Acl:
         info = client_line(client, now)
         self.log.appendleft(LogEntry(1, reason, "toplevel", obj, username, now, now, info, self._log_ids))
         self._log_ids += 1
-        while len(self.log) > ACL_LOG_MAX:
+        while len(self.log) > self.log_max:
             self.log.pop()
 
     # ---- the ACL file ----

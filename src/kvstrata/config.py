@@ -7,6 +7,7 @@ The same table drives the command-line flags, the environment variables, the fil
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 from kvstrata import output_limits
 from kvstrata.cpulist import normalize_cpulist
+from kvstrata.observability.latency import percentile_text
 from kvstrata.redact import URL_PARAMS, redact_url
 from kvstrata.sizes import parse_memory, parse_size
 
@@ -128,6 +130,22 @@ def _memory_or_percent(text: str | int) -> str:
         raise ValueError("argument must be a memory or percent value") from None
 
 
+_DOUBLE = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity)", re.ASCII | re.IGNORECASE)
+
+
+def _percentiles(text: str) -> str:
+    """latency-tracking-info-percentiles as Redis reads it: numbers from 0 to 100 (strtod's forms), or none."""
+    values = []
+    for word in str(text).split():
+        if _DOUBLE.fullmatch(word) is None:
+            raise ValueError("Invalid latency-tracking-info-percentiles parameters")
+        value = float(word)
+        if not 0.0 <= value <= 100.0:
+            raise ValueError("latency-tracking-info-percentiles parameters should sit between [0.0,100.0]")
+        values.append(value)
+    return " ".join(percentile_text(v) for v in values)
+
+
 def _save(text: str) -> str:
     return " ".join(f"{s} {c}" for s, c in save_points(text))
 
@@ -207,6 +225,8 @@ PARAMS: tuple[Param, ...] = (
           "Refuse non-loopback clients when no password is set.", mutable=True),
     Param("aclfile", _str, "",
           "File of ACL users (`user <name> <rules...>` lines, as in Redis); ACL LOAD/SAVE read and write it."),
+    Param("acllog-max-len", _int, 128, "Entries ACL LOG keeps (the oldest go first).", mutable=True,
+          bounds=(0, INT64_MAX)),
     Param("tls-port", _int, 0,
           "TCP port for RESP over TLS (0: none); needs tls-cert-file and tls-key-file. With --port 0 the server "
           "serves TLS only."),
@@ -395,6 +415,11 @@ PARAMS: tuple[Param, ...] = (
     Param("tracking-table-max-keys", _int, 1_000_000,
           "Keys remembered for CLIENT TRACKING's default mode (0: no limit); past it the oldest are forgotten and "
           "the clients caching them sent an invalidation, as Redis does.", mutable=True, bounds=(0, INT64_MAX)),
+    Param("latency-tracking", _yes_no, True,
+          "Keep each command's latency histogram (INFO latencystats, LATENCY HISTOGRAM, /metrics), as Redis 7.",
+          mutable=True),
+    Param("latency-tracking-info-percentiles", _percentiles, "50 99 99.9",
+          "The percentiles INFO latencystats shows, each from 0 to 100 (empty: none), as Redis 7.", mutable=True),
     Param("latency-monitor-threshold", _int, 0,
           "LATENCY LATEST/HISTORY record a command's slowest latency of each second when it reaches this many "
           "milliseconds (0: off, as in Redis).", mutable=True,

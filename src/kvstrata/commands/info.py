@@ -195,7 +195,8 @@ def _latencystats(ctx: Context) -> list[tuple[str, Any]]:
     rows = []
     for spec, st in sorted(ctx.server.command_counts.items(), key=lambda kv: kv[0].full_name):
         if any(st.hist):
-            rows.append((f"latency_percentiles_usec_{spec.full_name}", latencystats_line(st.hist)))
+            rows.append((f"latency_percentiles_usec_{spec.full_name}",
+                         latencystats_line(st.hist, ctx.server.latency_percentiles)))
     return rows
 
 

@@ -43,9 +43,12 @@ def cumulative_usec(hist: Sequence[int], upto: int | None = None) -> list[tuple[
     return out
 
 
-def latencystats_line(hist: Sequence[int]) -> str:
-    """``p50=...,p99=...,p99.9=...`` as in Redis's ``INFO latencystats`` (µs with three decimals)."""
-    return ",".join(f"{name}={quantile_usec(hist, q):.3f}" for name, q in PERCENTILES)
+def percentile_text(value: float) -> str:
+    """A percentile as Redis prints it (``%f`` without trailing zeros): 50 -> ``50``, 99.9 -> ``99.9``."""
+    return f"{value:f}".rstrip("0").rstrip(".")
 
 
-PERCENTILES: tuple[tuple[str, float], ...] = (("p50", 0.50), ("p99", 0.99), ("p99.9", 0.999))
+def latencystats_line(hist: Sequence[int], percentiles: Sequence[float]) -> str:
+    """``p50=...,p99=...,p99.9=...`` as in Redis's ``INFO latencystats`` (µs with three decimals), for the
+    configured percentiles (latency-tracking-info-percentiles)."""
+    return ",".join(f"p{percentile_text(p)}={quantile_usec(hist, p / 100):.3f}" for p in percentiles)

@@ -127,6 +127,8 @@ class Server:
                 self.command_counts[sub] = CommandStats()
         self.slowlog = SlowLog()
         self.slow_usec = int(config.get("slowlog-log-slower-than"))
+        self.latency_tracking = True  # latency-tracking (apply_config)
+        self.latency_percentiles = [50.0, 99.0, 99.9]  # latency-tracking-info-percentiles
         # Read per write command on the tiered path: kept here, refreshed by apply_config.
         self.ssd_write_queue = int(config.get("ssd-write-queue"))
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -314,6 +316,9 @@ class Server:
             store.ssd.set_writer_pause(int(self.config.get("ssd-writer-pause")))
             store.ssd.key_filter.lookups = bool(self.config.get("ssd-key-filter"))
         self.acl.on_requirepass(self.config.get("requirepass"))
+        self.acl.log_max = int(self.config.get("acllog-max-len"))
+        self.latency_tracking = bool(self.config.get("latency-tracking"))
+        self.latency_percentiles = [float(p) for p in str(self.config.get("latency-tracking-info-percentiles")).split()]
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))

@@ -750,7 +750,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
             counts.calls += 1
             usec = (perf_counter_ns() - t0) // 1000
             counts.usec += usec
-            counts.hist[usec.bit_length()] += 1
+            if self.server.latency_tracking:
+                counts.hist[usec.bit_length()] += 1
             if usec >= self.server.slow_usec >= 0:
                 self.server.slowlog.add(usec, args, client.addr, client.name)
             if spec.noauth:  # AUTH, HELLO, RESET may change what the parser must check
