@@ -5,9 +5,11 @@ These run against either target (KVSTRATA_TEST_TARGET), so the expectations are 
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
+import redis
 from tests.integration.polling import wait_for
 
 
@@ -108,3 +110,16 @@ def test_memory_purge_drops_the_free_receive_buffers(make_server):
     assert c.get("k3") == b"y" * (1 << 20)
     c.set("k4", b"z" * (1 << 20))  # the pool refills on demand
     assert c.get("k4") == b"z" * (1 << 20) and c.exists("k0", "k1", "k2") == 0
+
+
+def test_a_unix_socket_client_in_client_list(make_server, sockdir):
+    """A client of the Unix socket: the socket's path as both addresses (``path:0``) and flag U, as in Redis."""
+    path = os.path.join(sockdir, "s.sock")
+    srv = make_server({"unixsocket": path})
+    r = redis.Redis(unix_socket_path=path)
+    me = r.client_info()
+    assert (me["addr"], me["laddr"], me["flags"]) == (f"{path}:0", f"{path}:0", "U")
+    tcp = srv.client()
+    assert tcp.client_info()["flags"] == "N"
+    assert r.client_kill_filter(addr=f"{path}:0", skipme=False) == 1
+    r.close()

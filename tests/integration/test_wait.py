@@ -95,3 +95,20 @@ def test_client_unblock_leaves_a_paused_client_held(server, raw):
     finally:
         r.execute_command("CLIENT", "UNPAUSE")
     assert conn.read_reply() == "OK"
+
+
+def test_a_blocked_client_shows_flag_b(server, raw):
+    """CLIENT LIST's flag b while a client waits in WAIT, gone when it is unblocked, as in Redis."""
+    r = server.client()
+    conn = raw()
+    cid = conn.cmd("CLIENT", "ID")
+
+    def flags() -> str:
+        return next(c["flags"] for c in r.client_list() if int(c["id"]) == cid)
+
+    assert flags() == "N"
+    conn.send(b"*3\r\n$4\r\nWAIT\r\n$1\r\n1\r\n$1\r\n0\r\n")
+    wait_for(lambda: flags() == "b", what="the WAIT to block")
+    assert r.execute_command("CLIENT", "UNBLOCK", cid) == 1
+    assert conn.read_reply() == 0
+    assert flags() == "N"

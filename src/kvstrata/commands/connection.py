@@ -154,11 +154,15 @@ def _cmd_name(spec: Any) -> str:
 
 
 def _flags(c: ClientState) -> str:
-    """CLIENT LIST's flags, as Redis: O a monitor, P a subscriber, x in MULTI, t tracking (R its redirection
-    broken, B in BCAST mode), e CLIENT NO-EVICT, N none."""
+    """CLIENT LIST's flags, in Redis's order: O a monitor, P a subscriber, x in MULTI, b blocked (WAIT, CLIENT
+    PAUSE), t tracking (R its redirection broken, B in BCAST mode), U the Unix socket, e CLIENT NO-EVICT, N none."""
     flags = ("O" if c.monitor else "") + ("P" if c.subscribed else "") + ("x" if c.multi is not None else "")
+    if c.blocked:
+        flags += "b"
     if c.tracking:
         flags += "t" + ("R" if c.tracking & BROKEN_REDIR else "") + ("B" if c.tracking & BCAST else "")
+    if c.unix:
+        flags += "U"
     if c.no_evict:
         flags += "e"
     return flags or "N"

@@ -42,6 +42,8 @@ class ClientState:
     watched: dict[bytes, Any] = field(default_factory=dict)
     executing: bool = False  # EXEC is running the queue (BGSAVE then only schedules, as Redis's server.in_exec)
     monitor: bool = False  # MONITOR mode (server/monitor.py)
+    unix: bool = False  # connected through the Unix socket (CLIENT LIST flag U)
+    blocked: bool = False  # waiting in WAIT or held by CLIENT PAUSE (CLIENT LIST flag b)
     no_evict: bool = False  # CLIENT NO-EVICT: maxmemory-clients never closes it (server/client_eviction.py)
     # WAIT in progress: CLIENT UNBLOCK sets its result (True: answer -UNBLOCKED, False: as the timeout would).
     unblock: Any = None

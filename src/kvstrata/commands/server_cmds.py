@@ -18,7 +18,7 @@ from kvstrata.config_rewrite import rewrite
 from kvstrata.engine.keyspace import glob_match
 from kvstrata.errors import CommandError, UnblockedError, syntax_error
 from kvstrata.protocol.encoder import NO_REPLY, OK, Status, Verbatim
-from kvstrata.server.hangup import until_done_or_gone
+from kvstrata.server.hangup import blocked, until_done_or_gone
 from kvstrata.server.limits import empty_budget, save_problem
 
 
@@ -338,16 +338,13 @@ async def _blocked_until(ctx: Context, deadline: float | None) -> int | CommandE
     unblock: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
     client.unblock = unblock
     conn = server.clients.get(client.id) if server is not None else None
-    if server is not None:
-        server.blocked_clients += 1
     try:
-        if conn is not None and await until_done_or_gone(
-                unblock, lambda: client.closing or conn.hung_up(), deadline, WAIT_POLL_S) and unblock.result():
-            return UnblockedError()
+        with blocked(server, client):
+            if conn is not None and await until_done_or_gone(
+                    unblock, lambda: client.closing or conn.hung_up(), deadline, WAIT_POLL_S) and unblock.result():
+                return UnblockedError()
     finally:
         client.unblock = None
-        if server is not None:
-            server.blocked_clients -= 1
     return 0
 
 

@@ -29,6 +29,7 @@ from kvstrata.protocol.encoder import ErrorReply, encode
 from kvstrata.protocol.parser import LargeArgv, RequestParser
 from kvstrata.server.cmdstats import CommandStats
 from kvstrata.server.command_runs import CommandRuns, HeldReply, PoolAckWait
+from kvstrata.server.hangup import blocked
 from kvstrata.server.monitor import shown
 
 if TYPE_CHECKING:
@@ -154,8 +155,12 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("socket")
-        self.client.addr = _fmt_addr(peer)
-        self.client.laddr = _fmt_addr(transport.get_extra_info("sockname"))
+        if isinstance(peer, tuple):
+            self.client.addr = _fmt_addr(peer)
+            self.client.laddr = _fmt_addr(transport.get_extra_info("sockname"))
+        else:  # the Unix socket: its path as both ends, as Redis shows it
+            self.client.unix = True
+            self.client.addr = self.client.laddr = f"{transport.get_extra_info('sockname')}:0"
         self.client.fd = sock.fileno() if sock is not None else -1
         srv = self.server
         srv.stats.connections += 1
@@ -763,12 +768,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
 
     async def _after_pause(self, args: list[Any]) -> None:
         """CLIENT PAUSE: the command runs (every check made again) once the pause ends, unless the client left."""
-        server = self.server
-        server.blocked_clients += 1  # INFO's blocked_clients, as Redis counts a postponed client
-        try:
+        with blocked(self.server, self.client):  # as Redis counts a postponed client
             await self.pause.wait(self.hung_up)
-        finally:
-            server.blocked_clients -= 1
         if self.closed or self.hung_up():  # as Redis frees a client that left: its command never runs
             self._close(abort=True)
             return

@@ -9,10 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 GONE_POLL_S = 0.25  # how soon a blocked client that disconnected is noticed
+
+
+@contextlib.contextmanager
+def blocked(server: Any, client: Any) -> Iterator[None]:
+    """While a client waits (WAIT, a command held by CLIENT PAUSE): counted in INFO's blocked_clients and shown
+    with flag ``b`` in CLIENT LIST."""
+    if server is not None:
+        server.blocked_clients += 1
+    client.blocked = True
+    try:
+        yield
+    finally:
+        client.blocked = False
+        if server is not None:
+            server.blocked_clients -= 1
 
 
 async def until_done_or_gone(fut: asyncio.Future[Any], gone: Callable[[], bool], deadline: float | None = None,

@@ -90,7 +90,7 @@ class Monitors:
 
     def line_for(self, client: Any, args: list[Any]) -> bytes:
         """``client``'s command as a monitor line (a Unix-socket client shows as ``unix:<path>``, as in Redis)."""
-        return line(client.addr or f"unix:{self.config.get('unixsocket')}", args)
+        return line(f"unix:{self.config.get('unixsocket')}" if client.unix else client.addr, args)
 
     def feed(self, client: Any, args: list[Any], current: Any = None, skip: Any = None) -> None:
         """Send the line of ``client``'s command ``args`` to every monitor but ``skip``; ``current``: the connection
