@@ -320,6 +320,8 @@ class User(Selector):
     name: str
     enabled: bool = False
     nopass: bool = False
+    # acl-pubsub-default as its rules are applied: the channels a new selector and ``reset`` start with.
+    channels_default: bool = False
     passwords: list[str] = field(default_factory=list)  # SHA-256 hex digests, in the order they were added
     selectors: list[Selector] = field(default_factory=list)
     # True when every command and every key is allowed: the connection then skips all checks.
@@ -352,7 +354,7 @@ class User(Selector):
         elif rule.startswith("!"):
             self._remove_hash(rule[1:].lower())
         elif len(rule) > 1 and rule[0] == "(" and rule[-1] == ")":
-            selector = Selector()
+            selector = Selector(allchannels=self.channels_default)
             for word in rule[1:-1].split():
                 selector.apply(word)
             self.selectors.append(selector)
@@ -361,6 +363,7 @@ class User(Selector):
         elif low == "reset":
             for r in ("resetpass", "resetkeys", "resetchannels", "off", "clearselectors", "-@all"):
                 self.apply(r)
+            self.allchannels = self.channels_default
         else:
             super().apply(rule)
         self.unrestricted = self.allkeys and self.allchannels and len(self.allowed) == len(all_specs())
@@ -474,12 +477,13 @@ def _message(reason: str, obj: str) -> str:
 class Acl:
     """The users of one server, its ACL LOG and the checks the connection runs."""
 
-    def __init__(self, requirepass: str | None = None, aclfile: str = "") -> None:
+    def __init__(self, requirepass: str | None = None, aclfile: str = "", pubsub_default: bool = False) -> None:
         self.users: dict[str, User] = {"default": default_user(requirepass)}
         self.requirepass = requirepass
         self.aclfile = aclfile
         self.log: deque[LogEntry] = deque()
         self.log_max = 128  # acllog-max-len
+        self.pubsub_default = pubsub_default  # acl-pubsub-default: allchannels (True) or resetchannels
         self._log_ids = 0
         if aclfile:
             self.load(aclfile)
@@ -494,10 +498,15 @@ class Acl:
         return d.enabled and d.nopass
 
     # ---- users ----
+    def _new_user(self, name: str) -> User:
+        """A user with no rules yet: off, no password, no command or key, channels as acl-pubsub-default says."""
+        d = self.pubsub_default
+        return User(name, allchannels=d, channels_default=d)
+
     def setuser(self, name: str, rules: Iterable[str]) -> None:
         """ACL SETUSER: all rules apply or none (ValueError names the failing one)."""
         existing = self.users.get(name)
-        trial = User(name)
+        trial = self._new_user(name)
         if existing is not None:
             for rule in existing.definition():
                 trial.apply(rule)
@@ -580,7 +589,7 @@ class Acl:
                 raise ValueError(f"{path}:{n}: should start with user keyword")
             if words[1] in users:
                 raise ValueError(f"{path}:{n}: duplicate user '{words[1]}'")
-            user = User(words[1])
+            user = self._new_user(words[1])
             try:
                 rules = merge_selectors(words[2:])
             except ValueError:

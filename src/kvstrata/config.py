@@ -225,6 +225,9 @@ PARAMS: tuple[Param, ...] = (
           "Refuse non-loopback clients when no password is set.", mutable=True),
     Param("aclfile", _str, "",
           "File of ACL users (`user <name> <rules...>` lines, as in Redis); ACL LOAD/SAVE read and write it."),
+    Param("acl-pubsub-default", _choice("allchannels", "resetchannels"), "resetchannels",
+          "The channels a new ACL user, a new selector and `reset` start with: none (resetchannels, Redis 7's "
+          "default) or all (allchannels, Redis 6's).", mutable=True),
     Param("acllog-max-len", _int, 128, "Entries ACL LOG keeps (the oldest go first).", mutable=True,
           bounds=(0, INT64_MAX)),
     Param("tls-port", _int, 0,

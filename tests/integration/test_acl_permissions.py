@@ -237,3 +237,31 @@ def test_a_user_of_twenty_thousand_rules(acl_server, admin):
     assert _refused(lambda: big.set("extra:k", "v")) == NOPERM_KEY
     assert big.publish("c19999", "m") == 0
     big.close()
+
+
+def test_acl_pubsub_default(acl_server, admin):
+    """acl-pubsub-default: the channels a new user, a new selector and ``reset`` start with (Redis 7: none)."""
+    assert admin.config_get("acl-pubsub-default") == {"acl-pubsub-default": "resetchannels"}
+
+    def channels(name: str) -> list[bytes]:
+        user = admin.execute_command("ACL", "GETUSER", name)
+        info = dict(zip(user[::2], user[1::2], strict=True))
+        return [info[b"channels"]] + [dict(zip(s[::2], s[1::2], strict=True))[b"channels"]
+                                      for s in info[b"selectors"]]
+
+    try:
+        admin.execute_command("ACL", "SETUSER", "before", "on", "(+get)")
+        assert admin.config_set("acl-pubsub-default", "allchannels")
+        admin.execute_command("ACL", "SETUSER", "after", "on", ">pw", "+publish", "(+get)")
+        admin.execute_command("ACL", "SETUSER", "before", "(+set)")
+        assert channels("before") == [b"", b"", b"&*"]  # only what was made after the change
+        assert channels("after") == [b"&*", b"&*"]
+        assert acl_server.client(username="after", password="pw").publish("any", "m") == 0
+        admin.execute_command("ACL", "SETUSER", "before", "reset")
+        assert channels("before") == [b"&*"]
+        with pytest.raises(redis.ResponseError) as exc:
+            admin.config_set("acl-pubsub-default", "some")
+        assert str(exc.value) == ("CONFIG SET failed (possibly related to argument 'acl-pubsub-default') - "
+                                  "argument(s) must be one of the following: allchannels, resetchannels")
+    finally:
+        admin.config_set("acl-pubsub-default", "resetchannels")

@@ -121,3 +121,11 @@ def test_setuser_is_all_or_nothing_and_keeps_the_object(tmp_path):
     with pytest.raises(ValueError, match="nosuch"):
         fresh.load(str(path))
     assert "t" in fresh.users and fresh.users["t"].check_password(b"p")  # a bad file changes nothing
+
+
+def test_acl_file_users_start_with_the_configured_channels(tmp_path):
+    path = tmp_path / "users.acl"
+    path.write_text("user a on nopass +publish\nuser b on nopass resetchannels +publish\n")
+    everything, none = Acl(aclfile=str(path), pubsub_default=True), Acl(aclfile=str(path))
+    assert everything.users["a"].allchannels and not everything.users["b"].allchannels
+    assert not none.users["a"].allchannels

@@ -115,7 +115,8 @@ class Server:
         self.tls_port = int(config.get("tls-port"))
         self._tls_server: asyncio.base_events.Server | None = None
         # Users, passwords and key patterns; the default user's password is requirepass (raises on a bad aclfile).
-        self.acl = Acl(config.get("requirepass"), str(config.get("aclfile")))
+        self.acl = Acl(config.get("requirepass"), str(config.get("aclfile")),
+                       pubsub_default=config.get("acl-pubsub-default") == "allchannels")
         self.stats = ServerStats()
         self.error_codes: dict[str, int] = {}  # error replies by code (INFO errorstats)
         self.clients: dict[int, Connection] = {}
@@ -317,6 +318,7 @@ class Server:
             store.ssd.key_filter.lookups = bool(self.config.get("ssd-key-filter"))
         self.acl.on_requirepass(self.config.get("requirepass"))
         self.acl.log_max = int(self.config.get("acllog-max-len"))
+        self.acl.pubsub_default = self.config.get("acl-pubsub-default") == "allchannels"
         self.latency_tracking = bool(self.config.get("latency-tracking"))
         self.latency_percentiles = [float(p) for p in str(self.config.get("latency-tracking-info-percentiles")).split()]
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
