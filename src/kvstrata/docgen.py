@@ -109,9 +109,9 @@ Pub/Sub works as in Redis 7.0: channels, glob patterns and shard channels (a nod
 the (un)subscribe commands, PING, QUIT and RESET), a message to a connection's own subscription after the replies
 it has pending. `PUBLISH` counts a subscriber once per matching subscription. ACL channel rules (`&pattern`,
 `allchannels`, `resetchannels`) are enforced, with Redis's rules and texts (a PSUBSCRIBE pattern must be one of
-the user's patterns literally; users made with ACL SETUSER start with no channels), and a connection subscribed
-to a channel its user loses (ACL SETUSER, ACL LOAD) is closed, as in Redis 7. A subscriber that does not read
-is closed at `client-output-buffer-limit`'s pubsub class (Redis's classes, limits and defaults: 32 MB, or 8 MB
+the user's patterns literally; users made with ACL SETUSER start with no channels unless `acl-pubsub-default` is
+`allchannels`), and a connection subscribed to a channel its user loses (ACL SETUSER, ACL LOAD) is closed, as in
+Redis 7. A subscriber that does not read is closed at `client-output-buffer-limit`'s pubsub class (Redis's classes, limits and defaults: 32 MB, or 8 MB
 for more than 60 s). Nodes that share a pool forward PUBLISH to each other through the pool's own Pub/Sub, as Redis
 Cluster forwards it to every node (`pool-pubsub`, on by default): a subscriber on any node gets every message
 once, each node's in order; PUBLISH counts the receivers on its own node, as a Redis Cluster node does. Shard
