@@ -53,7 +53,7 @@ if [ $# -eq 0 ]; then
       tests/integration/test_keyspace_events.py tests/integration/test_tracking.py \
       tests/integration/test_output_limits.py tests/integration/test_keepalive.py \
       tests/integration/test_client_eviction.py tests/integration/test_acl.py tests/integration/test_acl_permissions.py \
-      tests/integration/test_latency_tracking.py
+      tests/integration/test_latency_tracking.py tests/integration/test_server_files.py
   # The pool tests once more with Valkey 8 as the pool's engine, where system-deps.sh could install it.
   if command -v valkey-server >/dev/null 2>&1; then
     KVSTRATA_POOL_SERVER=valkey-server python -m pytest -q tests/integration/test_pool.py \

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import logging
+import logging.handlers
 import os
 import signal
 import sys
@@ -40,7 +42,12 @@ def serve(argv: list[str]) -> int:
     except (ValueError, OSError) as exc:
         print(f"kvstrata: bad configuration: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=_LOGLEVELS.get(config.get("loglevel"), logging.INFO), stream=sys.stderr,
+    try:
+        handler = _log_handler(str(config.get("logfile")))
+    except OSError as exc:
+        print(f"kvstrata: bad configuration: logfile: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=_LOGLEVELS.get(config.get("loglevel"), logging.INFO), handlers=[handler],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kvstrata.server.app import Server
     from kvstrata.server.limits import check_persistence, fit_maxclients
@@ -75,6 +82,7 @@ def serve(argv: list[str]) -> int:
         print(f"kvstrata: cannot start: {exc}", file=sys.stderr)
         return 1
     server.uvloop = use_uvloop
+    pidfile = _write_pidfile(str(config.get("pidfile")))
     try:
         runner(server.serve_forever())
     except OSError as exc:
@@ -82,7 +90,33 @@ def serve(argv: list[str]) -> int:
         return 1
     except KeyboardInterrupt:
         pass
+    finally:
+        if pidfile:
+            with contextlib.suppress(OSError):
+                os.unlink(pidfile)
     return 0
+
+
+def _log_handler(path: str) -> logging.Handler:
+    """Standard error, or the log file (OSError when it cannot be opened); a WatchedFileHandler opens the file
+    again when logrotate has moved it."""
+    if not path:
+        return logging.StreamHandler(sys.stderr)
+    return logging.handlers.WatchedFileHandler(path)
+
+
+def _write_pidfile(path: str) -> str:
+    """Write this process's id to ``path`` (as Redis: a failure is logged, the server runs); the path written, or
+    empty."""
+    if not path:
+        return ""
+    try:
+        with open(path, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+    except OSError as exc:
+        logging.getLogger("kvstrata.server").warning("could not write the pid file %s: %s", path, exc)
+        return ""
+    return path
 
 
 def bench(argv: list[str]) -> int:

@@ -444,6 +444,11 @@ PARAMS: tuple[Param, ...] = (
     Param("appendonly", _choice("no"), "no", "Accepted for compatibility: there is no append-only file."),
     Param("cluster-enabled", _choice("no"), "no", "Accepted for Tair compatibility; only 'no' is supported."),
     Param("databases", _int, 1, "Only database 0 exists."),
+    Param("logfile", _str, "",
+          "Log to this file (appended to, and opened again when it is moved, so logrotate works) instead of "
+          "standard error (empty)."),
+    Param("pidfile", _str, "", "Write the server's process id to this file at start and remove it at exit (empty: "
+          "none)."),
     Param("loglevel", _choice("debug", "verbose", "notice", "warning"), "notice", "Log verbosity.",
           mutable=True),
 )
