@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 
 import pytest
 import redis
@@ -123,3 +124,31 @@ def test_a_unix_socket_client_in_client_list(make_server, sockdir):
     assert tcp.client_info()["flags"] == "N"
     assert r.client_kill_filter(addr=f"{path}:0", skipme=False) == 1
     r.close()
+
+
+def test_info_fields_monitoring_tools_read(server, r):
+    """The INFO fields dashboards and exporters chart (instantaneous rates, peak memory, the host's memory), on
+    both targets: present, of Redis's types, and moving as the load does."""
+    stop = threading.Event()
+
+    def load() -> None:
+        client = server.client()
+        while not stop.is_set():
+            client.set("k", "v" * 1000)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        stats = wait_for(lambda: (s := r.info("stats"))["instantaneous_ops_per_sec"] > 0 and s,
+                         timeout=15, what="a nonzero command rate")
+        assert stats["instantaneous_input_kbps"] > 0 and stats["instantaneous_output_kbps"] > 0
+    finally:
+        stop.set()
+        worker.join(10)
+    memory = r.info("memory")
+    assert memory["used_memory_peak"] >= memory["used_memory"] > 0
+    assert memory["used_memory_peak_human"] and memory["used_memory_rss_human"]
+    assert memory["total_system_memory"] == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    peak = memory["used_memory_peak"]
+    r.delete("k")
+    assert r.info("memory")["used_memory_peak"] >= peak  # a peak stays

@@ -69,11 +69,22 @@ def _memory(ctx: Context) -> list[tuple[str, Any]]:
     store = ctx.store
     dram = store.dram
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    resident = _rss()
+    peak = dram.used
+    if ctx.server is not None:
+        peak = ctx.server.stats.peak_memory = max(ctx.server.stats.peak_memory, dram.used)
+    system = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     rows: list[tuple[str, Any]] = [
         ("used_memory", dram.used),
         ("used_memory_human", format_size(dram.used)),
-        ("used_memory_rss", _rss()),
+        ("used_memory_rss", resident),
+        ("used_memory_rss_human", format_size(resident)),
+        ("used_memory_peak", peak),
+        ("used_memory_peak_human", format_size(peak)),
+        ("used_memory_peak_perc", f"{100.0 * dram.used / peak:.2f}%" if peak else "0.00%"),
         ("used_memory_peak_rss", rss),
+        ("total_system_memory", system),
+        ("total_system_memory_human", format_size(system)),
         ("maxmemory", dram.budget),
         ("maxmemory_human", format_size(dram.budget)),
         ("maxmemory_policy", ctx.config.get("maxmemory-policy")),
@@ -112,11 +123,15 @@ def _stats(ctx: Context) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = []
     if srv is not None:
         s = srv.stats
+        ops, kib_in, kib_out = srv.observability.history.instantaneous()
         rows += [
             ("total_connections_received", s.connections),
             ("total_commands_processed", srv.commands_processed),
+            ("instantaneous_ops_per_sec", int(ops)),
             ("total_net_input_bytes", s.net_in),
             ("total_net_output_bytes", s.net_out),
+            ("instantaneous_input_kbps", f"{kib_in:.2f}"),
+            ("instantaneous_output_kbps", f"{kib_out:.2f}"),
             ("rejected_connections", s.rejected),
             ("client_query_buffer_limit_disconnections", s.query_limit_closed),
             ("client_output_buffer_limit_disconnections", s.output_limit_closed),

@@ -112,6 +112,14 @@ class History:
                 event.max_ms = max(event.max_ms, ms)
 
     # ---- LATENCY commands ----
+    def instantaneous(self) -> tuple[float, float, float]:
+        """(commands/s, KiB/s received, KiB/s sent) over the last second sampled, for INFO stats' instantaneous_*
+        fields (Redis averages 1.6 s of samples); zeros before the first second."""
+        s = self.series
+        if not s["ops"]:
+            return 0.0, 0.0, 0.0
+        return s["ops"][-1], s["net_in"][-1] / 1024, s["net_out"][-1] / 1024
+
     def latest(self) -> list[list[Any]]:
         """LATENCY LATEST: ``[event, time of latest point, latest ms, all-time max ms]`` per event."""
         out = []

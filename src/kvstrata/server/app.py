@@ -369,6 +369,7 @@ class Server:
                 if not self.pause.active():  # as Redis: keys do not expire actively during a pause
                     self.store.active_expire(int(self.config.get("active-expire-keys")))
                 dataplane.tick(self)
+                self.stats.peak_memory = max(self.stats.peak_memory, self.store.dram.used)
                 now = time.monotonic()
                 if self.resync.due(now):  # every tick: a missed invalidation is looked for as soon as possible
                     self.resync.start()

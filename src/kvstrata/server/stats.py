@@ -18,6 +18,7 @@ class ServerStats(Counters):
     protocol_errors: int = 0
     output_limit_closed: int = 0
     evicted_clients: int = 0  # closed by maxmemory-clients
+    peak_memory: int = 0  # the most used_memory seen (each background cycle and INFO), as Redis's
     query_limit_closed: int = 0
     cross_protocol_closed: int = 0
 
