@@ -247,14 +247,20 @@ class Selector:
     # ---- checks ----
     def key_ok(self, key: bytes, need: int) -> bool:
         """Whether a pattern granting ``need`` (READ, WRITE, both, or 0: any pattern) matches ``key``."""
+        return self.first_refused([key], need) is None
+
+    def first_refused(self, keys: list[Any], need: int) -> int | None:
+        """The position of the first of ``keys`` no pattern granting ``need`` matches, or None (key_ok over a
+        command's keys, the index looked up once)."""
         if self.allkeys:
-            return True
-        if key.__class__ is not bytes:
-            key = bytes(key)
+            return None
         prefixes, exact, globs = (self._index or self._index_patterns())[need]
-        if key.startswith(prefixes) or key in exact:
-            return True
-        return any(glob_match(p, key) for p in globs)
+        for at, key in enumerate(keys):
+            if key.__class__ is not bytes:
+                key = bytes(key)
+            if not (key.startswith(prefixes) or key in exact or any(glob_match(p, key) for p in globs)):
+                return at
+        return None
 
     def pattern_ok(self, pattern: bytes, need: int) -> bool:
         """True when every key ``pattern`` can match lies inside one of this selector's patterns granting
@@ -634,23 +640,31 @@ def key_need(flags: tuple[str, ...], spec: CommandSpec) -> int:
 _RANK = {"command": 1, "key": 2, "channel": 4}
 
 
-_FIXED_NEED: dict[CommandSpec, int | None] = {}
-_VARIABLE = -1
+# What a command's check looks at, worked out once per command (_plan): the key rule (_NO_KEYS: none to check;
+# _WHOLE: it needs allkeys; _PATTERN: its first argument is a key pattern; _PER_KEY: each key by its own flags;
+# _VARIABLE: every key the same, decided by the arguments; else the permission every key needs) and its
+# channels (CHANNEL_ARGS).
+_NO_KEYS, _WHOLE, _PATTERN, _PER_KEY, _VARIABLE = -1, -2, -3, -4, -5
+_PLANS: dict[CommandSpec, tuple[int, tuple[int, int | None, bool] | None]] = {}
 
 
-def _fixed_need(spec: CommandSpec) -> int | None:
-    """What every key of ``spec`` needs when all its keys need the same (one key spec, or a key-finding
-    function): that permission, or _VARIABLE when the arguments decide it (SET ... GET); None when it differs
-    from key to key. Computed once per command."""
-    try:
-        return _FIXED_NEED[spec]
-    except KeyError:
-        need: int | None = None
-        if spec.getkeys is not None or len(spec.key_specs) == 1:
+def _plan(spec: CommandSpec) -> tuple[int, tuple[int, int | None, bool] | None]:
+    plan = _PLANS.get(spec)
+    if plan is None:
+        name = spec.full_name
+        if name in WHOLE_KEYSPACE:
+            rule = _WHOLE
+        elif name in PATTERN_COMMANDS:
+            rule = _PATTERN
+        elif not spec.key_specs and spec.getkeys is None:
+            rule = _NO_KEYS
+        elif spec.getkeys is not None or len(spec.key_specs) == 1:
             flags = spec.key_specs[0].flags if spec.key_specs else ()
-            need = _VARIABLE if "variable_flags" in flags else key_need(flags, spec)
-        _FIXED_NEED[spec] = need
-        return need
+            rule = _VARIABLE if "variable_flags" in flags else key_need(flags, spec)
+        else:
+            rule = _PER_KEY
+        plan = _PLANS[spec] = (rule, CHANNEL_ARGS.get(name))
+    return plan
 
 
 def check(user: User, spec: CommandSpec, args: list[Any]) -> tuple[str, str] | None:
@@ -680,28 +694,25 @@ def _refusal(selector: Selector, sub: CommandSpec, args: list[Any],
     and kept for the next selector."""
     if sub not in selector.allowed and not sub.noauth:  # AUTH, HELLO, QUIT, RESET: always, as in Redis
         return _RANK["command"], 0, "command", sub.full_name
-    if not selector.allkeys:
-        name = sub.full_name
-        if name in WHOLE_KEYSPACE:
+    rule, channels = _plan(sub)
+    if rule != _NO_KEYS and not selector.allkeys:
+        if rule == _WHOLE:
             return _RANK["key"], 0, "key", "*"
-        if name in PATTERN_COMMANDS:
+        if rule == _PATTERN:
             if len(args) > 1 and not selector.pattern_ok(args[1], key_need((), sub)):
                 return _RANK["key"], 1, "key", bytes(args[1]).decode("utf-8", "surrogateescape")
-        elif sub.key_specs or sub.getkeys is not None:
-            need = _fixed_need(sub)
-            if need == _VARIABLE:
-                need = key_need(variable_key_flags(sub.full_name, args), sub)
-            if need is not None:  # every key needs the same: the keys alone, as before permissions
-                for at, key in enumerate(sub.keys(args)):
-                    if not selector.key_ok(key, need):
-                        return _RANK["key"], at + 1, "key", bytes(key).decode("utf-8", "surrogateescape")
-            else:
-                if not keys:
-                    keys.extend(sub.keys_with_flags(args))
-                for at, (key, flags) in enumerate(keys):
-                    if not selector.key_ok(key, key_need(flags, sub)):
-                        return _RANK["key"], at + 1, "key", bytes(key).decode("utf-8", "surrogateescape")
-    channels = CHANNEL_ARGS.get(sub.full_name)
+        elif rule == _PER_KEY:
+            if not keys:
+                keys.extend(sub.keys_with_flags(args))
+            for at, (key, flags) in enumerate(keys):
+                if not selector.key_ok(key, key_need(flags, sub)):
+                    return _RANK["key"], at + 1, "key", bytes(key).decode("utf-8", "surrogateescape")
+        else:  # every key needs the same: the keys alone
+            need = key_need(variable_key_flags(sub.full_name, args), sub) if rule == _VARIABLE else rule
+            names = sub.keys(args)
+            at = selector.first_refused(names, need)
+            if at is not None:
+                return _RANK["key"], at + 1, "key", bytes(names[at]).decode("utf-8", "surrogateescape")
     if channels is not None and not selector.allchannels:
         first, end, pattern = channels
         for at, channel in enumerate(args[first:end], first):
