@@ -41,6 +41,9 @@ class ClientEviction:
         self.server = server
         self.limit = 0
         self.total = 0
+        # The total an eviction could not go below (only CLIENT NO-EVICT clients were left): evicting again before
+        # the total grows past it would walk every client for nothing, on every event.
+        self._stuck = 0
 
     def configure(self, setting: str, maxmemory: int) -> None:
         was = self.limit
@@ -58,7 +61,10 @@ class ClientEviction:
         mem = conn.memory()[5]
         self.total += mem - conn.mem_counted
         conn.mem_counted = mem
-        if self.total >= self.limit:
+        if self.total < self.limit:
+            self._stuck = 0
+            return False
+        if self.total > self._stuck:
             self.evict()
             return conn.closed
         return False
@@ -88,4 +94,6 @@ class ClientEviction:
             self.forget(conn)
             conn.evict()
         if self.total >= self.limit:
-            log.warning("Over client maxmemory after evicting all evictable clients")
+            if not self._stuck:
+                log.warning("Over client maxmemory after evicting all evictable clients")
+            self._stuck = self.total
