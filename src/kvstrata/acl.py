@@ -330,7 +330,8 @@ class User(Selector):
     channels_default: bool = False
     passwords: list[str] = field(default_factory=list)  # SHA-256 hex digests, in the order they were added
     selectors: list[Selector] = field(default_factory=list)
-    # True when every command and every key is allowed: the connection then skips all checks.
+    # True when every command, key and channel is allowed (and no selector is needed): the connection then skips
+    # all checks.
     unrestricted: bool = False
 
     # ---- rules ----
