@@ -741,6 +741,11 @@ def test_pubsub_tracking_and_blocked_clients_are_gauges(obs):
                         ("kvstrata_tracking_prefixes", "tracking_total_prefixes"),
                         ("kvstrata_blocked_clients", "blocked_clients")):
         assert metric(samples, name) == info[field], name
+    assert metric(samples, "kvstrata_clients_memory_bytes") >= 5 * 8192  # five clients, each its own objects
+    assert metric(samples, "kvstrata_clients_memory_limit_bytes") == 0
+    assert r.config_set("maxmemory-clients", "1mb")
+    assert metric(scrape(obs.http_port), "kvstrata_clients_memory_limit_bytes") == 1024 * 1024
+    assert r.config_set("maxmemory-clients", "0")
     assert (info["pubsub_channels"], info["pubsub_patterns"], info["tracking_clients"], info["tracking_total_keys"],
             info["tracking_total_prefixes"]) == (2, 1, 2, 3, 2)
     for conn in (sub, track, bcast, waiting):

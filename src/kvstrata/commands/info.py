@@ -91,7 +91,7 @@ def _memory(ctx: Context) -> list[tuple[str, Any]]:
         ("eviction_policy", ctx.config.get("eviction-policy")),
         ("water_level_pct", _pct(dram.used, dram.budget)),
         # What clients hold besides the data: pending requests, replies not yet sent, per-connection objects.
-        ("mem_clients_normal", sum(m[5] for m in _client_memory(ctx))),
+        ("mem_clients_normal", ctx.server.clients_memory() if ctx.server is not None else 0),
         ("mem_clients_slaves", 0),
     ]
     bufpool = store.dram.bufpool

@@ -186,6 +186,9 @@ class KvstrataCollector:
         tracked, subs = snap["tracking"], snap["pubsub"]
         for name, help_text, value in (
             ("kvstrata_blocked_clients", "Clients held by CLIENT PAUSE or blocked in WAIT now.", cl["blocked"]),
+            ("kvstrata_clients_memory_bytes", "What all clients hold now: request bytes, arguments, unsent replies "
+             "(INFO mem_clients_normal).", cl["memory"]),
+            ("kvstrata_clients_memory_limit_bytes", "maxmemory-clients in bytes (0: no limit).", cl["memory_limit"]),
             ("kvstrata_tracking_clients", "Clients with CLIENT TRACKING on now.", cl["tracking"]),
             ("kvstrata_tracking_keys", "Keys CLIENT TRACKING remembers (default mode) now.", tracked["keys"]),
             ("kvstrata_tracking_prefixes", "CLIENT TRACKING BCAST prefixes now.", tracked["prefixes"]),

@@ -237,6 +237,8 @@ def build(server: Any, *, history: dict[str, Any] | None = None, rng: random.Ran
             "rejected": stats.rejected,
             "output_limit_closed": getattr(stats, "output_limit_closed", 0),
             "evicted": stats.evicted_clients,
+            "memory": server.clients_memory(),
+            "memory_limit": server.client_eviction.limit,
             "blocked": server.blocked_clients,
             "tracking": server.tracking.clients,
         },

@@ -343,6 +343,10 @@ class Server:
         self.stats.errors += 1
         count_error(self.error_codes, message)
 
+    def clients_memory(self) -> int:
+        """What all clients hold now (the sum of CLIENT LIST's tot-mem): INFO mem_clients_normal, /metrics."""
+        return sum(conn.memory()[5] for conn in list(self.clients.values()))
+
     def reset_stats(self) -> None:
         self.stats.reset()
         self.error_codes.clear()
