@@ -44,3 +44,26 @@ def test_rewrite_without_a_config_file_is_refused(make_server) -> None:
     r = make_server().client()
     with pytest.raises(redis.ResponseError, match="^The server is running without a config file$"):
         r.execute_command("CONFIG", "REWRITE")
+
+
+def test_rewrite_of_the_client_limits_and_acl_parameters_reads_back(make_server, tmp_path) -> None:
+    """client-output-buffer-limit set one class at a time is written whole (each CONFIG SET named one class), and
+    the other new parameters as given; a restart reads them back the same."""
+    path = tmp_path / "kvstrata.toml"
+    path.write_text('client-output-buffer-limit = "normal 10mb 0 0"\n')
+    srv = make_server({"config": str(path)})
+    r = srv.client()
+    assert r.config_set("client-output-buffer-limit", "pubsub 1mb 512kb 5")
+    for name, value in (("maxmemory-clients", "5%"), ("latency-tracking-info-percentiles", "50 99.99"),
+                        ("tcp-keepalive", "60"), ("acllog-max-len", "16"), ("acl-pubsub-default", "allchannels")):
+        assert r.config_set(name, value)
+    before = r.config_get("*")
+    assert before["client-output-buffer-limit"] == ("normal 10485760 0 0 slave 268435456 67108864 60 "
+                                                    "pubsub 1048576 524288 5")
+    assert r.execute_command("CONFIG", "REWRITE") == b"OK"
+    srv.stop()
+    again = make_server({"config": str(path)})
+    after = again.client().config_get("*")
+    for name in ("client-output-buffer-limit", "maxmemory-clients", "latency-tracking-info-percentiles",
+                 "tcp-keepalive", "acllog-max-len", "acl-pubsub-default"):
+        assert after[name] == before[name], name
