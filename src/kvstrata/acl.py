@@ -559,22 +559,24 @@ class Acl:
         self.record(client, reason, obj)
         return _message(reason, obj if reason == "command" else "")
 
-    def record(self, client: Any, reason: str, obj: str) -> None:
-        """An ACL LOG entry; a repeat of a recent one (same reason, object, user) only bumps its count."""
+    def record(self, client: Any, reason: str, obj: str, context: str = "toplevel") -> None:
+        """An ACL LOG entry; a repeat of a recent one (same reason, context, object, user) only bumps its count.
+        ``context``: ``toplevel``, or ``multi`` for a command EXEC found refused."""
         now = int(time.time() * 1000)
         username = client.user.name if getattr(client, "user", None) is not None else "default"
         if reason == "auth":
             username = obj
             obj = "auth"
         for e in self.log:
-            if (e.reason, e.object, e.username) == (reason, obj, username) and now - e.updated_ms < ACL_LOG_GROUP_MS:
+            if ((e.reason, e.context, e.object, e.username) == (reason, context, obj, username)
+                    and now - e.updated_ms < ACL_LOG_GROUP_MS):
                 e.count += 1
                 e.updated_ms = now
                 return
         from kvstrata.commands.connection import client_line
 
         info = client_line(client, now)
-        self.log.appendleft(LogEntry(1, reason, "toplevel", obj, username, now, now, info, self._log_ids))
+        self.log.appendleft(LogEntry(1, reason, context, obj, username, now, now, info, self._log_ids))
         self._log_ids += 1
         while len(self.log) > self.log_max:
             self.log.pop()

@@ -265,3 +265,28 @@ def test_acl_pubsub_default(acl_server, admin):
                                   "argument(s) must be one of the following: allchannels, resetchannels")
     finally:
         admin.config_set("acl-pubsub-default", "resetchannels")
+
+
+def test_exec_checks_each_command_again(acl_server, admin, resp):
+    """As Redis: a command queued while its user could run it is refused at EXEC when ACL SETUSER took the right
+    away in between (the command, a key, a channel), with Redis's text, logged with context multi; the rest
+    of the transaction runs."""
+    admin.execute_command("ACL", "SETUSER", "t", "on", ">pw", "+@all", "~*", "&*")
+    conn = acl_server.raw()
+    assert conn.cmd("AUTH", "t", "pw") == "OK"
+    assert conn.cmd("MULTI") == "OK"
+    for cmd in (("SET", "gone", "v"), ("GET", "secret:1"), ("PUBLISH", "news", "m"), ("SET", "secret:2", "v"),
+                ("SET", "kept", "v")):
+        assert conn.cmd(*cmd) == "QUEUED"
+    admin.execute_command("ACL", "SETUSER", "t", "resetkeys", "~gone", "~kept", "resetchannels", "-get")
+    admin.acl_log_reset()
+    prefix = ("NOPERM ACLs rules changed between the moment the transaction was accumulated and the EXEC call. "
+              "This command is no longer allowed for the following reason: ")
+    assert conn.cmd("EXEC") == ["OK", resp.Error(prefix + "no permission to execute the command or subcommand"),
+                                resp.Error(prefix + "no permission to access one of the channels used as arguments"),
+                                resp.Error(prefix + "no permission to touch the specified keys"), "OK"]
+    assert admin.get("gone") == b"v" and admin.get("kept") == b"v" and admin.get("secret:2") is None
+    log = admin.acl_log()
+    assert [(e["reason"], e["context"], e["object"]) for e in log] == [
+        ("key", "multi", "secret:2"), ("channel", "multi", "news"), ("command", "multi", "get")]
+    conn.close()

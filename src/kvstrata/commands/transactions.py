@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from kvstrata import acl as acl_mod
 from kvstrata.commands.context import ClientState, Context
 from kvstrata.commands.registry import CommandSpec, KeySpec, command
 from kvstrata.commands.waits import Suspend
@@ -139,13 +140,39 @@ def exec_waits(client: ClientState) -> tuple[list[bytes], bool, bool]:
     return list(dict.fromkeys(keys)), settle, write
 
 
+# Why EXEC refuses a queued command its user may no longer run, as Redis words it.
+_NO_LONGER = {"command": "no permission to execute the command or subcommand",
+              "key": "no permission to touch the specified keys",
+              "channel": "no permission to access one of the channels used as arguments"}
+
+
+def _refused_now(ctx: Context, spec: CommandSpec, args: list[Any]) -> ErrorReply | None:
+    """As Redis's EXEC: each queued command is checked against its user's ACL rules again (ACL SETUSER, ACL LOAD
+    may have changed them since it was queued); a refusal is logged in ACL LOG with context ``multi``."""
+    user = ctx.client.user
+    if user is None or user.unrestricted:
+        return None
+    refused = acl_mod.check(user, spec, args)
+    if refused is None:
+        return None
+    reason, obj = refused
+    acl_mod.acl_of(ctx).record(ctx.client, reason, obj, context="multi")
+    return ErrorReply("NOPERM ACLs rules changed between the moment the transaction was accumulated and the EXEC "
+                      f"call. This command is no longer allowed for the following reason: {_NO_LONGER[reason]}")
+
+
 def _run_one(ctx: Context, spec: CommandSpec, args: list[Any], feed: Callable[[list[Any]], None] | None) -> Any:
     counts = ctx.server.command_counts[spec] if ctx.server is not None else None
-    if feed is not None and shown(spec):
-        feed(args)
-    reply = _reply_of(ctx, spec, args, counts)
-    if ctx.client.tracking and "readonly" in spec.flags:  # CLIENT TRACKING: as for a command run alone
-        ctx.server.tracking.remember(ctx.client, spec, args)
+    reply = _refused_now(ctx, spec, args)
+    if reply is not None:
+        if counts is not None:
+            counts.rejected += 1
+    else:
+        if feed is not None and shown(spec):
+            feed(args)
+        reply = _reply_of(ctx, spec, args, counts)
+        if ctx.client.tracking and "readonly" in spec.flags:  # CLIENT TRACKING: as for a command run alone
+            ctx.server.tracking.remember(ctx.client, spec, args)
     if reply.__class__ is ErrorReply and ctx.server is not None:  # counted as every error reply is
         ctx.server.error_replied(reply)
     return reply
