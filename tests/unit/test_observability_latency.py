@@ -19,7 +19,8 @@ def test_empty_histogram():
     h = [0] * HIST_BUCKETS
     assert quantile_usec(h, 0.5) == 0.0
     assert cumulative_usec(h) == []
-    assert latencystats_line(h) == "p50=0.000,p99=0.000,p99.9=0.000"
+    assert latencystats_line(h, [50, 99, 99.9]) == "p50=0.000,p99=0.000,p99.9=0.000"
+    assert latencystats_line(h, []) == ""
 
 
 def test_quantile_lies_in_the_bucket_of_the_true_value():
@@ -52,8 +53,10 @@ def test_cumulative_bounds_are_powers_of_two_and_counts_are_below_them():
 
 
 def test_latencystats_line_format():
-    line = latencystats_line(hist_of(*range(1, 200)))
+    line = latencystats_line(hist_of(*range(1, 200)), [50, 99, 99.9])
     m = re.fullmatch(r"p50=(\d+\.\d{3}),p99=(\d+\.\d{3}),p99\.9=(\d+\.\d{3})", line)
     assert m
     p50, p99, p999 = map(float, m.groups())
     assert p50 <= p99 <= p999 <= 256
+    other = latencystats_line(hist_of(*range(1, 200)), [0, 12.5, 100])  # the percentiles configured
+    assert re.fullmatch(r"p0=\d+\.\d{3},p12\.5=\d+\.\d{3},p100=\d+\.\d{3}", other), other
