@@ -282,6 +282,16 @@ def admin(acl_server):
 
 
 @pytest.fixture(scope="module")
+def pair():
+    """A kvstrata server and a redis-server side by side (the differential tests): a raw connection to each."""
+    kv = ServerProc(target="kvstrata").start()
+    rd = ServerProc(target="redis").start()
+    yield kv.raw(), rd.raw()
+    kv.stop()
+    rd.stop()
+
+
+@pytest.fixture(scope="module")
 def cluster():
     """A 3-master Redis/Valkey Cluster for the pool tests, one per test module."""
     from kvstrata.bench.cluster import LocalCluster

@@ -1,5 +1,5 @@
 """Helpers the integration test modules share: KV tensors for the SDK tests, recognisable values, the tier of a
-key, a tier's INFO."""
+key, a tier's INFO, a parameter's CONFIG SET/GET texts against Redis's."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 from typing import Any
 
 import numpy as np
+import pytest
+import redis
 
 
 def make_kv(n_tokens: int, seed: int = 0, layers: int = 2, heads: int = 2, dim: int = 8) -> np.ndarray:
@@ -89,3 +91,19 @@ def reply_text(client: Any, *args: Any) -> Any:
     except redis.ResponseError as exc:
         return f"-{exc}"
     return reply.decode("latin-1") if isinstance(reply, bytes) else reply
+
+
+def config_texts_as_redis(r: Any, name: str, shown: list[tuple[str, str]], refused: list[tuple[str, str]]) -> None:
+    """CONFIG SET ``name`` to each accepted value, which CONFIG GET then shows as given in ``shown``; each refused
+    value fails with Redis's ``CONFIG SET failed ...`` text and its message, and leaves the value as it was. The
+    caller restores the value."""
+    for value, text in shown:
+        assert r.config_set(name, value), value
+        assert r.config_get(name) == {name: text}, value
+    kept = r.config_get(name)
+    prefix = f"CONFIG SET failed (possibly related to argument '{name}') - "
+    for value, message in refused:
+        with pytest.raises(redis.ResponseError) as exc:
+            r.config_set(name, value)
+        assert str(exc.value) == prefix + message, value
+        assert r.config_get(name) == kept, value

@@ -10,7 +10,7 @@ import random
 import shutil
 
 import pytest
-from tests.conftest import TARGET, ServerProc
+from tests.conftest import TARGET
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None or TARGET != "kvstrata",
                                 reason="needs redis-server beside kvstrata")
@@ -50,15 +50,6 @@ def _command(rng: random.Random) -> list[str]:
         lambda: ["PSUBSCRIBE", rng.choice(CHANNELS), rng.choice(CHANNELS)], lambda: ["SPUBLISH", k(), "m"],
         lambda: ["OBJECT", "ENCODING", k()], lambda: ["PING"], lambda: ["KEYS", "*"],
     ])()
-
-
-@pytest.fixture(scope="module")
-def pair():
-    kv = ServerProc(target="kvstrata").start()
-    rd = ServerProc(target="redis").start()
-    yield kv.raw(), rd.raw()
-    kv.stop()
-    rd.stop()
 
 
 @pytest.mark.parametrize("seed", range(6))

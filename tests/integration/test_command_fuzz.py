@@ -109,15 +109,6 @@ def _normalised(cmd: list[str], reply: bytes) -> bytes:
     return reply
 
 
-@pytest.fixture(scope="module")
-def pair():
-    kv = ServerProc(target="kvstrata").start()
-    rd = ServerProc(target="redis").start()
-    yield kv.raw(), rd.raw()
-    kv.stop()
-    rd.stop()
-
-
 @pytest.mark.parametrize("seed", range(10))
 def test_kvstrata_answers_as_redis(pair: tuple[RawConn, RawConn], seed: int) -> None:
     kv, rd = pair

@@ -86,16 +86,8 @@ SAMPLES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    servers = [ServerProc(target=t).start() for t in ("kvstrata", "redis")]
-    yield [s.raw() for s in servers]
-    for s in servers:
-        s.stop()
-
-
 @pytest.mark.parametrize("sub", ["GETKEYS", "GETKEYSANDFLAGS"])
-def test_command_getkeys_and_flags_as_redis(pair: list[Any], sub: str) -> None:
+def test_command_getkeys_and_flags_as_redis(pair: tuple[Any, Any], sub: str) -> None:
     """COMMAND GETKEYS and GETKEYSANDFLAGS give Redis's keys, flags (SET with and without GET, BITFIELD read-only
     or not) and errors, exact bytes."""
     for sample in SAMPLES:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
+from integration.support import config_texts_as_redis
+
 NAME = "latency-tracking-info-percentiles"
 
 
@@ -16,22 +18,14 @@ def _latencystats(r: redis.Redis) -> dict[str, dict[str, float]]:
 
 
 def test_percentiles_config_as_redis(r):
+    between = "latency-tracking-info-percentiles parameters should sit between [0.0,100.0]"
+    invalid = "Invalid latency-tracking-info-percentiles parameters"
     try:
-        for value, shown in (("50 99 99.9", "50 99 99.9"), ("0 100 99.99 12.5", "0 100 99.99 12.5"), ("", ""),
-                             ("1e1", "10"), (".5 5. +5", "0.5 5 5")):
-            assert r.config_set(NAME, value), value
-            assert r.config_get(NAME) == {NAME: shown}, value
-        prefix = f"CONFIG SET failed (possibly related to argument '{NAME}') - "
-        for value, message in (("abc", "Invalid latency-tracking-info-percentiles parameters"),
-                               ("1_0", "Invalid latency-tracking-info-percentiles parameters"),
-                               ("nan", "Invalid latency-tracking-info-percentiles parameters"),
-                               ("50 101", "latency-tracking-info-percentiles parameters should sit between [0.0,100.0]"),
-                               ("-1", "latency-tracking-info-percentiles parameters should sit between [0.0,100.0]"),
-                               ("inf", "latency-tracking-info-percentiles parameters should sit between [0.0,100.0]")):
-            with pytest.raises(redis.ResponseError) as exc:
-                r.config_set(NAME, value)
-            assert str(exc.value) == prefix + message, value
-            assert r.config_get(NAME) == {NAME: "0.5 5 5"}, value
+        config_texts_as_redis(r, NAME, [
+            ("50 99 99.9", "50 99 99.9"), ("0 100 99.99 12.5", "0 100 99.99 12.5"), ("", ""), ("1e1", "10"),
+            (".5 5. +5", "0.5 5 5")], [
+            ("abc", invalid), ("1_0", invalid), ("nan", invalid), ("50 101", between), ("-1", between),
+            ("inf", between)])
     finally:
         r.config_set(NAME, "50 99 99.9")
 
