@@ -557,7 +557,7 @@ class Acl:
             return None
         reason, obj = refused
         self.record(client, reason, obj)
-        return _message(reason, obj if reason == "command" else "")
+        return _message(reason, obj)
 
     def record(self, client: Any, reason: str, obj: str, context: str = "toplevel") -> None:
         """An ACL LOG entry; a repeat of a recent one (same reason, context, object, user) only bumps its count.

@@ -128,8 +128,7 @@ class Server:
                 self.command_counts[sub] = CommandStats()
         self.slowlog = SlowLog()
         self.slow_usec = int(config.get("slowlog-log-slower-than"))
-        self.latency_tracking = True  # latency-tracking (apply_config)
-        self.latency_percentiles = [50.0, 99.0, 99.9]  # latency-tracking-info-percentiles
+        self._latency_settings()
         # Read per write command on the tiered path: kept here, refreshed by apply_config.
         self.ssd_write_queue = int(config.get("ssd-write-queue"))
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -319,8 +318,7 @@ class Server:
         self.acl.on_requirepass(self.config.get("requirepass"))
         self.acl.log_max = int(self.config.get("acllog-max-len"))
         self.acl.pubsub_default = self.config.get("acl-pubsub-default") == "allchannels"
-        self.latency_tracking = bool(self.config.get("latency-tracking"))
-        self.latency_percentiles = [float(p) for p in str(self.config.get("latency-tracking-info-percentiles")).split()]
+        self._latency_settings()
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
@@ -342,6 +340,11 @@ class Server:
         """An error reply went out (INFO stats total_error_replies and errorstats)."""
         self.stats.errors += 1
         count_error(self.error_codes, message)
+
+    def _latency_settings(self) -> None:
+        """latency-tracking and latency-tracking-info-percentiles as the command path and INFO read them."""
+        self.latency_tracking = bool(self.config.get("latency-tracking"))
+        self.latency_percentiles = [float(p) for p in str(self.config.get("latency-tracking-info-percentiles")).split()]
 
     def clients_memory(self) -> int:
         """What all clients hold now (the sum of CLIENT LIST's tot-mem): INFO mem_clients_normal, /metrics."""
