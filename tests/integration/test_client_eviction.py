@@ -1,5 +1,5 @@
 """maxmemory-clients (client eviction) as Redis 7.0: CONFIG SET and GET texts, a client holding a half-received
-value or unread replies past the limit is closed and counted (INFO evicted_clients), a client with CLIENT
+value, unread replies or a MULTI queue past the limit is closed and counted (INFO evicted_clients), a client with CLIENT
 NO-EVICT counts in the total but is never closed (the others are), the flag in CLIENT LIST, no eviction while
 the clients stay under the limit. Run against both targets."""
 
@@ -68,6 +68,28 @@ def test_a_client_with_unread_replies_past_the_limit_is_evicted(guarded):
     reader.send(encode_command("GET", "big") * 64)  # 64 MiB of replies, and it reads none
     reader.read_until_closed(timeout=30)
     assert _evicted(r) == 1
+
+
+def test_a_client_queueing_large_commands_in_multi_is_evicted(guarded):
+    """MULTI's queue is client memory (CLIENT LIST multi-mem, counted in tot-mem): past the limit its client is
+    closed, and nothing it queued runs."""
+    srv, r = guarded
+    assert r.config_set("maxmemory-clients", "4mb")
+    hog = srv.raw()
+    assert hog.cmd("MULTI") == "OK"
+    value = b"q" * (256 * 1024)
+    for i in range(6):  # 1.5 MiB queued: under the limit, still open, its queue in tot-mem
+        assert hog.cmd("SET", f"m{i}", value) == "QUEUED"
+    line = next(c for c in r.client_list() if c["flags"] == "x")
+    assert int(line["multi-mem"]) >= 6 * len(value)
+    assert int(line["tot-mem"]) >= int(line["multi-mem"])
+    assert _evicted(r) == 0
+    with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+        for i in range(6, 64):  # 16 MiB in all
+            hog.send(encode_command("SET", f"m{i}", value))
+    hog.read_until_closed(timeout=30)
+    assert _evicted(r) == 1
+    assert r.exists(*[f"m{i}" for i in range(64)]) == 0
 
 
 def test_no_evict_counts_but_is_never_closed(guarded):

@@ -272,7 +272,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         self._close(abort=True)
 
     def memory(self, running: bool = False) -> tuple[int, int, int, int, int, int]:
-        """(qbuf, qbuf-free, argv-mem, oll, omem, tot-mem) for CLIENT LIST and INFO: what this client holds.
+        """(qbuf, qbuf-free, argv-mem, oll, omem, tot-mem) for CLIENT LIST and INFO: what this client holds
+        (tot-mem also counts MULTI's queued commands, CLIENT LIST's multi-mem, as Redis's).
 
         ``running``: the caller is this client's own command (CLIENT LIST, CLIENT INFO); a command in progress
         counts in qbuf (as the request bytes Redis still holds) and argv-mem, as in Redis."""
@@ -286,7 +287,7 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         if t is not None and not self.closed:
             omem += t.get_write_buffer_size()
         oll = len(self._stream) if self._stream else 0
-        return qbuf, free, argv, oll, omem, CONNECTION_OVERHEAD + qbuf + argv + omem
+        return qbuf, free, argv, oll, omem, CONNECTION_OVERHEAD + qbuf + argv + omem + self.client.multi_bytes
 
     def eof_received(self) -> bool | None:
         return None
