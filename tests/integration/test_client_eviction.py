@@ -1,7 +1,8 @@
 """maxmemory-clients (client eviction) as Redis 7.0: CONFIG SET and GET texts, a client holding a half-received
-value, unread replies or a MULTI queue past the limit is closed and counted (INFO evicted_clients), a client with CLIENT
-NO-EVICT counts in the total but is never closed (the others are), the flag in CLIENT LIST, no eviction while
-the clients stay under the limit. Run against both targets."""
+value, unread replies, a MULTI queue or watched keys past the limit is closed and counted (INFO evicted_clients),
+a client with CLIENT NO-EVICT counts in the total but is never closed (the others are), the flag in CLIENT LIST,
+no eviction while the clients stay under the limit; tot-mem counts watched keys, subscriptions and BCAST
+prefixes. Run against both targets."""
 
 from __future__ import annotations
 
@@ -90,6 +91,51 @@ def test_a_client_queueing_large_commands_in_multi_is_evicted(guarded):
     hog.read_until_closed(timeout=30)
     assert _evicted(r) == 1
     assert r.exists(*[f"m{i}" for i in range(64)]) == 0
+
+
+def _tot_mem(r: redis.Redis, client_id: int) -> int:
+    return int(next(c for c in r.client_list() if int(c["id"]) == client_id)["tot-mem"])
+
+
+@pytest.mark.parametrize("held", ["watch", "psubscribe", "bcast"])
+def test_watched_keys_subscriptions_and_prefixes_count_in_tot_mem(make_server, held):
+    """What a client's WATCH, PSUBSCRIBE and BCAST prefixes hold is in its tot-mem (Redis counts their overhead),
+    and leaves it when they end: 20,000 names of 16 bytes add at least their bytes."""
+    srv = make_server()
+    admin = srv.client(single_connection_client=True)
+    c = srv.raw()
+    cid = c.cmd("CLIENT", "ID")
+    base = _tot_mem(admin, cid)
+    names = [b"%016d" % i for i in range(20_000)]
+    if held == "watch":
+        assert c.cmd("WATCH", *names) == "OK"
+    elif held == "psubscribe":
+        c.send(encode_command("PSUBSCRIBE", *names))
+        for _ in names:
+            c.read_reply()
+    else:
+        assert c.cmd("HELLO", "3")
+        prefixes = [part for name in names for part in (b"PREFIX", name)]
+        assert c.cmd("CLIENT", "TRACKING", "on", "BCAST", *prefixes) == "OK"
+    assert _tot_mem(admin, cid) >= base + 16 * len(names)
+    if held == "watch":
+        assert c.cmd("UNWATCH") == "OK"
+    elif held == "psubscribe":
+        c.send(encode_command("PUNSUBSCRIBE"))
+        for _ in names:
+            c.read_reply()
+    else:
+        assert c.cmd("CLIENT", "TRACKING", "off") == "OK"
+    assert _tot_mem(admin, cid) < base + 64 * 1024
+
+
+def test_a_client_watching_past_the_limit_is_evicted(guarded):
+    srv, r = guarded
+    assert r.config_set("maxmemory-clients", "2mb")
+    watcher = srv.raw()
+    watcher.send(encode_command("WATCH", *[b"%016d" % i for i in range(100_000)]))
+    watcher.read_until_closed(timeout=30)
+    assert _evicted(r) == 1
 
 
 def test_no_evict_counts_but_is_never_closed(guarded):

@@ -9,6 +9,15 @@ from kvstrata.config import Config
 from kvstrata.engine.command_state import CommandState
 from kvstrata.engine.store import Store
 
+# What one watched key, subscription or BCAST prefix holds beyond its name's bytes (its entries in the client's and
+# the server's tables, the snapshot tuple): measured at ~270 bytes of RSS each with 100-byte names.
+HELD_ENTRY = 270
+
+
+def held(name: bytes) -> int:
+    """The memory a client's watched key, subscription or BCAST prefix ``name`` holds (ClientState.held_bytes)."""
+    return len(name) + HELD_ENTRY
+
 
 @dataclass
 class ClientState:
@@ -40,6 +49,9 @@ class ClientState:
     multi_dirty: bool = False
     multi_bytes: int = 0  # the queued arguments' bytes, bounded by client-query-buffer-limit
     watched: dict[bytes, Any] = field(default_factory=dict)
+    # What its watched keys, subscriptions and BCAST prefixes hold (``held``): in tot-mem, as Redis counts them, so
+    # maxmemory-clients sees a client that watches or subscribes to millions of names.
+    held_bytes: int = 0
     executing: bool = False  # EXEC is running the queue (BGSAVE then only schedules, as Redis's server.in_exec)
     monitor: bool = False  # MONITOR mode (server/monitor.py)
     unix: bool = False  # connected through the Unix socket (CLIENT LIST flag U)

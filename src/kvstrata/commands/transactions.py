@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstrata import acl as acl_mod
-from kvstrata.commands.context import ClientState, Context
+from kvstrata.commands.context import ClientState, Context, held
 from kvstrata.commands.registry import CommandSpec, KeySpec, command
 from kvstrata.commands.waits import Suspend
 from kvstrata.errors import CommandError
@@ -70,6 +70,7 @@ def unwatch_all(ctx: Context) -> None:
     client = ctx.client
     if client.watched:
         ctx.store.unwatch(client.watched)
+        client.held_bytes -= sum(map(held, client.watched))
         client.watched = {}
 
 
@@ -117,6 +118,7 @@ def watch(ctx: Context, args: list[bytes]) -> Any:
         if key not in client.watched:  # as Redis: watching a key again keeps the first snapshot
             ctx.store.watch(key)
             client.watched[key] = _snapshot(ctx, key)
+            client.held_bytes += held(key)
     return OK
 
 

@@ -273,7 +273,8 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
 
     def memory(self, running: bool = False) -> tuple[int, int, int, int, int, int]:
         """(qbuf, qbuf-free, argv-mem, oll, omem, tot-mem) for CLIENT LIST and INFO: what this client holds
-        (tot-mem also counts MULTI's queued commands, CLIENT LIST's multi-mem, as Redis's).
+        (tot-mem also counts MULTI's queued commands, CLIENT LIST's multi-mem, and what its watched keys,
+        subscriptions and BCAST prefixes hold, as Redis's).
 
         ``running``: the caller is this client's own command (CLIENT LIST, CLIENT INFO); a command in progress
         counts in qbuf (as the request bytes Redis still holds) and argv-mem, as in Redis."""
@@ -287,7 +288,9 @@ class Connection(CommandRuns, asyncio.BufferedProtocol):
         if t is not None and not self.closed:
             omem += t.get_write_buffer_size()
         oll = len(self._stream) if self._stream else 0
-        return qbuf, free, argv, oll, omem, CONNECTION_OVERHEAD + qbuf + argv + omem + self.client.multi_bytes
+        client = self.client
+        total = CONNECTION_OVERHEAD + qbuf + argv + omem + client.multi_bytes + client.held_bytes
+        return qbuf, free, argv, oll, omem, total
 
     def eof_received(self) -> bool | None:
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from kvstrata.commands.context import held
 from kvstrata.engine.keyspace import glob_match
 from kvstrata.protocol.encoder import Push
 
@@ -80,6 +81,7 @@ class PubSub:
             name = bytes(name)
             if name not in own:
                 own[name] = None
+                conn.client.held_bytes += held(name)
                 table.setdefault(name, {})[conn.client.id] = conn
             replies.append(Push([_NAMES[kind][0], name, self.count(conn, kind)]))
         conn.client.subscribed = True
@@ -102,6 +104,7 @@ class PubSub:
         own = client.pubsub[kind]
         if name in own:
             del own[name]
+            client.held_bytes -= held(name)
             client.subscribed = any(client.pubsub)
             table = self.subs[kind]
             members = table.get(name)

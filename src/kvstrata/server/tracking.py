@@ -23,6 +23,8 @@ import asyncio
 import bisect
 from typing import Any
 
+from kvstrata.commands.context import held
+
 ON, BCAST, OPTIN, OPTOUT, CACHING, NOLOOP, BROKEN_REDIR = 1, 2, 4, 8, 16, 32, 64
 
 _PUSH = b">2\r\n$10\r\ninvalidate\r\n"
@@ -83,6 +85,7 @@ class Tracking:
                 if client.id not in state.clients:
                     state.clients[client.id] = conn
                     client.tracking_prefixes.append(prefix)
+                    client.held_bytes += held(prefix)
 
     def _counted(self, length: int, delta: int) -> None:
         left = self._lengths.get(length, 0) + delta
@@ -102,6 +105,7 @@ class Tracking:
                 if not state.clients:
                     del self.prefixes[prefix]
                     self._counted(len(prefix), -1)
+        client.held_bytes -= sum(map(held, client.tracking_prefixes))
         client.tracking_prefixes = []
         conn.tracking_pending = None
         if self.current is conn:
