@@ -1,6 +1,6 @@
 """maxmemory-clients (Redis 7.0's client eviction): the memory all clients hold together (request bytes received,
-arguments, replies not yet sent: CLIENT LIST's tot-mem) is kept under a limit by closing the clients that hold
-the most.
+arguments, replies not yet sent, MULTI queues, watched keys, subscriptions: CLIENT LIST's tot-mem) is kept under
+a limit by closing the clients that hold the most.
 
 Each connection reports its memory where it changes (bytes received, replies written, a message pushed, the
 transport draining) and the total is kept from the differences, so nothing is summed per command. When the total
