@@ -74,6 +74,38 @@ def test_info_clients_and_memory_fields(r):
     assert isinstance(memory["mem_clients_normal"], int)
 
 
+def test_info_memory_dataset_and_fragmentation(r):
+    """The fields exporters chart beside used_memory: its overhead and dataset parts (which add up to it), the
+    fragmentation ratio and bytes (resident memory against used_memory), the allocator's name."""
+    r.set("frag:k", b"v" * 100_000)
+    memory = r.info("memory")
+    assert memory["used_memory_overhead"] + memory["used_memory_dataset"] == memory["used_memory"]
+    assert memory["used_memory_dataset"] >= 100_000
+    perc = float(memory["used_memory_dataset_perc"].rstrip("%"))
+    assert 0 < perc <= 100
+    ratio = float(memory["mem_fragmentation_ratio"])
+    assert ratio > 0
+    assert isinstance(memory["mem_fragmentation_bytes"], int)
+    assert isinstance(memory["mem_allocator"], str) and memory["mem_allocator"]
+
+
+@pytest.mark.kvstrata_only
+def test_info_memory_and_memory_stats_agree(r):
+    """MEMORY STATS with Redis's meanings, from the same figures as INFO: total.allocated is used_memory,
+    peak.allocated its peak, clients.normal the clients' bytes; fragmentation is RSS over used_memory."""
+    r.set("agree:k", b"v" * 300_000)
+    memory = r.info("memory")
+    stats = r.memory_stats()
+    assert stats["total.allocated"] == memory["used_memory"]
+    assert stats["peak.allocated"] >= memory["used_memory"]
+    assert stats["dataset.bytes"] == memory["used_memory_dataset"]
+    assert stats["overhead.total"] == memory["used_memory_overhead"]
+    assert stats["clients.normal"] >= 8192  # this client's connection at least (its per-connection overhead)
+    ratio = float(memory["mem_fragmentation_ratio"])
+    expected = (memory["used_memory"] + memory["mem_fragmentation_bytes"]) / memory["used_memory"]
+    assert abs(ratio - expected) < 0.01
+
+
 def test_config_get_several_patterns(r):
     got = r.config_get("maxmemory")
     assert set(got) == {"maxmemory"}

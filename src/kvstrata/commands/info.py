@@ -12,6 +12,7 @@ from typing import Any
 
 from kvstrata import __version__
 from kvstrata.commands.context import Context
+from kvstrata.observability import memory
 from kvstrata.observability.latency import latencystats_line
 from kvstrata.observability.snapshot import hits_misses
 from kvstrata.sizes import format_size
@@ -68,21 +69,20 @@ def _clients(ctx: Context) -> list[tuple[str, Any]]:
 def _memory(ctx: Context) -> list[tuple[str, Any]]:
     store = ctx.store
     dram = store.dram
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    resident = _rss()
-    peak = dram.used
-    if ctx.server is not None:
-        peak = ctx.server.stats.peak_memory = max(ctx.server.stats.peak_memory, dram.used)
+    m = memory.figures(store, ctx.server)
     system = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     rows: list[tuple[str, Any]] = [
-        ("used_memory", dram.used),
-        ("used_memory_human", format_size(dram.used)),
-        ("used_memory_rss", resident),
-        ("used_memory_rss_human", format_size(resident)),
-        ("used_memory_peak", peak),
-        ("used_memory_peak_human", format_size(peak)),
-        ("used_memory_peak_perc", f"{100.0 * dram.used / peak:.2f}%" if peak else "0.00%"),
-        ("used_memory_peak_rss", rss),
+        ("used_memory", m.used),
+        ("used_memory_human", format_size(m.used)),
+        ("used_memory_rss", m.rss),
+        ("used_memory_rss_human", format_size(m.rss)),
+        ("used_memory_peak", m.peak),
+        ("used_memory_peak_human", format_size(m.peak)),
+        ("used_memory_peak_perc", f"{100.0 * m.used / m.peak:.2f}%" if m.peak else "0.00%"),
+        ("used_memory_peak_rss", memory.rss_peak()),
+        ("used_memory_overhead", m.overhead),
+        ("used_memory_dataset", m.dataset),
+        ("used_memory_dataset_perc", f"{100.0 * m.dataset / m.used:.2f}%" if m.used else "0.00%"),
         ("total_system_memory", system),
         ("total_system_memory_human", format_size(system)),
         ("maxmemory", dram.budget),
@@ -90,9 +90,12 @@ def _memory(ctx: Context) -> list[tuple[str, Any]]:
         ("maxmemory_policy", ctx.config.get("maxmemory-policy")),
         ("eviction_policy", ctx.config.get("eviction-policy")),
         ("water_level_pct", _pct(dram.used, dram.budget)),
+        ("mem_fragmentation_ratio", f"{m.fragmentation:.2f}"),
+        ("mem_fragmentation_bytes", m.rss - m.used),
         # What clients hold besides the data: pending requests, replies not yet sent, per-connection objects.
-        ("mem_clients_normal", ctx.server.clients_memory() if ctx.server is not None else 0),
+        ("mem_clients_normal", m.clients),
         ("mem_clients_slaves", 0),
+        ("mem_allocator", "libc"),
     ]
     bufpool = store.dram.bufpool
     if bufpool is not None:
@@ -102,15 +105,6 @@ def _memory(ctx: Context) -> list[tuple[str, Any]]:
         rows.append((f"{tier['name']}_budget", tier["budget"]))
         rows.append((f"{tier['name']}_water_level_pct", _pct(tier["used"], tier["budget"])))
     return rows
-
-
-def _rss() -> int:
-    """The process's resident memory now (bytes), from /proc; 0 where there is none."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _pct(used: int, budget: int) -> str:

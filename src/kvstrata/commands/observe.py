@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import resource
 from typing import Any
 
 from kvstrata.commands.args import parse_int
@@ -20,6 +19,7 @@ from kvstrata.commands.context import Context
 from kvstrata.commands.registry import REGISTRY, KeySpec, command, container
 from kvstrata.engine.bufpool import BufferPool, trim_malloc
 from kvstrata.errors import CommandError, syntax_error
+from kvstrata.observability import memory
 from kvstrata.observability.latency import cumulative_usec
 from kvstrata.observability.snapshot import count_keys, sample_dram, top_prefixes
 from kvstrata.protocol.encoder import NO_REPLY, OK, Status
@@ -199,30 +199,26 @@ def memory_usage(ctx: Context, args: list[bytes]) -> Any:
     return usage_bytes(ctx.store, args[2])
 
 
-def _rss() -> int:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * resource.getpagesize()
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def memory_stats_map(ctx: Context) -> dict[str, Any]:
     store = ctx.store
     dram = store.dram
     n = len(dram.entries)
-    overhead = dram.overhead * n
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    m = memory.figures(store, ctx.server)
     sample = sample_dram(dram)
+    # Redis's names and meanings: allocated is used_memory (the DRAM tier's charge), clients.normal bytes.
     out: dict[str, Any] = {
-        "peak.allocated": peak,
-        "total.allocated": _rss(),
-        "clients.normal": len(ctx.server.clients) if ctx.server is not None else 1,
+        "peak.allocated": m.peak,
+        "total.allocated": m.used,
+        "clients.normal": m.clients,
+        "overhead.total": m.overhead,
         "keys.count": count_keys(store, sample)[0],
-        "keys.bytes-per-key": dram.used // n if n else 0,
-        "dataset.bytes": dram.used - overhead,
-        "dataset.percentage": f"{100.0 * (dram.used - overhead) / dram.used:.4f}" if dram.used else "0",
-        "overhead.total": overhead,
+        "keys.bytes-per-key": m.used // n if n else 0,
+        "dataset.bytes": m.dataset,
+        "dataset.percentage": f"{100.0 * m.dataset / m.used:.4f}" if m.used else "0",
+        "peak.percentage": f"{100.0 * m.used / m.peak:.4f}" if m.peak else "0",
+        "rss.bytes": m.rss,
+        "fragmentation": f"{m.fragmentation:.4f}",
+        "fragmentation.bytes": m.rss - m.used,
         "overhead.per-entry": dram.overhead,
     }
     for tier in store.tier_info():
