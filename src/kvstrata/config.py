@@ -391,8 +391,9 @@ PARAMS: tuple[Param, ...] = (
           "Bulk values at least this large are received straight into their own buffer."),
     Param("maxmemory-clients", _memory_or_percent, "0",
           "Memory all clients may hold together (request bytes, arguments, unsent replies, MULTI queues, watched "
-          "keys, subscriptions: CLIENT LIST's tot-mem), in bytes or as a percentage of dram-size (`10%`), at least 128 KiB; past it the clients holding the "
-          "most are closed, except those with CLIENT NO-EVICT (as Redis 7); 0: no limit.", mutable=True),
+          "keys, subscriptions: CLIENT LIST's tot-mem), in bytes or as a percentage of dram-size (`10%`), at "
+          "least 128 KiB; past it the clients holding the most are closed, except those with CLIENT NO-EVICT (as "
+          "Redis 7); 0: no limit.", mutable=True),
     Param("tcp-keepalive", _int, 300,
           "Seconds of silence after which a client's TCP connection is probed (three unanswered probes a third "
           "of that apart drop it: a vanished client is found); 0: never.", mutable=True, bounds=(0, 2**31 - 1)),
