@@ -414,7 +414,8 @@ PARAMS: tuple[Param, ...] = (
           bounds=(0, INT64_MAX)),
     Param("notify-keyspace-events", _notify_classes, "",
           "Keyspace notifications, Redis's classes (K keyspace, E keyevent, g generic, $ string, x expired, e "
-          "evicted from the last tier, A for all; empty: off). Published through Pub/Sub on this node.",
+          "evicted from the last tier, A for all, m key miss, n new key; empty: off). Published through Pub/Sub "
+          "on this node.",
           mutable=True),
     Param("tracking-table-max-keys", _int, 1_000_000,
           "Keys remembered for CLIENT TRACKING's default mode (0: no limit); past it the oldest are forgotten and "

@@ -124,9 +124,12 @@ BITOP's destination, and every TAIR.KV write: SETEX, COMMIT, PULL, MPULL), `expi
 `setrange`, `incrby`, `incrbyfloat`, `setbit`, `del` (DEL, UNLINK, GETDEL, an expiry time in the past, MIGRATE,
 BITOP's empty result), `persist`, `rename_from`/`rename_to`, `copy_to`, `restore`, `expired` (a key found past its
 TTL, in whichever tier) and `evicted` (a key the last tier dropped; moving down to the SSD is not an eviction).
-A KV-cache router can follow which chunks a node holds from `set`, `del`, `expired` and `evicted`. The `n` (new
-key) and `m` (key miss) classes are accepted and send nothing. Events are this node's, as in Redis Cluster
-(they are not forwarded through the pool).
+A KV-cache router can follow which chunks a node holds from `set`, `del`, `expired` and `evicted`. Class `n`
+sends `new` (a write created the key, before the command's own event; not in `A`, as in Redis, and while on each
+write looks up the key's header below DRAM first); class `m` sends `keymiss` (a read found the key in no tier),
+where Redis counts a keyspace miss: GET, MGET, EXISTS, TTL, TYPE, GETRANGE and the other reads, not a write's
+lookup (INCR, APPEND, SETRANGE, SETBIT) and not OBJECT's. Events are this node's, as in Redis Cluster (they are
+not forwarded through the pool).
 """
 
 _TAIRKV_NOTES = """

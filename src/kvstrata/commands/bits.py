@@ -137,7 +137,7 @@ def setbit(ctx: Context, args: list[bytes]) -> Any:
     if on not in (0, 1):
         raise CommandError(BIT_VALUE)
     key = args[1]
-    old = string_value(ctx, key)
+    old = string_value(ctx, key, write=True)
     byte, shift = offset >> 3, 7 - (offset & 7)
     current = old[byte] if old is not None and byte < len(old) else 0
     was = (current >> shift) & 1
@@ -449,7 +449,7 @@ def _bitfield(ctx: Context, args: list[bytes], readonly_command: bool) -> Any:
     if not reads_only and readonly_command:
         raise CommandError("BITFIELD_RO only supports the GET subcommand")
     key = args[1]
-    old = string_value(ctx, key)
+    old = string_value(ctx, key, write=not reads_only)  # as Redis: a BITFIELD of GETs alone is a read
     field = _Field(b"" if old is None else old)
     # As Redis: a write creates the key, or pads it with zeros up to the highest bit written, even when every
     # write then fails (OVERFLOW FAIL).

@@ -41,7 +41,7 @@ def unlink(ctx: Context, args: list[bytes]) -> Any:
          summary="Determines whether one or more keys exist.", syntax="EXISTS key [key ...]")
 def exists(ctx: Context, args: list[bytes]) -> Any:
     store = ctx.store
-    probe = store.probe
+    probe = store.probe_counted
     found = [(key, meta) for key in args[1:] if (meta := probe(key)) is not None]
     if store.predictor is not None and found:
         # A lookup batch (SGLang batch_exists, vLLM's scheduler) announces the reads
@@ -121,7 +121,7 @@ def pexpireat(ctx: Context, args: list[bytes]) -> Any:
 
 
 def _ttl(ctx: Context, key: bytes, unit: int, absolute: bool) -> int:
-    entry = ctx.store.probe(key)
+    entry = ctx.store.probe_counted(key)
     if entry is None:
         return -2
     if not entry.expire_at:
@@ -172,7 +172,7 @@ def persist(ctx: Context, args: list[bytes]) -> Any:
          load="meta", group="generic",
          summary="Determines the type of value stored at a key.")
 def type_(ctx: Context, args: list[bytes]) -> Any:
-    return Status("none" if ctx.store.probe(args[1]) is None else "string")
+    return Status("none" if ctx.store.probe_counted(args[1]) is None else "string")
 
 
 @command("keys", 2, "readonly", group="generic", summary="Returns all key names that match a pattern.",
@@ -290,7 +290,7 @@ def copy(ctx: Context, args: list[bytes]) -> Any:
     src, dst = args[1], args[2]
     if src == dst:
         raise CommandError("source and destination objects are the same")
-    entry = store.get(src, touch=False)
+    entry = store.get(src, touch=False, count=True)
     if entry is None:
         return 0
     if store.get(dst, touch=False) is not None and not replace:

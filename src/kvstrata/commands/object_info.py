@@ -46,6 +46,7 @@ container("object", "", group="generic", since="2.2.3", summary="A container for
          summary="Returns the internal encoding of a Redis object.", syntax="ENCODING key")
 def object_encoding(ctx: Context, args: list[bytes]) -> Any:
     entry = ctx.store.get(args[2], touch=False)
+    ctx.store.count_read(args[2], entry is not None, notify=False)  # as Redis's OBJECT: counted, no keymiss
     return None if entry is None else encoding(entry.value)
 
 
@@ -54,7 +55,7 @@ def object_encoding(ctx: Context, args: list[bytes]) -> Any:
          load="meta",
          summary="Returns the reference count of a value of a key.", syntax="REFCOUNT key")
 def object_refcount(ctx: Context, args: list[bytes]) -> Any:
-    return None if ctx.store.probe(args[2]) is None else 1
+    return None if ctx.store.probe_counted(args[2], notify=False) is None else 1
 
 
 @command("freq", 3, "readonly", parent="object", group="generic", since="4.0.0", keys=(2, 2, 1),
@@ -62,7 +63,7 @@ def object_refcount(ctx: Context, args: list[bytes]) -> Any:
          load="meta",
          summary="Returns the logarithmic access frequency counter of a Redis object.", syntax="FREQ key")
 def object_freq(ctx: Context, args: list[bytes]) -> Any:
-    if ctx.store.probe(args[2]) is None:
+    if ctx.store.probe_counted(args[2], notify=False) is None:
         return None
     raise CommandError(NOT_LFU)
 
@@ -72,7 +73,7 @@ def object_freq(ctx: Context, args: list[bytes]) -> Any:
          load="meta",
          summary="Returns the time since the last access to a Redis object.", syntax="IDLETIME key")
 def object_idletime(ctx: Context, args: list[bytes]) -> Any:
-    if ctx.store.probe(args[2]) is None:
+    if ctx.store.probe_counted(args[2], notify=False) is None:
         return None
     raise CommandError("idle time not tracked: kvstrata's eviction policies rank keys by counts of accesses, not "
                        "by a clock, and keep no access time per key")

@@ -40,8 +40,10 @@ def max_bulk_len(ctx: Context) -> int:
     return int(ctx.config.get("proto-max-bulk-len"))
 
 
-def string_value(ctx: Context, key: bytes) -> bytes | bytearray | None:
-    entry = ctx.store.get(key)
+def string_value(ctx: Context, key: bytes, write: bool = False) -> bytes | bytearray | None:
+    """The key's value (None: absent). ``write``: looked up to change it (APPEND, INCR...), which Redis's
+    lookupKeyWrite does not count in keyspace_hits/misses."""
+    entry = ctx.store.get(key, count=not write)
     return None if entry is None else entry.value
 
 
@@ -78,7 +80,7 @@ def set_(ctx: Context, args: list[bytes]) -> Any:
     for kind in _EXPIRES:
         if kind in opts:
             expire_at = expire_at_ms(kind, opts[kind][0], now, "set")
-    current = store.get(key, touch=False) if b"GET" in opts else store.probe(key)
+    current = store.get(key, touch=False, count=True) if b"GET" in opts else store.probe(key)
     if (b"NX" in opts and current is not None) or (b"XX" in opts and current is None):
         return current.value if (b"GET" in opts and current is not None) else None
     if b"KEEPTTL" in opts and current is not None:
@@ -223,7 +225,7 @@ def msetnx(ctx: Context, args: list[bytes]) -> Any:
          values=(2, 0), group="string", since="2.0.0",
          summary="Appends a string to the value of a key. Creates the key if it doesn't exist.")
 def append(ctx: Context, args: list[bytes]) -> Any:
-    old = string_value(ctx, args[1])
+    old = string_value(ctx, args[1], write=True)
     if old is None:
         ctx.store.put(args[1], args[2])
         notify(ctx, STRING, b"append", args[1])
@@ -281,7 +283,7 @@ def setrange(ctx: Context, args: list[bytes]) -> Any:
     if offset < 0:
         raise CommandError("offset is out of range")
     patch = args[3]
-    old = string_value(ctx, args[1])
+    old = string_value(ctx, args[1], write=True)
     if old is None:
         if not patch:
             return 0
@@ -309,7 +311,7 @@ def grown_value(ctx: Context, key: bytes, old: bytes | bytearray | memoryview, o
 
 
 def _incr(ctx: Context, key: bytes, delta: int) -> int:
-    old = string_value(ctx, key)
+    old = string_value(ctx, key, write=True)
     current = 0 if old is None else parse_int(bytes(old))
     result = current + delta
     if not INT64_MIN <= result <= INT64_MAX:
@@ -419,7 +421,7 @@ def format_long_double(x: np.longdouble) -> bytes:
                  "doesn't exist.", syntax="INCRBYFLOAT key increment")
 def incrbyfloat(ctx: Context, args: list[bytes]) -> Any:
     delta = parse_long_double(args[2])
-    old = string_value(ctx, args[1])
+    old = string_value(ctx, args[1], write=True)
     current = np.longdouble(0) if old is None else parse_long_double(bytes(old))
     with np.errstate(over="ignore", invalid="ignore"):
         result = current + delta

@@ -32,6 +32,9 @@ class TierStats(Counters):
 
 @dataclass
 class EngineStats(Counters):
+    # Reads as Redis counts them (INFO keyspace_hits/misses): counted where the read is, not per tier.
+    keyspace_hits: int = 0
+    keyspace_misses: int = 0
     expired_keys: int = 0
     evicted_keys: int = 0
     prefetch_queued: int = 0

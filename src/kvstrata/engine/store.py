@@ -126,6 +126,10 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # A key changed (written, deleted, its expiry changed, invalidated by the pool; None: a flush), on the
         # loop: client-side caching's invalidations (server/tracking.py). None while no client tracks.
         self.on_modified: Callable[[bytes | None], None] | None = None
+        # A counted read missed the key (keyspace notifications' keymiss, class m), a write created one (new, class
+        # n); None while nobody listens.
+        self.on_miss: Callable[[bytes], None] | None = None
+        self.on_new: Callable[[bytes], None] | None = None
         self.tier_stats = {name: TierStats() for name in ("dram", "ssd", "pool", *self._by_name)}
         self._dram_stats = self.tier_stats["dram"]
         # The DRAM dict is never replaced (only cleared), so the hot path may hold it directly.
@@ -171,12 +175,21 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         # Keys a prefetch brought up that nobody has read yet: monotonic landing time (LATE once a read waited).
         self.prefetched: dict[bytes, float] = {}
 
-    def get(self, key: bytes, *, touch: bool = True) -> Entry | None:
+    def get(self, key: bytes, *, touch: bool = True, count: bool | None = None) -> Entry | None:
+        """The key's entry from whichever tier holds it (None: absent or expired). ``touch``: a use of the key (its
+        eviction rank, promotion, the predictor, the tiers' hit counts); ``count`` (default: ``touch``): a read
+        Redis counts in keyspace_hits/misses (its lookupKeyRead; a write's lookup is not, an EXISTS is)."""
+        if count is None:
+            count = touch
         entry = self._entries.get(key)
         if entry is not None:
             if entry.expire_at and entry.expire_at <= self.clock.now_ms():
                 self._expire_dram(key)
+                if count:
+                    self.count_read(key, False)
                 return None
+            if count:
+                self.stats.keyspace_hits += 1
             if touch:
                 self._dram_stats.hits += 1
                 if not entry.pinned:
@@ -193,7 +206,11 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             if touch:
                 for tier in self.lower:
                     self.tier_stats[tier.name].misses += 1
+            if count:
+                self.count_read(key, False)
             return None
+        if count:
+            self.stats.keyspace_hits += 1
         copy = not self._by_name[origin].authoritative
         if touch:
             if self.predictor is not None and len(entry.value) >= self.profile_min_bytes:
@@ -211,6 +228,23 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             self.adopt(key, entry, origin)
         return entry
 
+    def count_read(self, key: bytes, found: bool, notify: bool = True) -> None:
+        """A read of ``key`` Redis counts in keyspace_hits or keyspace_misses; a miss also tells ``on_miss`` (the
+        keymiss notification) unless ``notify`` is false (OBJECT's lookups, as Redis's)."""
+        if found:
+            self.stats.keyspace_hits += 1
+            return
+        self.stats.keyspace_misses += 1
+        if notify and self.on_miss is not None:
+            self.on_miss(key)
+
+    def probe_counted(self, key: bytes, *, notify: bool = True) -> Any:
+        """``probe`` (the record's header) for a read Redis counts without touching the key: EXISTS, TTL, TYPE,
+        OBJECT (its lookupKeyRead with LOOKUP_NOTOUCH)."""
+        meta = self.probe(key)
+        self.count_read(key, meta is not None, notify)
+        return meta
+
     def tier_of(self, key: bytes) -> str | None:
         if key in self.dram.entries:
             return "dram" if self.get(key, touch=False) is not None else None
@@ -227,6 +261,9 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         expected_version: int | None = None,
     ) -> Entry:
         """Store a new value (replacing any old one in any tier) and give it a fresh version."""
+        # Keyspace notifications' class n: whether the key exists, looked up before anything changes (a header
+        # below DRAM) and only while someone listens, as Redis warns the class costs.
+        created = self.on_new is not None and self.probe(key) is None
         self.changes += 1
         if self.watch_epochs:
             self.touch_watched(key)
@@ -296,6 +333,8 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
             self.command.pool_ack = self._pool_put(key, entry, expected_version, cas_fallback)
         if self._private:
             self._drop_copies(key)
+        if created:
+            self.on_new(key)  # type: ignore[misc]
         return entry
 
     def _drop_copies(self, key: bytes) -> None:

@@ -159,8 +159,10 @@ class KvstrataCollector:
         # ---- keyspace ----
         ks = snap["keyspace"]
         for name, help_text, value in (
-            ("kvstrata_keyspace_hits", "Lookups that found their key in some tier.", ks["hits"]),
-            ("kvstrata_keyspace_misses", "Lookups that found their key in no tier.", ks["misses"]),
+            ("kvstrata_keyspace_hits", "Reads that found their key in some tier (as Redis counts them).",
+             ks["hits"]),
+            ("kvstrata_keyspace_misses", "Reads that found their key in no tier (as Redis counts them).",
+             ks["misses"]),
             ("kvstrata_expired_keys", "Keys removed because their TTL passed (any tier).", ks["expired_keys"]),
             ("kvstrata_evicted_keys", "Keys dropped by the last tier to stay within its budget.",
              ks["evicted_keys"]),

@@ -132,11 +132,8 @@ def command_rows(command_counts: dict[Any, Any]) -> list[dict[str, Any]]:
 
 
 def hits_misses(store: Any) -> tuple[int, int]:
-    """Keyspace hits and misses as INFO reports them: a hit in any tier, a miss in the last tier."""
-    ts = store.tier_stats
-    hits = ts["dram"].hits + ts["ssd"].hits
-    misses = ts["ssd"].misses if store.ssd is not None else ts["dram"].misses
-    return hits, misses
+    """Keyspace hits and misses as INFO reports them: reads Redis would count, found in any tier or in none."""
+    return store.stats.keyspace_hits, store.stats.keyspace_misses
 
 
 def tier_rows(store: Any) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ from kvstrata.server.cmdstats import CommandStats, SlowLog
 from kvstrata.server.connection import Connection
 from kvstrata.server.limits import empty_budget
 from kvstrata.server.monitor import Monitors
-from kvstrata.server.notify import Notifier
+from kvstrata.server.notify import KEY_MISS, NEW, Notifier
 from kvstrata.server.pause import ClientPause
 from kvstrata.server.pool_resync import PoolResync
 from kvstrata.server.prefetch import Prefetcher
@@ -138,7 +138,7 @@ class Server:
         self.pause = ClientPause()  # CLIENT PAUSE / UNPAUSE (server/pause.py)
         self.pubsub = PubSub()  # channels, patterns and their subscribers (server/pubsub.py)
         self.notifier = Notifier(self.pubsub)  # keyspace notifications (server/notify.py)
-        self.notifier.configure(str(config.get("notify-keyspace-events")))
+        self._notifications()
         self.client_eviction = ClientEviction(self)  # maxmemory-clients (server/client_eviction.py)
         self.tracking = Tracking(self)  # client-side caching: CLIENT TRACKING (server/tracking.py)
         self.tracking.max_keys = int(config.get("tracking-table-max-keys"))
@@ -322,7 +322,7 @@ class Server:
         self.slow_usec = int(self.config.get("slowlog-log-slower-than"))
         self.ssd_write_queue = int(self.config.get("ssd-write-queue"))
         self.slowlog.max_len = int(self.config.get("slowlog-max-len"))
-        self.notifier.configure(str(self.config.get("notify-keyspace-events")))
+        self._notifications()
         self.tracking.max_keys = int(self.config.get("tracking-table-max-keys"))
         self.client_eviction.configure(str(self.config.get("maxmemory-clients")), int(self.config.get("dram-size")))
         if store.pool is not None:
@@ -424,6 +424,22 @@ class Server:
                 log.error("pool probe failed: %s", f.exception())
 
         fut.add_done_callback(done)
+
+    def _notifications(self) -> None:
+        """notify-keyspace-events, at start and on CONFIG SET; the store reports read misses only while class m
+        (keymiss) is on."""
+        self.notifier.configure(self.config.get("notify-keyspace-events"))
+        self.store.on_miss = self._keymiss if self.notifier.flags & KEY_MISS else None
+        self.store.on_new = self._new_key if self.notifier.flags & NEW else None
+
+    def _keymiss(self, key: bytes) -> None:
+        """A counted read missed ``key`` (Store.count_read, on the loop): Redis's keymiss event, behind the reading
+        client's pending replies."""
+        self.notifier.emit(KEY_MISS, b"keymiss", key, self.clients.get(self.store.command.stream))
+
+    def _new_key(self, key: bytes) -> None:
+        """A write created ``key`` (Store.put): Redis's new event (its dbAdd's), before the command's own."""
+        self.notifier.emit(NEW, b"new", key, self.clients.get(self.store.command.stream))
 
     def _store_event(self, event: bytes, key: bytes) -> None:
         """A key expired or the last tier evicted it (the store's ``on_event``): keyspace notifications and

@@ -3,8 +3,10 @@
 An event of a class the configuration selects goes out as Redis sends it: ``__keyspace@0__:<key>`` with the event
 name as the message (class ``K``), ``__keyevent@0__:<event>`` with the key (class ``E``). Commands report their
 events (``notify``); the store reports keys that expired and keys the last tier evicted (``Notifier.from_store``,
-on the loop: the server hands it the events of loader and writer threads). Demotion to a
-lower tier is not an eviction: the key is still there.
+on the loop: the server hands it the events of loader and writer threads), and, through the server's hooks
+``Store.on_miss`` and ``Store.on_new`` (set only while class m or n is on), a counted read that found nothing
+(``keymiss``) and a write that created its key (``new``). Demotion to a lower tier is not an eviction: the key is
+still there.
 """
 
 from __future__ import annotations
@@ -32,11 +34,20 @@ def flags_of(text: str) -> int:
     return flags
 
 
-def canonical(text: str) -> str:
-    """``notify-keyspace-events`` as Redis stores and shows it (``KEA`` is ``AKE``); ValueError as Redis's."""
+class Classes(str):
+    """The setting as Redis shows it, with the classes as they were set: Redis shows ``KEAn`` as ``AKE`` (its
+    keyspaceEventsFlagsToString writes n only without A) yet sends the ``new`` events."""
+
+    flags: int
+
+
+def canonical(text: str) -> Classes:
+    """``notify-keyspace-events`` as Redis shows it (``KEA`` is ``AKE``); ValueError as Redis's."""
     flags = flags_of(str(text))
     out = "A" if flags & ALL == ALL else "".join(c for c in _ORDER if flags & _CLASSES[c])
-    return out + "".join(c for c in "KEm" if flags & _CLASSES[c])
+    classes = Classes(out + "".join(c for c in "KEm" if flags & _CLASSES[c]))
+    classes.flags = flags
+    return classes
 
 
 class Notifier:
@@ -47,7 +58,7 @@ class Notifier:
         self.flags = 0
 
     def configure(self, text: str) -> None:
-        self.flags = flags_of(text)
+        self.flags = text.flags if isinstance(text, Classes) else flags_of(text)
 
     def emit(self, cls: int, event: bytes, key: bytes, current: Any = None) -> None:
         flags = self.flags
