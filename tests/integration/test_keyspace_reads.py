@@ -18,6 +18,7 @@ from integration.polling import wait_for
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None or TARGET != "kvstrata",
                                 reason="compares kvstrata with a redis-server it starts")
 
+DUMP_OF_E2 = "<the DUMP payload of e2>"  # taken from the server under test, before the command
 # Keys m* are absent before each command, e and e2 hold "10" and "20".
 COMMANDS: list[tuple[str, ...]] = [
     ("GET", "e"), ("GET", "m"), ("MGET", "e", "m", "e2"), ("EXISTS", "e", "m"), ("STRLEN", "m"),
@@ -34,7 +35,8 @@ COMMANDS: list[tuple[str, ...]] = [
     ("PERSIST", "e"), ("OBJECT", "ENCODING", "m"), ("OBJECT", "ENCODING", "e"), ("OBJECT", "FREQ", "e"),
     ("OBJECT", "REFCOUNT", "m"), ("TOUCH", "e", "m"), ("DEL", "m", "e"), ("UNLINK", "e"), ("RENAME", "e", "m"),
     ("RENAME", "m", "e"), ("COPY", "e", "m"), ("COPY", "m", "m2"), ("MEMORY", "USAGE", "e"), ("RANDOMKEY",),
-    ("KEYS", "e*"), ("SCAN", "0"), ("DBSIZE",), ("WATCH", "m"),
+    ("KEYS", "e*"), ("SCAN", "0"), ("DBSIZE",), ("WATCH", "m"), ("RENAME", "e", "e2"), ("COPY", "e", "e2", "REPLACE"),
+    ("RESTORE", "e", "0", DUMP_OF_E2, "REPLACE"), ("RESTORE", "m", "0", DUMP_OF_E2),
 ]
 
 
@@ -87,8 +89,12 @@ def _replay(proc: ServerProc, classes: str) -> list[tuple[Any, ...]]:
             r.mset({"e": "10", "e2": "20"})
             _events(r, ps)
             before = _counts(r)
+            args = [r.dump("e2") if a is DUMP_OF_E2 else a for a in cmd]
+            if DUMP_OF_E2 in cmd:
+                _events(r, ps)
+                before = _counts(r)
             try:
-                r.execute_command(*cmd)
+                r.execute_command(*args)
             except redis.ResponseError:
                 pass
             after = _counts(r)

@@ -73,6 +73,6 @@ def restore(ctx: Context, args: list[bytes]) -> Any:
         if replace:  # the old key goes, the restored one is born expired: as Redis, an OK and a delete
             return after_pool_delete(ctx, OK, delete_tracked(ctx, [key])[1])
         return OK
-    store.put(bytes(key), value, expire_at)
+    store.put(bytes(key), value, expire_at, recreate=True)  # REPLACE deletes and adds: a new key, for class n
     notify(ctx, GENERIC, b"restore", key)
     return OK

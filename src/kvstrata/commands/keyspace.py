@@ -244,7 +244,7 @@ def _rename(ctx: Context, args: list[bytes], nx: bool) -> Any:
         return 0
     value, expire_at = entry.value, entry.expire_at
     store.delete(src)
-    store.put(dst, value, expire_at)
+    store.put(dst, value, expire_at, recreate=True)  # Redis deletes dst and adds it: a new key, for class n
     notify(ctx, GENERIC, b"rename_from", src)
     notify(ctx, GENERIC, b"rename_to", dst)
     return 1 if nx else OK
@@ -295,7 +295,8 @@ def copy(ctx: Context, args: list[bytes]) -> Any:
         return 0
     if store.get(dst, touch=False) is not None and not replace:
         return 0
-    store.put(bytes(dst), bytes(entry.value), entry.expire_at)  # its own bytes: the source may change later
+    # Its own bytes: the source may change later. A new key for class n even when it replaced dst, as Redis's.
+    store.put(bytes(dst), bytes(entry.value), entry.expire_at, recreate=True)
     notify(ctx, GENERIC, b"copy_to", dst)
     return 1
 

@@ -259,11 +259,13 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         *,
         cold: bool = False,
         expected_version: int | None = None,
+        recreate: bool = False,
     ) -> Entry:
-        """Store a new value (replacing any old one in any tier) and give it a fresh version."""
+        """Store a new value (replacing any old one in any tier) and give it a fresh version. ``recreate``: the
+        key is deleted and added again whether it existed or not (RENAME, COPY, RESTORE), for class n."""
         # Keyspace notifications' class n: whether the key exists, looked up before anything changes (a header
         # below DRAM) and only while someone listens, as Redis warns the class costs.
-        created = self.on_new is not None and self.probe(key) is None
+        created = self.on_new is not None and (recreate or self.probe(key) is None)
         self.changes += 1
         if self.watch_epochs:
             self.touch_watched(key)
