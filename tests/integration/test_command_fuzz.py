@@ -5,7 +5,8 @@ non-integers, empty strings, option words in the wrong place); each command goes
 redis-server 7 with ``databases 1``, both starting empty, and the exact RESP replies must be the same, error texts
 included. Nothing in the vocabulary depends on the clock at the millisecond (TTLs are either none or hours, and
 TTL/PTTL answers are compared by sign), so a difference is a difference in behaviour. Every reply is also checked
-not to be kvstrata's "internal error" (a handler that raised).
+not to be kvstrata's "internal error" (a handler that raised), and after each run the reads both counted (INFO
+keyspace_hits and keyspace_misses) must be equal.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def test_kvstrata_answers_as_redis(pair: tuple[RawConn, RawConn], seed: int) -> 
     kv, rd = pair
     for conn in pair:
         assert conn.cmd_raw("FLUSHALL") == b"+OK\r\n"
+        assert conn.cmd_raw("CONFIG", "RESETSTAT") == b"+OK\r\n"
     rng = random.Random(seed)
     names = sorted(GENERATORS)
     for step in range(600):
@@ -121,9 +123,16 @@ def test_kvstrata_answers_as_redis(pair: tuple[RawConn, RawConn], seed: int) -> 
         got: list[Any] = [_normalised(cmd, conn.cmd_raw(*cmd)) for conn in (kv, rd)]
         assert b"internal error" not in got[0], (seed, step, cmd, got[0])
         assert got[0] == got[1], (seed, step, cmd, got[0], got[1])
+    # The reads counted as Redis counts them (INFO keyspace_hits/misses), before the checks below read more.
+    assert _keyspace_counts(kv) == _keyspace_counts(rd), seed
     # The data, too: every key's value and type the same on both.
     for key in KEYS:
         assert kv.cmd_raw("GET", key) == rd.cmd_raw("GET", key), key
+
+
+def _keyspace_counts(conn: RawConn) -> tuple[int, int]:
+    info = dict(line.split(":", 1) for line in conn.cmd("INFO", "stats").decode().splitlines() if ":" in line)
+    return int(info["keyspace_hits"]), int(info["keyspace_misses"])
 
 
 @pytest.fixture(scope="module")
