@@ -6,7 +6,8 @@ redis-server 7 with ``databases 1``, both starting empty, and the exact RESP rep
 included. Nothing in the vocabulary depends on the clock at the millisecond (TTLs are either none or hours, and
 TTL/PTTL answers are compared by sign), so a difference is a difference in behaviour. Every reply is also checked
 not to be kvstrata's "internal error" (a handler that raised), and after each run the reads both counted (INFO
-keyspace_hits and keyspace_misses) must be equal.
+keyspace_hits and keyspace_misses) must be equal. The same stream also drives CLIENT TRACKING (the invalidations
+must be Redis's) and WATCH (a MULTI/EXEC aborts exactly when Redis's does).
 """
 
 from __future__ import annotations
@@ -187,3 +188,38 @@ def test_tracking_invalidates_what_redis_invalidates(tracked_pair: list[tuple[Ra
         told[0] += bool(seen[0][1])
         told[1] += bool(seen[0][2])
     assert told[0] > 50 and told[1] > 50, told
+
+
+@pytest.fixture(scope="module")
+def watch_pair():
+    """Per target: a connection that WATCHes and runs MULTI/EXEC, and one that changes keys meanwhile."""
+    kv = ServerProc(target="kvstrata").start()
+    rd = ServerProc(target="redis").start()
+    yield [(srv.raw(), srv.raw()) for srv in (kv, rd)]
+    kv.stop()
+    rd.stop()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_watch_sees_the_changes_redis_sees(watch_pair: list[tuple[RawConn, RawConn]], seed: int) -> None:
+    """WATCH under the same command stream: one client watches a few keys, the other runs up to two commands, then
+    the first's MULTI/EXEC must abort (a nil) exactly when Redis's does, and otherwise answer as Redis's (a command
+    that changes nothing, such as a refused SET NX or an EXPIRE of a missing key, does not touch a watched key)."""
+    for watcher, _ in watch_pair:
+        assert watcher.cmd_raw("FLUSHALL") == b"+OK\r\n"
+    rng = random.Random(2000 + seed)
+    names = sorted(GENERATORS)
+    aborted = 0
+    for step in range(250):
+        watched = rng.sample(KEYS, rng.randint(1, 3))
+        others = [GENERATORS[rng.choice(names)](rng) for _ in range(rng.randint(0, 2))]
+        seen = []
+        for watcher, changer in watch_pair:
+            assert watcher.cmd_raw("WATCH", *watched) == b"+OK\r\n"
+            replies = [_normalised(cmd, changer.cmd_raw(*cmd)) for cmd in others]
+            assert watcher.cmd_raw("MULTI") == b"+OK\r\n"
+            assert watcher.cmd_raw("MGET", *watched) == b"+QUEUED\r\n"
+            seen.append((replies, watcher.cmd_raw("EXEC")))
+        assert seen[0] == seen[1], (seed, step, watched, others, seen[0], seen[1])
+        aborted += seen[0][1] == b"*-1\r\n"
+    assert 5 < aborted < 245, aborted  # the stream both changes watched keys and leaves them alone
