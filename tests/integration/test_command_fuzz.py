@@ -7,7 +7,8 @@ included. Nothing in the vocabulary depends on the clock at the millisecond (TTL
 TTL/PTTL answers are compared by sign), so a difference is a difference in behaviour. Every reply is also checked
 not to be kvstrata's "internal error" (a handler that raised), and after each run the reads both counted (INFO
 keyspace_hits and keyspace_misses) must be equal. The same stream also drives CLIENT TRACKING (the invalidations
-must be Redis's) and WATCH (a MULTI/EXEC aborts exactly when Redis's does).
+must be Redis's), WATCH (a MULTI/EXEC aborts exactly when Redis's does) and keyspace notifications (every class,
+keymiss and new included: the same events in the same order).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.conftest import TARGET, RawConn, ServerProc
+from tests.conftest import TARGET, RawConn, ServerProc, encode_command
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None or TARGET != "kvstrata",
                                 reason="needs redis-server beside kvstrata")
@@ -223,3 +224,50 @@ def test_watch_sees_the_changes_redis_sees(watch_pair: list[tuple[RawConn, RawCo
         assert seen[0] == seen[1], (seed, step, watched, others, seen[0], seen[1])
         aborted += seen[0][1] == b"*-1\r\n"
     assert 5 < aborted < 245, aborted  # the stream both changes watched keys and leaves them alone
+
+
+@pytest.fixture(scope="module")
+def events_pair():
+    """Per target, with every keyspace event class on (KEAmn): a connection that runs the commands and one
+    subscribed to every keyspace channel and to a marker channel."""
+    kv = ServerProc(target="kvstrata").start()
+    rd = ServerProc(target="redis").start()
+    conns = []
+    for srv in (kv, rd):
+        run, sub = srv.raw(), srv.raw()
+        assert run.cmd_raw("CONFIG", "SET", "notify-keyspace-events", "KEAmn") == b"+OK\r\n"
+        sub.send(encode_command("PSUBSCRIBE", "__key*__:*") + encode_command("SUBSCRIBE", "mark"))
+        sub.read_raw()
+        sub.read_raw()
+        conns.append((run, sub))
+    yield conns
+    kv.stop()
+    rd.stop()
+
+
+def _events_until_mark(run: RawConn, sub: RawConn) -> list[bytes]:
+    """The keyspace events since the last mark: the subscriber gets them in order, so publishing a mark now and
+    reading up to it takes every event of the commands before it."""
+    assert run.cmd_raw("PUBLISH", "mark", "m") == b":1\r\n"
+    frames = []
+    while b"mark" not in (frame := sub.read_raw()):
+        frames.append(frame)
+    return frames
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_keyspace_events_are_redis_s(events_pair: list[tuple[RawConn, RawConn]], seed: int) -> None:
+    """Every command of the random stream sends the keyspace events Redis sends for it, in Redis's order, with
+    every class on (including keymiss and new)."""
+    for run, sub in events_pair:
+        assert run.cmd_raw("FLUSHALL") == b"+OK\r\n"
+        _events_until_mark(run, sub)
+    rng = random.Random(3000 + seed)
+    names = sorted(GENERATORS)
+    with_events = 0
+    for step in range(300):
+        cmd = GENERATORS[rng.choice(names)](rng)
+        seen = [(_normalised(cmd, run.cmd_raw(*cmd)), _events_until_mark(run, sub)) for run, sub in events_pair]
+        assert seen[0] == seen[1], (seed, step, cmd, seen[0], seen[1])
+        with_events += bool(seen[0][1])
+    assert with_events > 100, with_events
