@@ -28,7 +28,7 @@ from typing import Any
 from kvstrata.clock import Clock, SystemClock
 from kvstrata.engine.admission import Admission
 from kvstrata.engine.command_state import CommandState, CommandStateMixin
-from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Value
+from kvstrata.engine.entry import ENTRY_OVERHEAD, Entry, Meta, Value
 from kvstrata.engine.expiry import ExpiryMixin
 from kvstrata.engine.invalidation import InvalidationMixin
 from kvstrata.engine.listing import ListingMixin
@@ -238,7 +238,7 @@ class Store(VersionsMixin, LoaderMixin, PlacementMixin, PrefetchMixin, ExpiryMix
         if notify and self.on_miss is not None:
             self.on_miss(key)
 
-    def probe_counted(self, key: bytes, *, notify: bool = True) -> Any:
+    def probe_counted(self, key: bytes, *, notify: bool = True) -> Entry | Meta | None:
         """``probe`` (the record's header) for a read Redis counts without touching the key: EXISTS, TTL, TYPE,
         OBJECT (its lookupKeyRead with LOOKUP_NOTOUCH)."""
         meta = self.probe(key)
