@@ -25,11 +25,14 @@ def rss_now() -> int:
 
 
 def rss_peak() -> int:
+    """The process's peak resident memory (bytes)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @dataclass
 class MemoryFigures:
+    """Bytes: the DRAM tier's charge, its peak, the per-entry part of it, resident memory, the clients' memory."""
+
     used: int
     peak: int
     overhead: int

@@ -427,7 +427,7 @@ class Server:
 
     def _notifications(self) -> None:
         """notify-keyspace-events, at start and on CONFIG SET; the store reports read misses only while class m
-        (keymiss) is on."""
+        (keymiss) is on, and the keys writes create only while class n (new) is on."""
         self.notifier.configure(self.config.get("notify-keyspace-events"))
         self.store.on_miss = self._keymiss if self.notifier.flags & KEY_MISS else None
         self.store.on_new = self._new_key if self.notifier.flags & NEW else None
