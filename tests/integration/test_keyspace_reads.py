@@ -59,7 +59,14 @@ def _subscribe(proc: ServerProc) -> Any:
     ps = proc.client().pubsub()
     ps.psubscribe("__key*__:*")
     ps.subscribe("mark")
-    wait_for(lambda: ps.get_message(timeout=0.05) and ps.get_message(timeout=0.05), what="the subscriptions")
+    confirmed = []
+
+    def both() -> bool:
+        if ps.get_message(timeout=0.05) is not None:
+            confirmed.append(1)
+        return len(confirmed) == 2
+
+    wait_for(both, what="the two subscriptions' confirmations")
     return ps
 
 
@@ -87,12 +94,9 @@ def _replay(proc: ServerProc, classes: str) -> list[tuple[Any, ...]]:
         for cmd in COMMANDS:
             r.delete("m", "m2")
             r.mset({"e": "10", "e2": "20"})
+            args = [r.dump("e2") if a is DUMP_OF_E2 else a for a in cmd]  # before the counts: DUMP is a read
             _events(r, ps)
             before = _counts(r)
-            args = [r.dump("e2") if a is DUMP_OF_E2 else a for a in cmd]
-            if DUMP_OF_E2 in cmd:
-                _events(r, ps)
-                before = _counts(r)
             try:
                 r.execute_command(*args)
             except redis.ResponseError:
