@@ -159,3 +159,27 @@ def test_resetstat_clears_the_keyspace_counts(twins):
         assert _counts(r) >= (1, 1)
         r.config_resetstat()
         assert _counts(r) == (0, 0), proc.target
+
+
+def test_migrate_counts_its_reads_as_redis(twins):
+    """MIGRATE reads its keys as Redis's does (a hit, or a miss and a keymiss event): each server copies to the
+    other."""
+    seen = []
+    for source, target in (("redis", "kvstrata"), ("kvstrata", "redis")):
+        r = twins[source].client()
+        r.flushall()
+        r.set("e", "10")
+        r.config_set("notify-keyspace-events", "KEAm")
+        ps = _subscribe(twins[source])
+        try:
+            _events(r, ps)
+            before = _counts(r)
+            assert r.execute_command("MIGRATE", "127.0.0.1", twins[target].port, "", 0, 5000, "COPY", "REPLACE",
+                                     "KEYS", "e", "m") == b"OK"
+            after = _counts(r)
+            seen.append(((after[0] - before[0], after[1] - before[1]), _events(r, ps)))
+        finally:
+            ps.close()
+            r.config_set("notify-keyspace-events", "")
+    assert seen[0] == seen[1]
+    assert seen[0][0] == (1, 1)

@@ -129,7 +129,7 @@ def migrate(ctx: Context, args: list[bytes]) -> Any:
     replies = 1 + (auth is not None)
     moved: list[tuple[bytes, int]] = []
     for key in keys:
-        entry = store.get(key, touch=False)
+        entry = store.get(key, touch=False, count=True)  # a read Redis counts (and a keymiss when absent)
         if entry is None:
             continue
         ttl = 0
