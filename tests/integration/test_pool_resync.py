@@ -223,6 +223,9 @@ def test_nodes_converge_after_subscription_gaps_and_a_restart(node, cluster):
         b_srv = node("b", {"pool-backoff-max": 1000})
         clients_on(b_srv, [5, 6])
         progress(300)
+        # The restarted B has subscribed and resynced before its subscription is cut again (a cut before that
+        # would only restart its first resync): the second resync below is then certain.
+        resynced(b_srv.client(), 1)
         _kill_subscriptions(cluster)
         progress(300)
     finally:
