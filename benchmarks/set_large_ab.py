@@ -13,6 +13,7 @@ median over the rounds of each server, and kvstrata's ratios to Redis.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -46,14 +47,16 @@ def _round(srv: ServerProcess, value: bytes, count: int) -> tuple[float, float]:
 
 def run(sizes: list[int], rounds: int, base_src: str | None) -> dict[str, Any]:
     argv = [sys.executable, "-m", "kvstrata", "serve", "--http-port", "0", "--dram-size", "1gb"]
-    servers = {"redis": start_server("redis-setab", ["redis-server", "--save", "", "--appendonly", "no",
-                                                      "--dir", "/tmp"]),
-               "kvstrata": start_server("kvstrata-setab", argv)}
-    if base_src:
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(base_src))
-        servers["base"] = start_server("kvstrata-base-setab", argv, env=env, cwd=os.path.dirname(base_src))
     results = []
-    try:
+    with contextlib.ExitStack() as stack:  # every server started is stopped, also when a later one fails
+        servers = {
+            "redis": stack.enter_context(start_server("redis-setab", ["redis-server", "--save", "", "--appendonly",
+                                                                       "no", "--dir", "/tmp"])),
+            "kvstrata": stack.enter_context(start_server("kvstrata-setab", argv))}
+        if base_src:
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(base_src))
+            servers["base"] = stack.enter_context(start_server("kvstrata-base-setab", argv, env=env,
+                                                               cwd=os.path.dirname(base_src)))
         names = list(servers)
         for size in sizes:
             value = os.urandom(size)
@@ -67,9 +70,6 @@ def run(sizes: list[int], rounds: int, base_src: str | None) -> dict[str, Any]:
                 row[name] = {"gb_s": round(statistics.median(x[0] for x in seen[name]), 2),
                              "cpu_s_per_gb": round(statistics.median(x[1] for x in seen[name]), 3)}
             results.append(row)
-    finally:
-        for srv in servers.values():
-            srv.stop()
     return {"benchmark": "set-large-ab", "machine": describe_machine(), "rounds": rounds, "results": results}
 
 

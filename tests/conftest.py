@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -281,14 +282,25 @@ def admin(acl_server):
     r.close()
 
 
+@contextlib.contextmanager
+def twin_servers() -> Iterator[tuple[ServerProc, ServerProc]]:
+    """A kvstrata server and a redis-server side by side (the differential tests), both stopped at the end."""
+    kv = ServerProc(target="kvstrata").start()
+    try:
+        rd = ServerProc(target="redis").start()
+        try:
+            yield kv, rd
+        finally:
+            rd.stop()
+    finally:
+        kv.stop()
+
+
 @pytest.fixture(scope="module")
 def pair():
-    """A kvstrata server and a redis-server side by side (the differential tests): a raw connection to each."""
-    kv = ServerProc(target="kvstrata").start()
-    rd = ServerProc(target="redis").start()
-    yield kv.raw(), rd.raw()
-    kv.stop()
-    rd.stop()
+    """A kvstrata server and a redis-server side by side: a raw connection to each."""
+    with twin_servers() as (kv, rd):
+        yield kv.raw(), rd.raw()
 
 
 @pytest.fixture(scope="module")

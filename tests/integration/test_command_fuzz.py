@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.conftest import TARGET, RawConn, ServerProc, encode_command
+from tests.conftest import TARGET, RawConn, encode_command, twin_servers
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None or TARGET != "kvstrata",
                                 reason="needs redis-server beside kvstrata")
@@ -141,18 +141,15 @@ def _keyspace_counts(conn: RawConn) -> tuple[int, int]:
 def tracked_pair():
     """Per target: a connection that runs the commands, one tracking every key it reads (default mode, RESP3) and
     one tracking every key in BCAST mode."""
-    kv = ServerProc(target="kvstrata").start()
-    rd = ServerProc(target="redis").start()
-    conns = []
-    for srv in (kv, rd):
-        run, track, bcast = srv.raw(), srv.raw(), srv.raw()
-        for conn, mode in ((track, ()), (bcast, ("BCAST",))):
-            assert conn.cmd_raw("HELLO", "3").startswith(b"%")
-            assert conn.cmd_raw("CLIENT", "TRACKING", "on", *mode) == b"+OK\r\n"
-        conns.append((run, track, bcast))
-    yield conns
-    kv.stop()
-    rd.stop()
+    with twin_servers() as servers:
+        conns = []
+        for srv in servers:
+            run, track, bcast = srv.raw(), srv.raw(), srv.raw()
+            for conn, mode in ((track, ()), (bcast, ("BCAST",))):
+                assert conn.cmd_raw("HELLO", "3").startswith(b"%")
+                assert conn.cmd_raw("CLIENT", "TRACKING", "on", *mode) == b"+OK\r\n"
+            conns.append((run, track, bcast))
+        yield conns
 
 
 def _pushes(conn: RawConn) -> list[bytes]:
@@ -194,11 +191,8 @@ def test_tracking_invalidates_what_redis_invalidates(tracked_pair: list[tuple[Ra
 @pytest.fixture(scope="module")
 def watch_pair():
     """Per target: a connection that WATCHes and runs MULTI/EXEC, and one that changes keys meanwhile."""
-    kv = ServerProc(target="kvstrata").start()
-    rd = ServerProc(target="redis").start()
-    yield [(srv.raw(), srv.raw()) for srv in (kv, rd)]
-    kv.stop()
-    rd.stop()
+    with twin_servers() as servers:
+        yield [(srv.raw(), srv.raw()) for srv in servers]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -230,19 +224,16 @@ def test_watch_sees_the_changes_redis_sees(watch_pair: list[tuple[RawConn, RawCo
 def events_pair():
     """Per target, with every keyspace event class on (KEAmn): a connection that runs the commands and one
     subscribed to every keyspace channel and to a marker channel."""
-    kv = ServerProc(target="kvstrata").start()
-    rd = ServerProc(target="redis").start()
-    conns = []
-    for srv in (kv, rd):
-        run, sub = srv.raw(), srv.raw()
-        assert run.cmd_raw("CONFIG", "SET", "notify-keyspace-events", "KEAmn") == b"+OK\r\n"
-        sub.send(encode_command("PSUBSCRIBE", "__key*__:*") + encode_command("SUBSCRIBE", "mark"))
-        sub.read_raw()
-        sub.read_raw()
-        conns.append((run, sub))
-    yield conns
-    kv.stop()
-    rd.stop()
+    with twin_servers() as servers:
+        conns = []
+        for srv in servers:
+            run, sub = srv.raw(), srv.raw()
+            assert run.cmd_raw("CONFIG", "SET", "notify-keyspace-events", "KEAmn") == b"+OK\r\n"
+            sub.send(encode_command("PSUBSCRIBE", "__key*__:*") + encode_command("SUBSCRIBE", "mark"))
+            sub.read_raw()
+            sub.read_raw()
+            conns.append((run, sub))
+        yield conns
 
 
 def _events_until_mark(run: RawConn, sub: RawConn) -> list[bytes]:

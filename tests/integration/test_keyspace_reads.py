@@ -6,12 +6,12 @@ created the key), on a DRAM-only server and on a tiered one whose keys are mostl
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
-from tests.conftest import TARGET, ServerProc
+from tests.conftest import TARGET, ServerProc, twin_servers
 
 from integration.polling import wait_for
 
@@ -43,11 +43,11 @@ COMMANDS: list[tuple[str, ...]] = [
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProc]]:
     tiered = ServerProc({"essd-path": str(tmp_path_factory.mktemp("ssd")), "dram-size": "1mb"}, target="kvstrata")
-    procs = {"kvstrata": ServerProc(target="kvstrata").start(), "tiered": tiered.start(),
-             "redis": ServerProc(target="redis").start()}
-    yield procs
-    for p in procs.values():
-        p.stop()
+    with twin_servers() as (kv, rd):
+        try:
+            yield {"kvstrata": kv, "tiered": tiered.start(), "redis": rd}
+        finally:
+            tiered.stop()
 
 
 def _counts(r: redis.Redis) -> tuple[int, int]:
@@ -83,30 +83,44 @@ def _events(r: redis.Redis, ps: Any) -> list[tuple[bytes, bytes]]:
         out.append((msg["channel"], msg["data"]))
 
 
-def _replay(proc: ServerProc, classes: str) -> list[tuple[Any, ...]]:
-    """Each command's (hits, misses) change and its keyspace events, from a fresh keyspace per command."""
+def _observe(proc: ServerProc, classes: str, commands: list[tuple[str, ...]],
+             prepare: Callable[[redis.Redis, tuple[str, ...]], list[Any]] = lambda r, cmd: list(cmd),
+             refusals: bool = False) -> list[tuple[Any, ...]]:
+    """Each command's (hits, misses) change and its keyspace events (of ``classes``); ``prepare`` sets the
+    keyspace up before each and gives the arguments to send; ``refusals``: an error reply is one outcome (else
+    it fails the test)."""
     r = proc.client()
-    r.flushall()
     r.config_set("notify-keyspace-events", classes)
     ps = _subscribe(proc)
     out = []
     try:
-        for cmd in COMMANDS:
-            r.delete("m", "m2")
-            r.mset({"e": "10", "e2": "20"})
-            args = [r.dump("e2") if a is DUMP_OF_E2 else a for a in cmd]  # before the counts: DUMP is a read
+        for cmd in commands:
+            args = prepare(r, cmd)  # before the counts: it may read (DUMP)
             _events(r, ps)
             before = _counts(r)
             try:
                 r.execute_command(*args)
             except redis.ResponseError:
-                pass
+                if not refusals:
+                    raise
             after = _counts(r)
             out.append((" ".join(cmd), (after[0] - before[0], after[1] - before[1]), _events(r, ps)))
     finally:
         ps.close()
         r.config_set("notify-keyspace-events", "")
     return out
+
+
+def _fresh_keyspace(r: redis.Redis, cmd: tuple[str, ...]) -> list[Any]:
+    r.delete("m", "m2")
+    r.mset({"e": "10", "e2": "20"})
+    return [r.dump("e2") if a is DUMP_OF_E2 else a for a in cmd]
+
+
+def _replay(proc: ServerProc, classes: str) -> list[tuple[Any, ...]]:
+    """Each command's (hits, misses) change and its keyspace events, from a fresh keyspace per command."""
+    proc.client().flushall()
+    return _observe(proc, classes, COMMANDS, _fresh_keyspace, refusals=True)
 
 
 @pytest.mark.parametrize("classes", ["KEA", "KEAmn", "Kmn"])
@@ -125,22 +139,9 @@ def test_reads_of_keys_on_the_ssd_count_as_redis(twins):
     def run(proc: ServerProc) -> list[Any]:
         r = proc.client()
         r.flushall()
-        r.config_set("notify-keyspace-events", "KEAmn")
         for i in range(100):
             r.set(f"t{i}", b"x" * 65536)
-        ps = _subscribe(proc)
-        _events(r, ps)
-        out: list[Any] = []
-        try:
-            for cmd in seqs:
-                before = _counts(r)
-                r.execute_command(*cmd)
-                after = _counts(r)
-                out.append((cmd, (after[0] - before[0], after[1] - before[1]), _events(r, ps)))
-        finally:
-            ps.close()
-            r.config_set("notify-keyspace-events", "")
-        return out
+        return _observe(proc, "KEAmn", seqs)
 
     expected = run(twins["redis"])
     tiered = twins["tiered"].client()

@@ -429,17 +429,17 @@ class Server:
         """notify-keyspace-events, at start and on CONFIG SET; the store reports read misses only while class m
         (keymiss) is on, and the keys writes create only while class n (new) is on."""
         self.notifier.configure(self.config.get("notify-keyspace-events"))
-        self.store.on_miss = self._keymiss if self.notifier.flags & KEY_MISS else None
-        self.store.on_new = self._new_key if self.notifier.flags & NEW else None
+        flags = self.notifier.flags
+        # keymiss: a counted read found nothing (Store.count_read); new: a write created its key (Store.put,
+        # before the command's own event, as Redis's dbAdd).
+        store, event = self.store, self._command_event
+        store.on_miss = functools.partial(event, KEY_MISS, b"keymiss") if flags & KEY_MISS else None
+        store.on_new = functools.partial(event, NEW, b"new") if flags & NEW else None
 
-    def _keymiss(self, key: bytes) -> None:
-        """A counted read missed ``key`` (Store.count_read, on the loop): Redis's keymiss event, behind the reading
-        client's pending replies."""
-        self.notifier.emit(KEY_MISS, b"keymiss", key, self.clients.get(self.store.command.stream))
-
-    def _new_key(self, key: bytes) -> None:
-        """A write created ``key`` (Store.put): Redis's new event (its dbAdd's), before the command's own."""
-        self.notifier.emit(NEW, b"new", key, self.clients.get(self.store.command.stream))
+    def _command_event(self, cls: int, event: bytes, key: bytes) -> None:
+        """An event the store saw while running a command, on the loop: sent behind that client's pending replies
+        (as ``notify`` sends a handler's)."""
+        self.notifier.emit(cls, event, key, self.clients.get(self.store.command.stream))
 
     def _store_event(self, event: bytes, key: bytes) -> None:
         """A key expired or the last tier evicted it (the store's ``on_event``): keyspace notifications and
